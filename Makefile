@@ -1,0 +1,49 @@
+# Two entry points: `make demo` (the main job on its embedded default) and
+# `make test` (the test suite, all but `gpu`). Both build .venv themselves.
+#
+# Python >= 3.12 is required (JAX >= 0.11). The first of these that is >= 3.12
+# is used: $(PYTHON) if given, python3.14 ... python3, then any pyenv 3.12+.
+# Elsewhere: `make test PYTHON=/path/to/python3.12`.
+
+VENV   := .venv
+BIN    := $(VENV)/bin
+EXTRAS ?= test,lint
+PYTEST_ARGS ?=
+
+define FIND_PYTHON
+for c in $(PYTHON) python3.14 python3.13 python3.12 python3; do \
+  if command -v $$c >/dev/null 2>&1 && \
+     $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then \
+    command -v $$c; exit 0; fi; done; \
+if command -v pyenv >/dev/null 2>&1; then \
+  v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])(\.[0-9]+)?$$' | sort -V | tail -1); \
+  if [ -n "$$v" ]; then echo "$$(pyenv root)/versions/$$v/bin/python3"; exit 0; fi; fi; \
+exit 1
+endef
+
+.PHONY: demo test lint venv clean notebooks
+
+$(VENV)/.installed: pyproject.toml
+	@py=$$( $(FIND_PYTHON) ) || { echo "error: need Python >= 3.12 (set PYTHON=...)" >&2; exit 1; }; \
+	  echo "using $$py ($$($$py --version))"; \
+	  [ -x $(BIN)/python ] || $$py -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(BIN)/python -m jaxlib_ext train
+
+lint: venv
+	$(BIN)/ruff check .
+
+test: venv lint
+	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu" -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+notebooks: venv
+	$(BIN)/jupytext --sync notebooks/*.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info runs

@@ -1,0 +1,1 @@
+"""Momentum delta rule op (placeholder until the op lands)."""

@@ -1,0 +1,1 @@
+"""jaxlib_ext.samplers."""
