@@ -2,7 +2,7 @@
 # `make test` (the test suite, all but `gpu`). Both build .venv themselves.
 #
 # Python >= 3.12 is required (JAX >= 0.11). The first of these that is >= 3.12
-# is used: $(PYTHON) if given, python3.14 ... python3, then any pyenv 3.12+.
+# is used: $(PYTHON) if given, python3.14 ... python3, then the oldest pyenv 3.12+.
 # Elsewhere: `make test PYTHON=/path/to/python3.12`.
 
 VENV   := .venv
@@ -16,7 +16,7 @@ for c in $(PYTHON) python3.14 python3.13 python3.12 python3; do \
      $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then \
     command -v $$c; exit 0; fi; done; \
 if command -v pyenv >/dev/null 2>&1; then \
-  v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])(\.[0-9]+)?$$' | sort -V | tail -1); \
+  v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])(\.[0-9]+)?$$' | sort -V | head -1); \
   if [ -n "$$v" ]; then echo "$$(pyenv root)/versions/$$v/bin/python3"; exit 0; fi; fi; \
 exit 1
 endef
