@@ -1,0 +1,82 @@
+"""Orbax checkpoints of a training state: async, atomic, resumable.
+
+Each checkpoint is a step folder holding the state pytree (``StandardSave``, sharded
+arrays written by the processes that own them) and a small JSON record of the run's
+configuration. Orbax writes into a temporary folder and renames it when complete, so a
+process killed mid-save leaves no half checkpoint behind; :meth:`Checkpointer.latest_step`
+only ever sees finished ones.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import orbax.checkpoint as ocp
+
+__all__ = ["Checkpointer", "abstract_like"]
+
+
+def abstract_like(tree, shardings):
+    """``ShapeDtypeStruct``s of ``tree`` carrying ``shardings`` (the restore target)."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
+
+
+class Checkpointer:
+    """A thin wrapper over ``ocp.CheckpointManager`` for ``(state, meta)`` pairs.
+
+    Args:
+      directory: where step folders go (created on first save).
+      max_to_keep: the newest checkpoints kept; older ones are deleted.
+      async_save: write in a background thread while training continues.
+    """
+
+    def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True):
+        self.directory = pathlib.Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state, meta: dict | None = None, *, force: bool = True) -> bool:
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})
+        )
+        return self._manager.save(step, args=args, force=force)
+
+    def restore(self, step: int | None, abstract_state):
+        """Restores ``(state, meta)`` at ``step`` (default: latest) into ``abstract_state``."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()
+            ),
+        )
+        return out.state, dict(out.meta or {})
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

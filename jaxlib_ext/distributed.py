@@ -1,0 +1,72 @@
+"""Multi-process start: ``jax.distributed.initialize`` from flags or the environment.
+
+On CPU the collectives go through gloo (JAX's default CPU implementation since 0.5.1),
+so several processes on one machine (or several machines) form one global mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+
+__all__ = ["ProcessConfig", "resolve", "initialize"]
+
+ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAX_PROCESS_ID"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessConfig:
+    coordinator: str | None
+    num_processes: int
+    process_id: int
+
+    @property
+    def is_multiprocess(self) -> bool:
+        return self.num_processes > 1
+
+
+def resolve(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    env: dict | None = None,
+) -> ProcessConfig:
+    """Flags win over ``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``."""
+    env = os.environ if env is None else env
+    coordinator = coordinator or env.get(ENV_COORDINATOR) or None
+    if num_processes is None:
+        num_processes = int(env.get(ENV_NUM_PROCESSES, "1"))
+    if process_id is None:
+        process_id = int(env.get(ENV_PROCESS_ID, "0"))
+    if num_processes < 1:
+        raise ValueError(f"--num-processes must be >= 1, got {num_processes}")
+    if not 0 <= process_id < num_processes:
+        raise ValueError(
+            f"--process-id must be in [0, {num_processes}), got {process_id}"
+        )
+    if num_processes > 1 and not coordinator:
+        raise ValueError(
+            "--coordinator (or JAX_COORDINATOR_ADDRESS) is required when --num-processes > 1, "
+            "e.g. --coordinator 10.0.0.1:1234 on every host"
+        )
+    return ProcessConfig(coordinator, num_processes, process_id)
+
+
+def initialize(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> ProcessConfig:
+    """Joins the process group; a no-op for a single process. Call before any JAX work."""
+    cfg = resolve(coordinator, num_processes, process_id)
+    if cfg.is_multiprocess:
+        jax.distributed.initialize(
+            coordinator_address=cfg.coordinator,
+            num_processes=cfg.num_processes,
+            process_id=cfg.process_id,
+        )
+    return cfg
