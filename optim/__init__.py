@@ -1,1 +1,10 @@
-"""jaxlib_ext.optim."""
+"""jaxlib_ext.optim: memory-efficient optimizers as Optax transforms.
+
+* :func:`foam` / :func:`scale_by_foam`: Adam with block-folded moments (arXiv 2512.07112).
+* :func:`smet` / :func:`scale_by_smet`: dynamic sparse training with compact optimizer state
+  (arXiv 2606.00888).
+"""
+
+from jaxlib_ext.optim.foam import ScaleByFoamState, foam, scale_by_foam
+
+__all__ = ["ScaleByFoamState", "foam", "scale_by_foam"]
