@@ -1,1 +1,60 @@
-"""jaxlib_ext.samplers."""
+"""jaxlib_ext.samplers.
+
+Mallows preference learning (issue 5): :mod:`rankings` (data, distances, ``D``),
+:mod:`pseudo_mallows` (the Pseudo-Mallows distribution, arXiv 2205.13911),
+:mod:`mallows_mcmc` (leap-and-shift MCMC baseline as a NumPyro kernel) and
+:mod:`mallows_augment` (data augmentation, top-K recommendations).
+"""
+
+from jaxlib_ext.samplers.mallows_augment import augment_mh, top_k_recommendations
+from jaxlib_ext.samplers.mallows_mcmc import (
+    MallowsMH,
+    footrule_log_partition,
+    leap_and_shift,
+    rank_diagnostics,
+    run_mallows_mcmc,
+)
+from jaxlib_ext.samplers.pseudo_mallows import (
+    PseudoMallows,
+    exact_kl,
+    exact_posterior_marginals,
+    exhaustive_order_search,
+    fit_augmented,
+    kl_estimate,
+    local_search_order,
+    pseudo_mallows_log_prob,
+    pseudo_mallows_sample,
+    v_order,
+)
+from jaxlib_ext.samplers.rankings import (
+    MISSING,
+    footrule_data_matrix,
+    footrule_distance,
+    kendall_distance,
+    validate_rankings,
+)
+
+__all__ = [
+    "MISSING",
+    "MallowsMH",
+    "PseudoMallows",
+    "augment_mh",
+    "exact_kl",
+    "exact_posterior_marginals",
+    "exhaustive_order_search",
+    "fit_augmented",
+    "footrule_data_matrix",
+    "footrule_distance",
+    "footrule_log_partition",
+    "kendall_distance",
+    "kl_estimate",
+    "leap_and_shift",
+    "local_search_order",
+    "pseudo_mallows_log_prob",
+    "pseudo_mallows_sample",
+    "rank_diagnostics",
+    "run_mallows_mcmc",
+    "top_k_recommendations",
+    "v_order",
+    "validate_rankings",
+]

@@ -1,0 +1,122 @@
+"""Data augmentation for partial, click and pairwise preference data, and top-K recommendations.
+
+Under the footrule Mallows model (arXiv 2205.13911 notes 4a; Vitelli et al. 2018, JMLR 18(158))
+the latent full ranking ``R_j`` of user ``j`` given the consensus ``rho`` has density
+
+    P(R_j | rho, alpha, data) ∝ exp(-(alpha/n) sum_i |R_ji - rho_i|) 1[R_j consistent with data]
+
+:func:`augment_mh` targets it exactly with Metropolis swaps: pick two ranks (with probability 1/2
+two adjacent ranks ``r, r+1``, otherwise a uniformly random pair), swap the items holding them,
+reject the swap if it breaks a block or a pairwise preference. The rank pair is drawn the same way
+in both directions, so the proposal is symmetric and the acceptance is the likelihood ratio.
+Adjacent swaps connect all linear extensions of a partial order, so the chain is irreducible for
+pairwise data; swaps within a block connect every assignment for block data.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlib_ext.samplers.rankings import Blocks, satisfies_pairwise, validate_rankings
+
+__all__ = ["augment_mh", "check_augmentation_args", "top_k_recommendations"]
+
+
+def check_augmentation_args(rankings, blocks, prefer):
+    """Validate an initial augmented data set against its block or pairwise constraints."""
+    R = validate_rankings(rankings, name="rankings")
+    if R.ndim != 2:
+        raise ValueError(f"rankings: expected [N, n] initial complete rankings, got {R.shape}")
+    if (blocks is None) == (prefer is None):
+        raise ValueError("blocks/prefer: pass exactly one of them")
+    if blocks is not None:
+        ib, rb = np.asarray(blocks.item_block), np.asarray(blocks.rank_block)
+        if ib.shape != R.shape or rb.shape != R.shape:
+            raise ValueError(
+                f"blocks: expected item_block and rank_block of shape {R.shape}, got "
+                f"{ib.shape} and {rb.shape}"
+            )
+        if not np.all(np.take_along_axis(rb, R - 1, axis=1) == ib):
+            raise ValueError("rankings: an initial ranking puts an item outside its block")
+        return R, Blocks(jnp.asarray(ib), jnp.asarray(rb)), None
+    P = np.asarray(prefer)
+    if P.dtype != bool or P.shape != R.shape + (R.shape[1],):
+        raise ValueError(
+            f"prefer: expected a boolean [N, n, n] = {R.shape + (R.shape[1],)} array, got "
+            f"{P.dtype} {P.shape}"
+        )
+    if not bool(np.all(satisfies_pairwise(R, P))):
+        raise ValueError("rankings: an initial ranking violates a pairwise preference")
+    return R, None, jnp.asarray(P)
+
+
+def augment_mh(key, rho, rankings, alpha, num_swaps: int, *, prefer=None, blocks=None):
+    """``num_swaps`` Metropolis swap proposals on every user's latent ranking (see module
+    docstring). ``rankings`` ``[N, n]`` must be consistent with the data. jit/vmap-able."""
+    R = jnp.asarray(rankings)
+    N, n = R.shape
+    rho_f = jnp.asarray(rho).astype(jnp.float32)
+    scale = alpha / n
+
+    def one_user(k, r_j, pref_j, ib_j):
+        inv = jnp.argsort(r_j)  # item at rank index
+
+        def prop(t, carry):
+            r_j, inv, k = carry
+            k, k1, k2, k3, k4 = jax.random.split(k, 5)
+            adj = jax.random.bernoulli(k1)
+            x = jax.random.randint(k2, (), 0, n - 1)
+            pair = jax.random.choice(k3, n, (2,), replace=False)
+            lo = jnp.where(adj, x, jnp.min(pair))
+            hi = jnp.where(adj, x + 1, jnp.max(pair))
+            a, b = inv[lo], inv[hi]  # a is above b
+            ok = jnp.bool_(True)
+            if pref_j is not None:
+                between = (r_j > lo + 1) & (r_j < hi + 1)
+                ok = ~pref_j[a, b] & ~jnp.any(between & (pref_j[a] | pref_j[:, b]))
+            if ib_j is not None:
+                ok = ok & (ib_j[a] == ib_j[b])
+            fl, fh = lo.astype(jnp.float32) + 1, hi.astype(jnp.float32) + 1
+            dlog = -scale * (
+                jnp.abs(fh - rho_f[a]) + jnp.abs(fl - rho_f[b])
+                - jnp.abs(fl - rho_f[a]) - jnp.abs(fh - rho_f[b])
+            )
+            acc = ok & (jnp.log(jax.random.uniform(k4)) < dlog)
+            r_new = r_j.at[a].set(hi + 1).at[b].set(lo + 1)
+            inv_new = inv.at[lo].set(b).at[hi].set(a)
+            return (jnp.where(acc, r_new, r_j), jnp.where(acc, inv_new, inv), k)
+
+        r_j, _, _ = jax.lax.fori_loop(0, num_swaps, prop, (r_j, inv, k))
+        return r_j
+
+    keys = jax.random.split(key, N)
+    in_axes = (0, 0, None if prefer is None else 0, None if blocks is None else 0)
+    ib = None if blocks is None else jnp.asarray(blocks.item_block)
+    return jax.vmap(one_user, in_axes=in_axes)(keys, R, prefer, ib)
+
+
+def top_k_recommendations(user_rank_probs, clicked, k: int):
+    """Top-``k`` unclicked items per user (notes 4a, clicks).
+
+    The score of an unclicked item is the posterior probability that it lands in ranks
+    ``n1+1..n1+k`` of the user's latent ranking (``n1`` = number of clicks). Returns
+    ``(items int32 [N, k], probabilities [N, k])``, best first.
+    """
+    P = jnp.asarray(user_rank_probs)
+    c = jnp.asarray(clicked)
+    if P.ndim != 3 or P.shape[:2] != c.shape or P.shape[1] != P.shape[2]:
+        raise ValueError(
+            f"user_rank_probs/clicked: expected [N, n, n] and [N, n], got {P.shape}, {c.shape}"
+        )
+    n = P.shape[1]
+    if not 1 <= k <= n:
+        raise ValueError(f"k: expected 1..{n}, got {k}")
+    n1 = c.sum(axis=1)
+    r = jnp.arange(n)[None, :]
+    window = (r >= n1[:, None]) & (r < n1[:, None] + k)  # rank index r-1 in [n1, n1+k)
+    score = jnp.sum(P * window[:, None, :], axis=2)
+    score = jnp.where(c, -1.0, score)
+    probs, items = jax.lax.top_k(score, k)
+    return items.astype(jnp.int32), probs
