@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One prepared GPU check of the momentum delta rule Pallas kernels (issue 4); fits in 10 minutes
+# on one H200 with JAX 0.11.2 (the device image's python3 holds jax, torch, triton, pytest).
+#
+#   bash benchmarks/gpu_check.sh          # GPU: correctness (pytest -m gpu + checks) and timings
+#   bash benchmarks/gpu_check.sh --cpu    # CPU half: interpret mode, tiny shapes (CI runs this
+#                                         # through tests/pallas_kernels/test_mdn_pallas.py)
+#
+# Steps (GPU): 1) pytest -m gpu tests/pallas_kernels/test_mdn_pallas.py (compiled kernels vs the
+# recurrent reference, float32 at precision highest and bfloat16, gradients included);
+# 2) benchmarks/mdn_gpu.py --check at B=8 T=4096 H=6 K=128 V=256 bfloat16: forward vs the
+# recurrence at that shape and forward+gradients at a small one, then medians after warm-up of
+# pallas fwd / fwd+bwd, the XLA chunk path, and fla-core's chunk_gated_delta_rule when present.
+#
+# The peer (fla-core, pure Python) travels as a wheel in .whl/. Fetch it once, in the repo root,
+# on a machine with network access:
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0
+# and run this script with the device tool's carry=[".whl"]; it installs .whl/*.whl into
+# /tmp/site itself (fla-core needs torch, triton and einops, all in the device image).
+# Without .whl/ the fla rows are skipped with a note.
+set -u
+cd "$(dirname "$0")/.."
+REPO="$(pwd)"
+PY="${PYTHON:-python3}"
+MODE="gpu"
+[ "${1:-}" = "--cpu" ] && MODE="cpu"
+export PYTHONUNBUFFERED=1
+
+# jaxlib_ext importable without pip: a shim folder mapping the namespace onto the repo folders
+# (what pyproject's package-dir does for an installed copy).
+if ! "$PY" -c "import jaxlib_ext.pallas_kernels.mdn" >/dev/null 2>&1; then
+  SHIM="$(mktemp -d /tmp/jaxlib_ext_shim.XXXXXX)"
+  cp -r "$REPO/jaxlib_ext" "$SHIM/jaxlib_ext"
+  for pkg in models optim samplers pallas_kernels; do
+    ln -s "$REPO/$pkg" "$SHIM/jaxlib_ext/$pkg"
+  done
+  export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+if [ "$MODE" = "cpu" ]; then
+  export JAX_PLATFORMS=cpu
+  echo "== CPU half: interpret mode, tiny shapes"
+  exec "$PY" benchmarks/mdn_gpu.py --cpu --check --dtype float32
+fi
+
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+
+"$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+
+status=0
+echo "== 1/2 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
+timeout 240 "$PY" -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
+  -p no:cacheprovider -W ignore::DeprecationWarning || status=1
+
+echo "== 2/2 timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
+timeout 300 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check || status=1
+
+echo "== gpu_check exit status: $status"
+exit $status

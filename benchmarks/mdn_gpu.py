@@ -1,0 +1,244 @@
+"""Time the momentum delta rule kernels: Pallas (ours) vs our XLA chunk path vs fla's GDN.
+
+Prints one markdown table: median time after warm-up of the forward and the forward+backward
+of
+
+* ``pallas``: ``jaxlib_ext.pallas_kernels.mdn.kernel.momentum_delta_rule_pallas`` (compiled
+  through the Pallas Triton lowering on GPU, ``interpret=True`` on CPU);
+* ``chunk``: ``momentum_delta_rule(..., method="chunk")``, the XLA chunkwise path;
+* ``fla gdn``: ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (PyTorch + Triton, package
+  ``fla-core``), the peer named by issue 4, timed with ``triton.testing.do_bench``; skipped with
+  a note when torch or fla cannot be imported or no CUDA device is present.
+
+The ratio column is against ``chunk`` (same direction). TFLOP/s uses the matmul FLOPs of the
+chunkwise algorithm (``kernel.flops_forward``; forward+backward counted as 3x forward, the usual
+convention), GB/s the compulsory HBM traffic (inputs read once, output written once; 3x for
+forward+backward). Ceilings printed beside them: H200 ~790 TFLOP/s bf16 dense, ~4.8 TB/s HBM.
+
+Usage::
+
+    python benchmarks/mdn_gpu.py                  # GPU, B=8 T=4096 H=6 K=128 V=256 bf16
+    python benchmarks/mdn_gpu.py --cpu            # CPU, interpret mode, tiny shapes
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
+from jaxlib_ext.pallas_kernels.mdn.kernel import flops_forward, momentum_delta_rule_pallas
+
+PEAK_TFLOPS = 790.0  # H200 bf16 dense, measured here (KINDS.md)
+PEAK_GBS = 4800.0  # H200 HBM3e
+
+
+def make_inputs(B, T, H, K, V, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 8)
+    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    q = unit(jax.random.normal(ks[0], (B, T, H, K)))
+    k = unit(jax.random.normal(ks[1], (B, T, H, K)))
+    v = jax.random.normal(ks[2], (B, T, H, V))
+    la = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H))) / 8
+    lm = jax.nn.log_sigmoid(jax.random.normal(ks[4], (B, T, H))) / 8
+    p = jnp.exp(la)[..., None] * k
+    beta = jax.nn.sigmoid(jax.random.normal(ks[5], (B, T, H))) * 0.5
+    eta = jnp.tanh(jax.random.normal(ks[6], (B, T, H))) + 1.0
+    toks = tuple(x.astype(dtype) for x in (q, k, v, p))
+    return toks + (la, lm, beta, eta)
+
+
+def median_time(fn, args, warmup, iters):
+    """Median wall time of ``fn(*args)`` (blocked) after ``warmup`` calls, in seconds."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def jax_fns(op):
+    """(forward, forward+backward) jitted closures of an op with the public signature."""
+
+    def fwd(*a):
+        return op(*a)[0]
+
+    def loss(*a):
+        return jnp.sum(op(*a)[0].astype(jnp.float32))
+
+    grad = jax.grad(loss, argnums=tuple(range(8)))
+    return jax.jit(fwd), jax.jit(grad)
+
+
+def fla_times(B, T, H, K, V, warmup, iters):
+    """(fwd, fwd+bwd) seconds of fla's chunk_gated_delta_rule, or a string saying why not."""
+    try:
+        import torch
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from triton.testing import do_bench
+    except Exception as e:  # noqa: BLE001 - any import failure means "skip the peer"
+        return f"skipped ({type(e).__name__}: {e})"
+    if not torch.cuda.is_available():
+        return "skipped (no CUDA device for torch)"
+    dev, dt = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    mk = lambda *s: torch.randn(*s, device=dev, dtype=dt)
+    q = torch.nn.functional.normalize(mk(B, T, H, K), dim=-1).requires_grad_()
+    k = torch.nn.functional.normalize(mk(B, T, H, K), dim=-1).requires_grad_()
+    v = mk(B, T, H, V).requires_grad_()
+    g = torch.nn.functional.logsigmoid(mk(B, T, H).float()).div(8).requires_grad_()
+    beta = torch.sigmoid(mk(B, T, H).float()).mul(0.5).to(dt).requires_grad_()
+
+    def fwd():
+        return chunk_gated_delta_rule(q, k, v, g, beta, scale=K**-0.5)[0]
+
+    def fwd_bwd():
+        o = fwd()
+        o.sum().backward()
+
+    with torch.no_grad():
+        t_f = do_bench(fwd, warmup=warmup * 10, rep=iters * 10, return_mode="median")
+    t_fb = do_bench(fwd_bwd, warmup=warmup * 10, rep=iters * 10, return_mode="median")
+    return t_f / 1e3, t_fb / 1e3
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="tiny shapes, interpret mode")
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--T", type=int, default=4096)
+    ap.add_argument("--H", type=int, default=6)
+    ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--V", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--skip-chunk", action="store_true", help="do not time the XLA chunk path")
+    ap.add_argument("--skip-fla", action="store_true", help="do not time fla's GDN")
+    ap.add_argument(
+        "--check", action="store_true", help="first compare pallas with the recurrent reference"
+    )
+    args = ap.parse_args(argv)
+    if args.cpu:
+        args.B, args.T, args.H, args.K, args.V, args.chunk = 1, 40, 2, 16, 32, 16
+        args.warmup, args.iters = 1, 1
+    interpret = jax.default_backend() == "cpu"
+    B, T, H, K, V = args.B, args.T, args.H, args.K, args.V
+    dtype = jnp.dtype(args.dtype)
+    inputs = make_inputs(B, T, H, K, V, dtype)
+
+    pallas = functools.partial(
+        momentum_delta_rule_pallas, scale=K**-0.5, chunk_size=args.chunk, interpret=interpret
+    )
+    chunk = functools.partial(
+        momentum_delta_rule, scale=K**-0.5, method="chunk", chunk_size=args.chunk
+    )
+    if args.check:
+        tol = 1e-2 if dtype == jnp.bfloat16 else 1e-4
+        # forward at the benchmark shape; forward and gradients at a small one
+        if not args.cpu:
+            check(inputs, K, args.chunk, interpret, tol, grads=False)
+        small = inputs if args.cpu else make_inputs(2, min(T, 301), 2, K, V, dtype, seed=1)
+        check(small, K, args.chunk, interpret, tol, grads=True)
+    rows = []
+    for name, op in [("pallas", pallas)] + ([] if args.skip_chunk else [("chunk", chunk)]):
+        f, fb = jax_fns(op)
+        rows.append((name, "fwd", median_time(f, inputs, args.warmup, args.iters)))
+        rows.append((name, "fwd+bwd", median_time(fb, inputs, args.warmup, args.iters)))
+    print_table(rows, args, dtype)
+    if interpret:
+        peer = "skipped (CPU)"
+    elif args.skip_fla:
+        peer = "skipped (--skip-fla)"
+    else:
+        peer = fla_times(B, T, H, K, V, args.warmup, args.iters)
+    if isinstance(peer, tuple):
+        rows.append(("fla gdn", "fwd", peer[0]))
+        rows.append(("fla gdn", "fwd+bwd", peer[1]))
+        print_table(rows, args, dtype)
+    if not isinstance(peer, tuple):
+        print(f"\nfla gdn: {peer}")
+    else:
+        pf = {d: t for n, d, t in rows if n == "pallas"}
+        print(
+            f"\npallas / fla gdn time: fwd {pf['fwd'] / peer[0]:.2f}x, "
+            f"fwd+bwd {pf['fwd+bwd'] / peer[1]:.2f}x (target <= 1.3x)"
+        )
+    base = {d: t for n, d, t in rows if n == "chunk"}
+    if "fwd+bwd" in base:
+        pf = {d: t for n, d, t in rows if n == "pallas"}
+        print(f"chunk / pallas fwd+bwd: {base['fwd+bwd'] / pf['fwd+bwd']:.2f}x (target >= 3x)")
+    return 0
+
+
+def check(inputs, K, chunk, interpret, tol, grads):
+    """rel-RMSE of pallas vs method="recurrent" (outputs, final state, optionally gradients)."""
+    B, T, H, _ = inputs[0].shape
+    V = inputs[2].shape[-1]
+    s0 = 0.1 * jax.random.normal(jax.random.key(7), (2, B, H, K, V))
+    kw = dict(scale=K**-0.5, initial_state=s0, output_final_state=True)
+    pallas = functools.partial(
+        momentum_delta_rule_pallas, chunk_size=chunk, interpret=interpret, **kw
+    )
+    ref = functools.partial(momentum_delta_rule, method="recurrent", **kw)
+    rel = lambda a, b: float(
+        jnp.linalg.norm((a.astype(jnp.float32) - b.astype(jnp.float32)).ravel())
+        / jnp.linalg.norm(b.astype(jnp.float32).ravel())
+    )
+    with jax.default_matmul_precision("highest"):
+        (o, fs), (o_r, fs_r) = pallas(*inputs), ref(*inputs)
+        errs = {"o": rel(o, o_r), "final_state": rel(fs, fs_r)}
+        if grads:
+            loss = lambda f: lambda *a: jnp.sum(f(*a)[0].astype(jnp.float32) * o_r) + jnp.sum(
+                f(*a)[1] * fs_r
+            )
+            argn = tuple(range(8))
+            g = jax.grad(loss(pallas), argnums=argn)(*inputs)
+            g_r = jax.grad(loss(ref), argnums=argn)(*inputs)
+            names = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta")
+            errs.update({f"d{n}": rel(a, b) for n, a, b in zip(names, g, g_r)})
+    worst = max(errs.values())
+    status = "PASS" if worst < tol and all(e == e for e in errs.values()) else "FAIL"
+    print(
+        f"check B={B} T={T} H={H} K={K} V={V} {inputs[0].dtype}: {status} (tol {tol:g}) "
+        + " ".join(f"{k}={v:.1e}" for k, v in errs.items()),
+        flush=True,
+    )
+    if status != "PASS":
+        raise SystemExit(f"pallas vs recurrent check failed: {errs}")
+
+
+def print_table(rows, args, dtype):
+    B, T, H, K, V = args.B, args.T, args.H, args.K, args.V
+    interpret = jax.default_backend() == "cpu"
+    flops_f = flops_forward(B, T, H, K, V, args.chunk)
+    itemsize = dtype.itemsize
+    bytes_f = B * T * H * (3 * K + 2 * V) * itemsize + B * T * H * 4 * 4
+    base = {d: t for n, d, t in rows if n == "chunk"}
+    print(
+        f"\nMDN B={B} T={T} H={H} K={K} V={V} {args.dtype} chunk={args.chunk} "
+        f"backend={jax.default_backend()} jax={jax.__version__} interpret={interpret}\n"
+    )
+    print("| path | pass | median ms | vs chunk | TFLOP/s (of ~790) | GB/s (of ~4800) |")
+    print("|---|---|---|---|---|---|")
+    for name, direction, t in rows:
+        mult = 1 if direction == "fwd" else 3
+        ratio = f"{base[direction] / t:.2f}x" if direction in base else "-"
+        tf = mult * flops_f / t / 1e12
+        gbs = mult * bytes_f / t / 1e9
+        print(f"| {name} | {direction} | {t * 1e3:.3f} | {ratio} | {tf:.1f} | {gbs:.0f} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,722 @@
+"""Pallas kernels for the momentum delta rule (Momentum DeltaNet, arXiv 2605.05838).
+
+Recurrence (per batch row and head; notes ``models.md`` section 1.1)::
+
+    w_t = S_{t-1}^T p_t - v_t                       (1)
+    M_t = mu_t M_{t-1} + eta_t k_t w_t^T             (2)
+    S_t = alpha_t S_{t-1} - beta_t M_t               (3)
+    o_t = S_t^T (scale q_t)                          (4)
+
+Chunkwise form (notes section 1.2). Inside a chunk of length C with entering states (S_0, M_0),
+``A_t = prod_{s<=t} alpha_s``, ``U_t = prod_{s<=t} mu_s``, ``kt_j = eta_j k_j`` and
+pseudo-values ``vt_j = v_j - S_{j-1}^T p_j``::
+
+    gamma_{t,j} = sum_{i=j..t} (A_t / A_i) beta_i (U_i / U_j)          (5)
+    b_t         = sum_{i<=t}   (A_t / A_i) beta_i U_i                  (6)
+    S_t = A_t S_0 - b_t M_0 + sum_{j<=t} gamma_{t,j} kt_j vt_j^T       (7)
+    M_t = U_t M_0 - sum_{j<=t} (U_t / U_j) kt_j vt_j^T                 (8)
+    (I + L) Vt = V - diag(A_{t-1}) P S_0 + diag(b_{t-1}) P M_0,
+        L_{t,j} = gamma_{t-1,j} (p_t . kt_j), j < t                    (9)
+    o_t = A_t (s q_t)^T S_0 - b_t (s q_t)^T M_0
+          + sum_{j<=t} gamma_{t,j} (s q_t . kt_j) vt_j                 (10)
+
+With ``T = (I + L)^{-1}``: ``Uv = T V``, ``Y = T diag(A_{t-1}) P``, ``Z = T diag(b_{t-1}) P``,
+so that ``Vt = Uv - Y S_0 + Z M_0`` (11).
+
+Choice (differs from the notes' log-cumsum-exp form, same mathematics): (5) and (6) are
+evaluated as products of two masked decay matrices, ``gamma = D1 diag(beta) D2`` with
+``D1[t,i] = exp(logA_t - logA_i)`` (i <= t) and ``D2[i,j] = exp(logU_i - logU_j)`` (j <= i).
+Every exponent is <= 0, so nothing overflows, ``beta = 0`` is exact (no ``+1e-6``), and the
+two products run on the tensor cores.
+
+What runs where:
+
+* forward, all Pallas kernels: ``_prep_kernel`` (chunk-parallel: cumulative gates, (5), (6),
+  the unit-lower-triangular inverse by in-kernel forward substitution, Uv, Y, Z and the output
+  coefficients), ``_state_fwd_kernel`` (grid over batch, heads and V-blocks, sequential loop over
+  chunks: (11), (7), (8) at t = C; stores the state entering each chunk) and ``_out_kernel``
+  (chunk-parallel: (10)).
+* backward: ``_state_bwd_kernel`` (Pallas; the reverse-time recurrence of the state cotangents,
+  fused with the output's contribution) produces dVt per chunk and the state cotangents; the
+  remaining chunk-parallel contractions (dQa, dQb, dAttn, dY, dZ, dKgS, dKgM and the chunk-end
+  decays) are batched XLA einsums, and the intra-chunk preparation is differentiated with
+  ``jax.vjp`` of ``_prep_xla`` (the same chunk math in plain jnp, with ``triangular_solve``
+  instead of forward substitution). That last step is XLA, not a kernel.
+
+Triton constraints honoured by the wrapper (interpret mode does not enforce them): every block
+dimension is a power of two and >= 16 (K and V are zero-padded to ``max(16, next_pow2)``, the
+chunk size is a power of two >= 16), grids have at most three axes, dots are 2-D.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+__all__ = ["momentum_delta_rule_pallas"]
+
+_F32 = jnp.float32
+
+
+def _pow2(n: int, minimum: int = 16) -> int:
+    return max(minimum, 1 << (int(n) - 1).bit_length())
+
+
+def _mm(a, b, *, ta=False, tb=False, precision=None):
+    """Matrix product over the last two axes (leading axes batched), float32 accumulation."""
+    ca = a.ndim - 2 if ta else a.ndim - 1
+    cb = b.ndim - 1 if tb else b.ndim - 2
+    batch = tuple(range(a.ndim - 2))
+    return lax.dot_general(
+        a, b, (((ca,), (cb,)), (batch, batch)), precision=precision, preferred_element_type=_F32
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Chunk math shared by the kernel body (2-D tiles) and the XLA mirror (leading batch axes).
+# --------------------------------------------------------------------------------------------
+
+
+def _inverse_forward_substitution(lmat, precision=None):
+    """(I + L)^{-1} for strictly lower L [C, C] by forward substitution, row by row.
+
+    Row r of the inverse is ``e_r - L[r, :] @ T`` where only rows < r of T are used (L is
+    strictly lower). Only masked selects and reductions: lowers to Triton and to XLA.
+    """
+    del precision
+    c = lmat.shape[-1]
+    rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (c, c), 1)
+    eye = jnp.where(rows == cols, 1.0, 0.0).astype(_F32)
+
+    def body(r, tinv):
+        lrow = jnp.sum(jnp.where(rows == r, lmat, 0.0), axis=0)  # L[r, :]
+        acc = jnp.sum(lrow[:, None] * tinv, axis=0)  # sum_j L[r, j] T[j, :]
+        return jnp.where(rows == r, eye - acc[None, :], tinv)
+
+    return lax.fori_loop(1, c, body, eye)
+
+
+def _inverse_triangular_solve(lmat, precision=None):
+    """(I + L)^{-1} with XLA's batched triangular solve (used by the differentiable mirror)."""
+    del precision
+    c = lmat.shape[-1]
+    eye = jnp.eye(c, dtype=_F32)
+    eye_b = jnp.broadcast_to(eye, lmat.shape)
+    return lax.linalg.triangular_solve(
+        eye + lmat, eye_b, left_side=True, lower=True, unit_diagonal=True
+    )
+
+
+def _masked_decay(row_log, col_log, mask):
+    """exp(row_log[t] - col_log[i]) where mask, else 0; the exponent is clamped first so the
+    masked-out (positive, possibly huge) entries never overflow and carry no gradient."""
+    d = row_log[..., :, None] - col_log[..., None, :]
+    return jnp.where(mask, jnp.exp(jnp.where(mask, d, 0.0)), 0.0)
+
+
+def _chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
+    """Per-chunk quantities of equations (5), (6), (9), (10), (11).
+
+    Shapes: q, k, p [..., C, K]; v [..., C, V]; gates [..., C]; all float32.
+    Returns (uv, y, z, kgs, kgm, qa, qb, attn, avec, bvec, uvec):
+      uv [..., C, V]; y, z, kgs, kgm, qa, qb [..., C, K]; attn [..., C, C];
+      avec = A_t, bvec = b_t, uvec = U_t [..., C] (the recurrence uses their last entry).
+    """
+    c = la.shape[-1]
+    t_idx = lax.broadcasted_iota(jnp.int32, (c, c), 0)
+    i_idx = lax.broadcasted_iota(jnp.int32, (c, c), 1)
+    incl = t_idx >= i_idx
+    strict = t_idx > i_idx
+
+    def cumsum(x):  # inclusive prefix sum along the chunk as a masked reduction
+        return jnp.sum(jnp.where(incl, x[..., None, :], 0.0), axis=-1)
+
+    log_a = cumsum(la)  # log A_t
+    log_u = cumsum(lm)  # log U_t
+    log_a_prev = log_a - la  # log A_{t-1}
+    d1 = _masked_decay(log_a, log_a, incl)  # A_t / A_i, i <= t
+    d1p = _masked_decay(log_a_prev, log_a, strict)  # A_{t-1} / A_i, i < t
+    d2 = _masked_decay(log_u, log_u, incl)  # U_i / U_j, j <= i
+    bd2 = beta[..., :, None] * d2
+    gam = _mm(d1, bd2, precision=precision)  # (5) gamma_{t,j}
+    gam_prev = _mm(d1p, bd2, precision=precision)  # gamma_{t-1,j}
+    u_vec = jnp.exp(log_u)
+    bu = beta * u_vec
+    b_vec = jnp.sum(d1 * bu[..., None, :], axis=-1)  # (6) b_t
+    b_prev = jnp.sum(d1p * bu[..., None, :], axis=-1)  # b_{t-1}
+    a_vec = jnp.exp(log_a)
+    a_prev = jnp.exp(log_a_prev)
+
+    kt = eta[..., :, None] * k
+    lmat = gam_prev * _mm(p, kt, tb=True, precision=precision)  # (9), strictly lower
+    tinv = inverse(lmat, precision)
+    uv = _mm(tinv, v, precision=precision)  # (11)
+    y = _mm(tinv, a_prev[..., :, None] * p, precision=precision)
+    z = _mm(tinv, b_prev[..., :, None] * p, precision=precision)
+
+    sq = scale * q
+    attn = gam * _mm(sq, kt, tb=True, precision=precision)  # (10), intra-chunk part
+    qa = a_vec[..., :, None] * sq
+    qb = b_vec[..., :, None] * sq
+    last = t_idx == c - 1
+    g_last = jnp.sum(jnp.where(last, gam, 0.0), axis=-2)  # gamma_{C,j}
+    u_last = jnp.sum(jnp.where(last, d2, 0.0), axis=-2)  # U_C / U_j
+    kgs = g_last[..., :, None] * kt  # (7) at t = C
+    kgm = u_last[..., :, None] * kt  # (8) at t = C
+    return uv, y, z, kgs, kgm, qa, qb, attn, a_vec, b_vec, u_vec
+
+
+def _prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
+    """Plain-jnp mirror of ``_prep_kernel`` on [B, Tp, H, ...] arrays (differentiable)."""
+    b, tp, h, _ = q.shape
+    n = tp // chunk
+
+    def to_chunks(x):  # [B, Tp, H, ...] -> [B, N, H, C, ...]
+        x = x.astype(_F32).reshape((b, n, chunk, h) + x.shape[3:])
+        return jnp.moveaxis(x, 2, 3)
+
+    def from_chunks(x):  # [B, N, H, C, ...] -> [B, Tp, H, ...]
+        x = jnp.moveaxis(x, 3, 2)
+        return x.reshape((b, tp, h) + x.shape[4:])
+
+    outs = _chunk_prep(
+        *(to_chunks(x) for x in (q, k, v, p, la, lm, beta, eta)),
+        scale=scale,
+        precision=precision,
+        inverse=_inverse_triangular_solve,
+    )
+    return tuple(from_chunks(x) for x in outs)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+def _prep_kernel(
+    q_ref, k_ref, v_ref, p_ref, la_ref, lm_ref, beta_ref, eta_ref, *out_refs, scale, precision
+):
+    """One (batch, head, chunk) tile: equations (5), (6), (9), (10), (11)."""
+    ld = lambda r: r[...].astype(_F32)
+    outs = _chunk_prep(
+        ld(q_ref),
+        ld(k_ref),
+        ld(v_ref),
+        ld(p_ref),
+        ld(la_ref),
+        ld(lm_ref),
+        ld(beta_ref),
+        ld(eta_ref),
+        scale=scale,
+        precision=precision,
+        inverse=_inverse_forward_substitution,
+    )
+    for ref, val in zip(out_refs, outs, strict=True):
+        ref[...] = val.astype(ref.dtype)
+
+
+def _last(vec_ref, sl, chunk):
+    """The last entry of a chunk's slice of a [Tp] coefficient vector, as a scalar."""
+    vec = vec_ref[sl].astype(_F32)
+    return jnp.sum(jnp.where(jnp.arange(chunk) == chunk - 1, vec, 0.0))
+
+
+def _state_fwd_kernel(
+    uv_ref,
+    y_ref,
+    z_ref,
+    kgs_ref,
+    kgm_ref,
+    av_ref,
+    bv_ref,
+    uvec_ref,
+    s0_ref,
+    m0_ref,
+    vt_ref,
+    hs_ref,
+    hm_ref,
+    st_ref,
+    mt_ref,
+    *,
+    chunk,
+    n_chunks,
+    kp,
+    precision,
+):
+    """One (batch, head, V-block): sequential loop over chunks carrying (S, M) [K, BV]."""
+
+    def body(n, carry):
+        s, m = carry
+        sl = pl.ds(n * chunk, chunk)
+        hsl = pl.ds(n * kp, kp)
+        hs_ref[hsl, :] = s
+        hm_ref[hsl, :] = m
+        vt = (
+            uv_ref[sl, :]
+            - _mm(y_ref[sl, :], s, precision=precision)
+            + _mm(z_ref[sl, :], m, precision=precision)
+        )  # (11)
+        vt_ref[sl, :] = vt
+        a = _last(av_ref, sl, chunk)
+        bb = _last(bv_ref, sl, chunk)
+        u = _last(uvec_ref, sl, chunk)
+        s_new = a * s - bb * m + _mm(kgs_ref[sl, :], vt, ta=True, precision=precision)  # (7)
+        m_new = u * m - _mm(kgm_ref[sl, :], vt, ta=True, precision=precision)  # (8)
+        return s_new, m_new
+
+    s, m = lax.fori_loop(0, n_chunks, body, (s0_ref[...], m0_ref[...]))
+    st_ref[...] = s
+    mt_ref[...] = m
+
+
+def _out_kernel(qa_ref, qb_ref, attn_ref, hs_ref, hm_ref, vt_ref, o_ref, *, precision):
+    """One (batch, head, chunk, V-block) tile of equation (10)."""
+    o = (
+        _mm(qa_ref[...], hs_ref[...], precision=precision)
+        - _mm(qb_ref[...], hm_ref[...], precision=precision)
+        + _mm(attn_ref[...], vt_ref[...], precision=precision)
+    )
+    o_ref[...] = o.astype(o_ref.dtype)
+
+
+def _state_bwd_kernel(
+    do_ref,
+    qa_ref,
+    qb_ref,
+    attn_ref,
+    y_ref,
+    z_ref,
+    kgs_ref,
+    kgm_ref,
+    av_ref,
+    bv_ref,
+    uvec_ref,
+    dst_ref,
+    dmt_ref,
+    dvt_ref,
+    dhs_ref,
+    dhm_ref,
+    ds0_ref,
+    dm0_ref,
+    *,
+    chunk,
+    n_chunks,
+    kp,
+    precision,
+):
+    """One (batch, head, V-block): reverse loop over chunks carrying (dS, dM), the cotangents
+    of the state leaving the current chunk. Transposes (11), (7), (8) and the state terms of
+    (10); stores dVt and the chunk-end state cotangents for the chunk-parallel parameter
+    gradients."""
+
+    def body(i, carry):
+        ds, dm = carry
+        n = n_chunks - 1 - i
+        sl = pl.ds(n * chunk, chunk)
+        hsl = pl.ds(n * kp, kp)
+        dhs_ref[hsl, :] = ds
+        dhm_ref[hsl, :] = dm
+        do = do_ref[sl, :].astype(_F32)
+        dvt = (
+            _mm(attn_ref[sl, :], do, ta=True, precision=precision)
+            + _mm(kgs_ref[sl, :], ds, precision=precision)
+            - _mm(kgm_ref[sl, :], dm, precision=precision)
+        )
+        dvt_ref[sl, :] = dvt
+        a = _last(av_ref, sl, chunk)
+        bb = _last(bv_ref, sl, chunk)
+        u = _last(uvec_ref, sl, chunk)
+        ds_new = (
+            a * ds
+            - _mm(y_ref[sl, :], dvt, ta=True, precision=precision)
+            + _mm(qa_ref[sl, :], do, ta=True, precision=precision)
+        )
+        dm_new = (
+            u * dm
+            - bb * ds
+            + _mm(z_ref[sl, :], dvt, ta=True, precision=precision)
+            - _mm(qb_ref[sl, :], do, ta=True, precision=precision)
+        )
+        return ds_new, dm_new
+
+    ds, dm = lax.fori_loop(0, n_chunks, body, (dst_ref[...], dmt_ref[...]))
+    ds0_ref[...] = ds
+    dm0_ref[...] = dm
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, interpret, poison, name, warps):
+    """pallas_call; with ``poison`` every output buffer starts as NaN (aliased input), so an
+    element the kernel never writes stays NaN and a test can see it."""
+    compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=2)
+    if not poison:
+        return pl.pallas_call(
+            kernel,
+            out_shape=out_shape,
+            grid=grid,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            compiler_params=compiler_params,
+            interpret=interpret,
+            name=name,
+        )(*args)
+    n_in, n_out = len(args), len(out_shape)
+    bufs = [jnp.full(s.shape, jnp.nan, s.dtype) for s in out_shape]
+
+    def poisoned(*refs):
+        kernel(*refs[:n_in], *refs[n_in + n_out :])
+
+    return pl.pallas_call(
+        poisoned,
+        out_shape=out_shape,
+        grid=grid,
+        in_specs=list(in_specs) + list(out_specs),
+        out_specs=out_specs,
+        input_output_aliases={n_in + i: i for i in range(n_out)},
+        compiler_params=compiler_params,
+        interpret=interpret,
+        name=name,
+    )(*args, *bufs)
+
+
+def _sds(shape, dtype=_F32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, interpret, poison):
+    b, tp, h, kp = q.shape
+    vp = v.shape[-1]
+    n = tp // chunk
+    tok = lambda d: pl.BlockSpec((None, chunk, None, d), lambda i, j, l: (j, i, l, 0))
+    gate = pl.BlockSpec((None, chunk, None), lambda i, j, l: (j, i, l))
+    in_specs = [tok(kp), tok(kp), tok(vp), tok(kp), gate, gate, gate, gate]
+    out_specs = [tok(vp)] + [tok(kp)] * 6 + [tok(chunk), gate, gate, gate]
+    out_shape = (
+        [_sds((b, tp, h, vp))]
+        + [_sds((b, tp, h, kp))] * 6
+        + [_sds((b, tp, h, chunk))]
+        + [_sds((b, tp, h))] * 3
+    )
+    kernel = functools.partial(_prep_kernel, scale=scale, precision=precision)
+    return _launch(
+        kernel,
+        (q, k, v, p, la, lm, beta, eta),
+        in_specs,
+        out_specs,
+        out_shape,
+        grid=(n, b, h),
+        interpret=interpret,
+        poison=poison,
+        name="mdn_prep",
+        warps=4,
+    )
+
+
+def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poison):
+    uv, y, z, kgs, kgm, _, _, _, av, bv, uvec = prep
+    b, tp, h, kp = y.shape
+    vp = uv.shape[-1]
+    n = tp // chunk
+    nv = vp // block_v
+    full_k = pl.BlockSpec((None, tp, None, kp), lambda i, j, l: (i, 0, j, 0))
+    full_v = pl.BlockSpec((None, tp, None, block_v), lambda i, j, l: (i, 0, j, l))
+    gate = pl.BlockSpec((None, tp, None), lambda i, j, l: (i, 0, j))
+    state = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
+    states = pl.BlockSpec((None, None, n * kp, block_v), lambda i, j, l: (i, j, 0, l))
+    in_specs = [full_v, full_k, full_k, full_k, full_k, gate, gate, gate, state, state]
+    out_specs = [full_v, states, states, state, state]
+    out_shape = [
+        _sds((b, tp, h, vp)),
+        _sds((b, h, n * kp, vp)),
+        _sds((b, h, n * kp, vp)),
+        _sds((b, h, kp, vp)),
+        _sds((b, h, kp, vp)),
+    ]
+    kernel = functools.partial(
+        _state_fwd_kernel, chunk=chunk, n_chunks=n, kp=kp, precision=precision
+    )
+    return _launch(
+        kernel,
+        (uv, y, z, kgs, kgm, av, bv, uvec, s0, m0),
+        in_specs,
+        out_specs,
+        out_shape,
+        grid=(b, h, nv),
+        interpret=interpret,
+        poison=poison,
+        name="mdn_state_fwd",
+        warps=4,
+    )
+
+
+def _out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, interpret, poison):
+    _, _, _, _, _, qa, qb, attn, _, _, _ = prep
+    b, tp, h, kp = qa.shape
+    vp = vt.shape[-1]
+    n = tp // chunk
+    nv = vp // block_v
+    # grid (chunk, batch * head, V-block): at most three grid axes for Triton.
+    tok_k = pl.BlockSpec((None, chunk, None, kp), lambda i, j, l: (j // h, i, j % h, 0))
+    tok_c = pl.BlockSpec((None, chunk, None, chunk), lambda i, j, l: (j // h, i, j % h, 0))
+    tok_v = pl.BlockSpec((None, chunk, None, block_v), lambda i, j, l: (j // h, i, j % h, l))
+    state = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (j // h, j % h, i, l))
+    kernel = functools.partial(_out_kernel, precision=precision)
+    (o,) = _launch(
+        kernel,
+        (qa, qb, attn, hs, hm, vt),
+        [tok_k, tok_k, tok_c, state, state, tok_v],
+        [tok_v],
+        [_sds((b, tp, h, vp), out_dtype)],
+        grid=(n, b * h, nv),
+        interpret=interpret,
+        poison=poison,
+        name="mdn_out",
+        warps=4,
+    )
+    return o
+
+
+def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret, poison):
+    _, y, z, kgs, kgm, qa, qb, attn, av, bv, uvec = prep
+    b, tp, h, kp = y.shape
+    vp = do.shape[-1]
+    n = tp // chunk
+    nv = vp // block_v
+    full_k = pl.BlockSpec((None, tp, None, kp), lambda i, j, l: (i, 0, j, 0))
+    full_c = pl.BlockSpec((None, tp, None, chunk), lambda i, j, l: (i, 0, j, 0))
+    full_v = pl.BlockSpec((None, tp, None, block_v), lambda i, j, l: (i, 0, j, l))
+    gate = pl.BlockSpec((None, tp, None), lambda i, j, l: (i, 0, j))
+    state = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
+    states = pl.BlockSpec((None, None, n * kp, block_v), lambda i, j, l: (i, j, 0, l))
+    in_specs = [full_v, full_k, full_k, full_c] + [full_k] * 4 + [gate] * 3 + [state, state]
+    out_specs = [full_v, states, states, state, state]
+    out_shape = [
+        _sds((b, tp, h, vp)),
+        _sds((b, h, n * kp, vp)),
+        _sds((b, h, n * kp, vp)),
+        _sds((b, h, kp, vp)),
+        _sds((b, h, kp, vp)),
+    ]
+    kernel = functools.partial(
+        _state_bwd_kernel, chunk=chunk, n_chunks=n, kp=kp, precision=precision
+    )
+    return _launch(
+        kernel,
+        (do, qa, qb, attn, y, z, kgs, kgm, av, bv, uvec, dst, dmt),
+        in_specs,
+        out_specs,
+        out_shape,
+        grid=(b, h, nv),
+        interpret=interpret,
+        poison=poison,
+        name="mdn_state_bwd",
+        warps=4,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# custom_vjp core on padded arrays
+# --------------------------------------------------------------------------------------------
+
+
+def _forward(args, cfg):
+    q, k, v, p, la, lm, beta, eta, s0, m0 = args
+    chunk, block_v, scale, precision, interpret, poison = cfg
+    kw = dict(precision=precision, interpret=interpret, poison=poison)
+    prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
+    vt, hs, hm, st, mt = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
+    o = _out_call(prep, hs, hm, vt, q.dtype, chunk=chunk, block_v=block_v, **kw)
+    return (o, st, mt), (vt, hs, hm)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _mdn_core(args, cfg):
+    return _forward(args, cfg)[0]
+
+
+def _mdn_core_fwd(args, cfg):
+    out, res = _forward(args, cfg)
+    return out, (args, res)
+
+
+def _mdn_core_bwd(cfg, residuals, cotangents):
+    chunk, block_v, scale, precision, interpret, poison = cfg
+    args, (vt, hs, hm) = residuals
+    q, k, v, p, la, lm, beta, eta, s0, m0 = args
+    do, dst, dmt = cotangents
+    b, tp, h, kp = q.shape
+    vp = v.shape[-1]
+    n = tp // chunk
+
+    prep_fn = functools.partial(_prep_xla, chunk=chunk, scale=scale, precision=precision)
+    prep, prep_vjp = jax.vjp(prep_fn, q, k, v, p, la, lm, beta, eta)
+    dvt, dhs, dhm, ds0, dm0 = _state_bwd_call(
+        prep,
+        do,
+        dst.astype(_F32),
+        dmt.astype(_F32),
+        chunk=chunk,
+        block_v=block_v,
+        precision=precision,
+        interpret=interpret,
+        poison=poison,
+    )
+
+    # Chunk-parallel parameter cotangents (XLA). Layout [B, N, C, H, X] for token arrays and
+    # [B, H, N, K, V] for states.
+    tok = lambda x: x.astype(_F32).reshape(b, n, chunk, h, x.shape[-1])
+    st = lambda x: x.reshape(b, h, n, kp, vp)
+    do_c, vt_c, dvt_c = tok(do), tok(vt), tok(dvt)
+    hs_c, hm_c, dhs_c, dhm_c = st(hs), st(hm), st(dhs), st(dhm)
+    ein = functools.partial(jnp.einsum, precision=precision, preferred_element_type=_F32)
+    d_qa = ein("bnchv,bhnkv->bnchk", do_c, hs_c)
+    d_qb = -ein("bnchv,bhnkv->bnchk", do_c, hm_c)
+    d_attn = ein("bnchv,bnehv->bnche", do_c, vt_c)
+    d_y = -ein("bnchv,bhnkv->bnchk", dvt_c, hs_c)
+    d_z = ein("bnchv,bhnkv->bnchk", dvt_c, hm_c)
+    d_kgs = ein("bnchv,bhnkv->bnchk", vt_c, dhs_c)
+    d_kgm = -ein("bnchv,bhnkv->bnchk", vt_c, dhm_c)
+    at_last = lambda x: jnp.zeros((b, n, chunk, h), _F32).at[:, :, -1, :].set(
+        jnp.moveaxis(x, 1, 2)
+    )
+    d_av = at_last(jnp.sum(hs_c * dhs_c, axis=(-2, -1)))
+    d_bv = at_last(-jnp.sum(hm_c * dhs_c, axis=(-2, -1)))
+    d_uvec = at_last(jnp.sum(hm_c * dhm_c, axis=(-2, -1)))
+    flat = lambda x: x.reshape((b, tp, h) + x.shape[4:])
+    cts = (dvt,) + tuple(flat(c) for c in (d_y, d_z, d_kgs, d_kgm, d_qa, d_qb, d_attn))
+    cts = cts + tuple(flat(c) for c in (d_av, d_bv, d_uvec))
+    grads = prep_vjp(cts)
+    return (tuple(grads) + (ds0, dm0),)
+
+
+_mdn_core.defvjp(_mdn_core_fwd, _mdn_core_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------------
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "scale",
+        "output_final_state",
+        "chunk_size",
+        "interpret",
+        "block_v",
+        "poison_outputs",
+    ),
+)
+def momentum_delta_rule_pallas(
+    q,
+    k,
+    v,
+    p,
+    log_alpha,
+    log_mu,
+    beta,
+    eta,
+    *,
+    scale,
+    initial_state=None,
+    output_final_state=False,
+    chunk_size=64,
+    interpret=False,
+    block_v=None,
+    poison_outputs=False,
+):
+    """Momentum delta rule, chunkwise, in Pallas kernels (see the module docstring).
+
+    Args:
+      q, k, p: [B, T, H, K] float32 or bfloat16.
+      v: [B, T, H, V], same dtype family.
+      log_alpha, log_mu, beta, eta: [B, T, H] gates (``alpha = exp(log_alpha)``, likewise mu).
+      scale: query scale (a Python float; the public op fills in ``K**-0.5``).
+      initial_state: [2, B, H, K, V] holding (S, M), or None for zeros.
+      output_final_state: also return the final (S, M) as float32 [2, B, H, K, V].
+      chunk_size: chunk length, a power of two >= 16 (Triton dot tiles).
+      interpret: run the kernels with the Pallas interpreter (the only option on CPU).
+      block_v: V-tile of the state kernels (power of two); default ``min(Vp, 64)`` and 32 when
+        the padded K exceeds 128, to keep the two [K, block_v] float32 states in registers.
+      poison_outputs: testing aid: every kernel output buffer starts as NaN.
+
+    Returns:
+      ``(o, final_state)``: o [B, T, H, V] in q's dtype; final_state float32 or None.
+
+    Inputs are zero-padded to ``T % chunk_size == 0`` with gates ``log_alpha = log_mu = 0``,
+    ``beta = eta = 0`` (the padded steps leave (S, M) unchanged) and to power-of-two K, V.
+    Accumulation is float32 throughout; with float32 inputs the in-kernel dots use
+    ``Precision.HIGHEST`` (IEEE on Triton), with bfloat16 inputs the default (TF32).
+    """
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size: expected a power of two >= 16, got {chunk_size}")
+    b, t, h, kdim = q.shape
+    vdim = v.shape[-1]
+    kp, vp = _pow2(kdim), _pow2(vdim)
+    tp = -(-t // chunk_size) * chunk_size
+    if block_v is None:
+        block_v = min(vp, 64 if kp <= 128 else 32)
+    if block_v & (block_v - 1) or vp % block_v:
+        raise ValueError(f"block_v: expected a power of two dividing {vp}, got {block_v}")
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else lax.Precision.DEFAULT
+
+    def pad_tok(x, d):
+        return jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, d - x.shape[-1])))
+
+    def pad_gate(x):
+        return jnp.pad(x.astype(_F32), ((0, 0), (0, tp - t), (0, 0)))
+
+    if initial_state is None:
+        s0 = jnp.zeros((b, h, kp, vp), _F32)
+        m0 = s0
+    else:
+        init = jnp.pad(
+            initial_state.astype(_F32), ((0, 0),) * 3 + ((0, kp - kdim), (0, vp - vdim))
+        )
+        s0, m0 = init[0], init[1]
+    args = (
+        pad_tok(q, kp),
+        pad_tok(k, kp),
+        pad_tok(v, vp),
+        pad_tok(p, kp),
+        pad_gate(log_alpha),
+        pad_gate(log_mu),
+        pad_gate(beta),
+        pad_gate(eta),
+        s0,
+        m0,
+    )
+    cfg = (chunk_size, block_v, float(scale), precision, interpret, poison_outputs)
+    o, st, mt = _mdn_core(args, cfg)
+    o = o[:, :t, :, :vdim]
+    if not output_final_state:
+        return o, None
+    final = jnp.stack([st, mt])[:, :, :, :kdim, :vdim]
+    return o, final
+
+
+def flops_forward(b, t, h, kdim, vdim, chunk=64):
+    """Matmul FLOPs of one forward pass of this chunkwise algorithm (for benchmark TFLOP/s)."""
+    n = -(-t // chunk)
+    c = chunk
+    per_chunk = (
+        2 * c * c * c * 2  # gamma and gamma_prev
+        + 2 * c * c * kdim * 2  # P Kt^T, sQ Kt^T
+        + 2 * c * c * vdim  # T V
+        + 2 * c * c * kdim * 2  # T (A P), T (b P)
+        + 2 * c * kdim * vdim * 4  # Y S, Z M, KgS^T Vt, KgM^T Vt
+        + 2 * c * kdim * vdim * 2  # Qa S, Qb M
+        + 2 * c * c * vdim  # Attn Vt
+    )
+    return b * h * n * per_chunk

@@ -1,0 +1,227 @@
+"""Pallas kernels of the momentum delta rule vs the recurrent reference (arXiv 2605.05838).
+
+CPU: the kernels run with ``interpret=True`` (small shapes, chunk 16/32). GPU (``-m gpu``): the
+same comparisons compiled through the Pallas Triton lowering.
+"""
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
+from jaxlib_ext.pallas_kernels.mdn.kernel import _launch, momentum_delta_rule_pallas
+from jaxlib_ext.pallas_kernels.mdn.reference import momentum_delta_rule_recurrent
+
+REPO = Path(__file__).resolve().parents[2]
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def rel_rmse(out, ref):
+    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+    ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def make_inputs(seed, B, T, H, K, V, dtype=jnp.float32, with_state=True):
+    """Fresh random inputs with the gate ranges of the reference tests (notes §1.6)."""
+    ks = jax.random.split(jax.random.key(seed), 10)
+    normal = lambda i, s: jax.random.normal(ks[i], s, jnp.float32)
+    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    q = normal(0, (B, T, H, K))
+    k = unit(normal(1, (B, T, H, K)))
+    v = normal(2, (B, T, H, V))
+    la = jax.nn.log_sigmoid(jax.random.uniform(ks[4], (B, T, H))) / 2
+    lm = jax.nn.log_sigmoid(jax.random.uniform(ks[5], (B, T, H))) / 2
+    p = jnp.exp(la)[..., None] * unit(normal(3, (B, T, H, K)))
+    beta = jax.nn.sigmoid(normal(6, (B, T, H))) * 0.5
+    eta = normal(7, (B, T, H))
+    s0 = 0.5 * normal(8, (2, B, H, K, V)) if with_state else None
+    toks = tuple(x.astype(dtype) for x in (q, k, v, p))
+    return toks + (la, lm, beta, eta), s0
+
+
+def pallas_fn(chunk, poison=True, interpret=not ON_GPU):
+    return functools.partial(
+        momentum_delta_rule_pallas,
+        chunk_size=chunk,
+        interpret=interpret,
+        poison_outputs=poison,
+    )
+
+
+def reference_fn(*args, scale, initial_state, output_final_state):
+    f32 = tuple(x.astype(jnp.float32) for x in args)
+    return momentum_delta_rule_recurrent(
+        *f32, scale=scale, initial_state=initial_state, output_final_state=output_final_state
+    )
+
+
+def grads_of(fn, args, s0, scale, probe):
+    """Gradients wrt every input (initial state included) of a fixed random projection of
+    (o, final_state)."""
+    po, pf = probe
+
+    def loss(*a):
+        o, fs = fn(*a[:8], scale=scale, initial_state=a[8], output_final_state=True)
+        return jnp.sum(o.astype(jnp.float32) * po) + jnp.sum(fs * pf)
+
+    return jax.grad(loss, argnums=tuple(range(9)))(*args, s0)
+
+
+NAMES = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta", "initial_state")
+
+
+def check_case(seed, B, T, H, K, V, chunk, dtype, tol, *, grads=True, interpret=not ON_GPU):
+    args, s0 = make_inputs(seed, B, T, H, K, V, dtype)
+    scale = K**-0.5
+    fn = pallas_fn(chunk, interpret=interpret)
+    o, fs = fn(*args, scale=scale, initial_state=s0, output_final_state=True)
+    o_ref, fs_ref = reference_fn(*args, scale=scale, initial_state=s0, output_final_state=True)
+    assert o.shape == (B, T, H, V) and o.dtype == dtype
+    assert fs.shape == (2, B, H, K, V) and fs.dtype == jnp.float32
+    assert not bool(jnp.isnan(o.astype(jnp.float32)).any()), "unwritten output (NaN poison)"
+    assert rel_rmse(o, o_ref) < tol, rel_rmse(o, o_ref)
+    assert rel_rmse(fs, fs_ref) < tol, rel_rmse(fs, fs_ref)
+    if not grads:
+        return
+    kp = jax.random.split(jax.random.key(seed + 100), 2)
+    probe = (
+        jax.random.normal(kp[0], o_ref.shape, jnp.float32),
+        jax.random.normal(kp[1], fs_ref.shape, jnp.float32),
+    )
+    g = grads_of(fn, args, s0, scale, probe)
+    g_ref = grads_of(reference_fn, args, s0, scale, probe)
+    for name, a, r in zip(NAMES, g, g_ref, strict=True):
+        assert a.shape == r.shape and a.dtype == r.dtype, name
+        assert not bool(jnp.isnan(a.astype(jnp.float32)).any()), name
+        err = rel_rmse(a, r)
+        assert err < tol, f"d{name}: rel-RMSE {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    "seed,B,T,H,K,V,chunk",
+    [
+        (0, 2, 37, 2, 16, 32, 16),  # odd T, K != V, padding to 48
+        (1, 1, 70, 3, 24, 20, 32),  # K, V not powers of two (zero-padded), V < K
+    ],
+)
+def test_forward_and_grads_float32(seed, B, T, H, K, V, chunk):
+    check_case(seed, B, T, H, K, V, chunk, jnp.float32, 1e-4)
+
+
+def test_forward_and_grads_bfloat16():
+    check_case(2, 2, 45, 2, 16, 32, 16, jnp.bfloat16, 1e-2)
+
+
+def test_no_initial_state_no_final_state():
+    args, _ = make_inputs(3, 2, 29, 2, 16, 16, with_state=False)
+    o, fs = pallas_fn(16)(*args, scale=0.3, initial_state=None, output_final_state=False)
+    o_ref, _ = reference_fn(*args, scale=0.3, initial_state=None, output_final_state=False)
+    assert fs is None
+    assert rel_rmse(o, o_ref) < 1e-4
+
+
+def test_public_op_method_pallas_matches_recurrent():
+    args, s0 = make_inputs(4, 2, 33, 2, 16, 32)
+    o, fs = momentum_delta_rule(
+        *args, initial_state=s0, output_final_state=True, method="pallas", chunk_size=16
+    )
+    o_r, fs_r = momentum_delta_rule(
+        *args, initial_state=s0, output_final_state=True, method="recurrent"
+    )
+    assert rel_rmse(o, o_r) < 1e-4 and rel_rmse(fs, fs_r) < 1e-4
+
+
+def test_state_continuation():
+    args, s0 = make_inputs(5, 1, 40, 2, 16, 16)
+    fn = pallas_fn(16)
+    o, fs = fn(*args, scale=0.25, initial_state=s0, output_final_state=True)
+    first = tuple(x[:, :23] for x in args)
+    second = tuple(x[:, 23:] for x in args)
+    o1, fs1 = fn(*first, scale=0.25, initial_state=s0, output_final_state=True)
+    o2, fs2 = fn(*second, scale=0.25, initial_state=fs1, output_final_state=True)
+    assert rel_rmse(jnp.concatenate([o1, o2], axis=1), o) < 1e-5
+    assert rel_rmse(fs2, fs) < 1e-5
+
+
+def test_poison_detects_unwritten_elements():
+    """The poisoning used above works: a kernel that writes half its block leaves NaNs."""
+    from jax.experimental import pallas as pl
+
+    def half(x_ref, o_ref):
+        o_ref[:8, :] = x_ref[:8, :]
+
+    spec = pl.BlockSpec((16, 16), lambda i: (0, 0))
+    shape = jax.ShapeDtypeStruct((16, 16), jnp.float32)
+    (out,) = _launch(
+        half,
+        (jnp.ones((16, 16)),),
+        [spec],
+        [spec],
+        [shape],
+        grid=(1,),
+        interpret=True,
+        poison=True,
+        name="half",
+        warps=4,
+    )
+    assert int(jnp.isnan(out).sum()) == 8 * 16
+
+
+def test_bad_chunk_size():
+    args, s0 = make_inputs(6, 1, 8, 1, 16, 16)
+    with pytest.raises(ValueError, match="chunk_size"):
+        momentum_delta_rule_pallas(*args, scale=0.25, chunk_size=24, interpret=True)
+
+
+def test_gpu_check_cpu_half_runs():
+    """The CPU half of benchmarks/gpu_check.sh (interpret mode, tiny shapes) runs cleanly."""
+    env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+    res = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--cpu"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "| pallas | fwd+bwd |" in res.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: compiled kernels (interpret=False) through the Pallas Triton lowering.
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "seed,B,T,H,K,V,chunk",
+    [
+        (10, 2, 37, 2, 16, 32, 16),
+        (11, 2, 301, 3, 64, 128, 64),
+        (12, 1, 200, 2, 100, 256, 32),
+    ],
+)
+def test_gpu_compiled_float32(seed, B, T, H, K, V, chunk):
+    with jax.default_matmul_precision("highest"):
+        check_case(seed, B, T, H, K, V, chunk, jnp.float32, 1e-4, interpret=False)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_bfloat16():
+    check_case(13, 2, 257, 2, 128, 256, 64, jnp.bfloat16, 1e-2, interpret=False)
+
+
+@pytest.mark.gpu
+def test_gpu_layer_shape_forward_vs_recurrent():
+    """The 400M layer shape (notes §1.7) at T = 1024, float32, forward only."""
+    with jax.default_matmul_precision("highest"):
+        check_case(14, 1, 1024, 6, 128, 256, 64, jnp.float32, 1e-4, grads=False, interpret=False)
