@@ -6,5 +6,33 @@
 """
 
 from jaxlib_ext.optim.foam import ScaleByFoamState, foam, scale_by_foam
+from jaxlib_ext.optim.smet import (
+    CompactSlots,
+    DenseMoments,
+    ScaleBySmetState,
+    SmetState,
+    SparseSlots,
+    active_masks,
+    scale_by_smet,
+    smet,
+    smet_regrown,
+    sparsify,
+    topology_update_slots,
+)
 
-__all__ = ["ScaleByFoamState", "foam", "scale_by_foam"]
+__all__ = [
+    "CompactSlots",
+    "DenseMoments",
+    "ScaleByFoamState",
+    "ScaleBySmetState",
+    "SmetState",
+    "SparseSlots",
+    "active_masks",
+    "foam",
+    "scale_by_foam",
+    "scale_by_smet",
+    "smet",
+    "smet_regrown",
+    "sparsify",
+    "topology_update_slots",
+]
