@@ -8,6 +8,7 @@ import functools
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -225,3 +226,32 @@ def test_gpu_layer_shape_forward_vs_recurrent():
     """The 400M layer shape (notes §1.7) at T = 1024, float32, forward only."""
     with jax.default_matmul_precision("highest"):
         check_case(14, 1, 1024, 6, 128, 256, 64, jnp.float32, 1e-4, grads=False, interpret=False)
+
+
+@pytest.mark.parametrize("dtype,K,V", [(jnp.bfloat16, 128, 256), (jnp.float32, 40, 24)])
+def test_lowers_through_triton_for_h200(dtype, K, V):
+    """On CPU: trace and lower forward and forward+backward for CUDA with an abstract H200, which
+    runs the Pallas Triton lowering of every kernel (the Triton compile itself needs a GPU)."""
+    from jax.sharding import AbstractDevice, AbstractMesh, AxisType
+
+    B, T, H = 1, 70, 2
+    sds = lambda s, d=dtype: jax.ShapeDtypeStruct(s, d)
+    args = [sds((B, T, H, K)), sds((B, T, H, K)), sds((B, T, H, V)), sds((B, T, H, K))]
+    args += [sds((B, T, H), jnp.float32)] * 4 + [sds((2, B, H, K, V), jnp.float32)]
+
+    def fwd(*a):
+        return momentum_delta_rule_pallas(
+            *a[:8], scale=K**-0.5, initial_state=a[8], output_final_state=True, chunk_size=64
+        )
+
+    def loss(*a):
+        o, fs = fwd(*a)
+        return jnp.sum(o.astype(jnp.float32)) + jnp.sum(fs)
+
+    dev = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=dev)
+    with jax.sharding.use_abstract_mesh(mesh), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "Pallas Triton is deprecated"
+        for f in (fwd, jax.grad(loss, argnums=tuple(range(9)))):
+            text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+            assert "triton" in text
