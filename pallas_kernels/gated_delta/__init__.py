@@ -1,1 +1,119 @@
-"""Gated delta rule op (placeholder until the op lands)."""
+"""Gated delta rule (Gated DeltaNet, arXiv 2412.06464) as a pure JAX op: the MDN baseline.
+
+``gated_delta_rule`` validates its arguments and dispatches on ``method``: ``"recurrent"`` (the
+``lax.scan`` reference), ``"chunk"`` (the chunkwise WY form), ``"pallas"`` (lazily imported
+``jaxlib_ext.pallas_kernels.gated_delta.kernel.gated_delta_rule_pallas``, interpreted on CPU) and
+``"auto"`` (the Pallas kernel on GPU when it imports, else ``"chunk"``).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxlib_ext.pallas_kernels._common import (
+    check_array,
+    check_chunk_size,
+    check_method,
+    check_nonnegative,
+    check_shape,
+    resolve_auto,
+    resolve_scale,
+)
+from jaxlib_ext.pallas_kernels.gated_delta.chunk import gated_delta_rule_chunk
+from jaxlib_ext.pallas_kernels.gated_delta.reference import gated_delta_rule_recurrent
+
+__all__ = ["gated_delta_rule", "gated_delta_rule_chunk", "gated_delta_rule_recurrent"]
+
+_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.gated_delta.kernel"
+_KERNEL_NAME = "gated_delta_rule_pallas"
+
+_recurrent_jit = jax.jit(gated_delta_rule_recurrent, static_argnames=("output_final_state",))
+_chunk_jit = jax.jit(gated_delta_rule_chunk, static_argnames=("output_final_state", "chunk_size"))
+
+
+def _validate(q, k, v, g, beta, initial_state):
+    check_array("q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    check_array("k", k, 4, "[B, T, H, K]")
+    check_shape("k", k, (B, T, H, K), "[B, T, H, K]")
+    check_array("v", v, 4, "[B, T, H, V]")
+    if tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(
+            f"v must have shape [B, T, H, V] with (B, T, H) = {(B, T, H)} from q, "
+            f"got {tuple(v.shape)}"
+        )
+    V = v.shape[3]
+    for name, x in (("g", g), ("beta", beta)):
+        check_array(name, x, 3, "[B, T, H]")
+        check_shape(name, x, (B, T, H), "[B, T, H]")
+    if initial_state is not None:
+        check_array("initial_state", initial_state, 4, "[B, H, K, V]")
+        check_shape("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+    check_nonnegative("beta", beta)
+    return K
+
+
+def gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    method="auto",
+    chunk_size=64,
+):
+    """Gated delta rule over a sequence (Yang et al., arXiv 2412.06464).
+
+    Per batch, head and step, with memory ``S`` ``[K, V]`` and ``alpha = exp(g)``::
+
+        S_t = alpha_t S_{t-1} + beta_t k_t (v_t - alpha_t S_{t-1}^T k_t)^T
+        o_t = S_t^T (scale * q_t)
+
+    (decay first, then the delta-rule write; no normalisation inside the op). Equals
+    ``momentum_delta_rule`` at ``log_mu = -inf``, ``eta = 1``, ``p = alpha * k``.
+
+    Args:
+      q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g (``log alpha``), beta: ``[B, T, H]``,
+        ``beta >= 0`` (checked when concrete).
+      scale: query scale, default ``K ** -0.5``.
+      initial_state: ``[B, H, K, V]`` or ``None`` (zeros).
+      output_final_state: also return ``S_T`` ``[B, H, K, V]``.
+      method: ``"auto" | "recurrent" | "chunk" | "pallas"``.
+      chunk_size: one of 16, 32, 64, 128.
+
+    Returns:
+      ``(o, final_state)``: ``o`` in ``q.dtype``; ``final_state`` float32 (float64 for float64
+      inputs) or ``None``.
+
+    Raises:
+      ValueError: bad ranks, shapes or dtypes, negative ``beta``, unsupported ``chunk_size``,
+        unknown ``method`` (the message names the argument).
+    """
+    method = check_method(method)
+    chunk_size = check_chunk_size(chunk_size)
+    K = _validate(q, k, v, g, beta, initial_state)
+    scale = resolve_scale(scale, K)
+    output_final_state = bool(output_final_state)
+    method = resolve_auto(method, _KERNEL_MODULE, _KERNEL_NAME)
+    kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+
+    if method == "recurrent":
+        return _recurrent_jit(q, k, v, g, beta, **kwargs)
+    if method == "chunk":
+        return _chunk_jit(q, k, v, g, beta, chunk_size=chunk_size, **kwargs)
+    from jaxlib_ext.pallas_kernels.gated_delta.kernel import gated_delta_rule_pallas
+
+    return gated_delta_rule_pallas(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        chunk_size=chunk_size,
+        interpret=jax.default_backend() == "cpu",
+        **kwargs,
+    )

@@ -1,1 +1,150 @@
-"""Momentum delta rule op (placeholder until the op lands)."""
+"""Momentum delta rule (Momentum DeltaNet, arXiv 2605.05838) as a pure JAX op.
+
+``momentum_delta_rule`` validates its arguments and dispatches to one of three paths behind the
+same signature:
+
+- ``"recurrent"``: :func:`jaxlib_ext.pallas_kernels.mdn.reference.momentum_delta_rule_recurrent`,
+  the step-by-step ``lax.scan`` (the ground truth).
+- ``"chunk"``: :func:`jaxlib_ext.pallas_kernels.mdn.chunk.momentum_delta_rule_chunk`, the
+  chunkwise-parallel form (notes §1.2), rematerialised per chunk.
+- ``"pallas"``: ``jaxlib_ext.pallas_kernels.mdn.kernel.momentum_delta_rule_pallas`` (imported
+  lazily; interpreted on CPU).
+- ``"auto"``: the Pallas kernel on GPU when it is importable, otherwise ``"chunk"``.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxlib_ext.pallas_kernels._common import (
+    check_array,
+    check_chunk_size,
+    check_method,
+    check_nonnegative,
+    check_shape,
+    resolve_auto,
+    resolve_scale,
+)
+from jaxlib_ext.pallas_kernels.mdn.chunk import momentum_delta_rule_chunk
+from jaxlib_ext.pallas_kernels.mdn.reference import momentum_delta_rule_recurrent
+
+__all__ = [
+    "momentum_delta_rule",
+    "momentum_delta_rule_chunk",
+    "momentum_delta_rule_recurrent",
+]
+
+_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.mdn.kernel"
+_KERNEL_NAME = "momentum_delta_rule_pallas"
+
+_recurrent_jit = jax.jit(momentum_delta_rule_recurrent, static_argnames=("output_final_state",))
+_chunk_jit = jax.jit(
+    momentum_delta_rule_chunk, static_argnames=("output_final_state", "chunk_size")
+)
+
+
+def _validate(q, k, v, p, log_alpha, log_mu, beta, eta, initial_state):
+    check_array("q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    check_array("k", k, 4, "[B, T, H, K]")
+    check_shape("k", k, (B, T, H, K), "[B, T, H, K]")
+    check_array("p", p, 4, "[B, T, H, K]")
+    check_shape("p", p, (B, T, H, K), "[B, T, H, K]")
+    check_array("v", v, 4, "[B, T, H, V]")
+    if tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(
+            f"v must have shape [B, T, H, V] with (B, T, H) = {(B, T, H)} from q, "
+            f"got {tuple(v.shape)}"
+        )
+    V = v.shape[3]
+    for name, x in (("log_alpha", log_alpha), ("log_mu", log_mu), ("beta", beta), ("eta", eta)):
+        check_array(name, x, 3, "[B, T, H]")
+        check_shape(name, x, (B, T, H), "[B, T, H]")
+    if initial_state is not None:
+        check_array("initial_state", initial_state, 5, "[2, B, H, K, V]")
+        check_shape("initial_state", initial_state, (2, B, H, K, V), "[2, B, H, K, V]")
+    check_nonnegative("beta", beta)
+    return K
+
+
+def momentum_delta_rule(
+    q,
+    k,
+    v,
+    p,
+    log_alpha,
+    log_mu,
+    beta,
+    eta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    method="auto",
+    chunk_size=64,
+):
+    """Momentum delta rule over a sequence (Huang et al., arXiv 2605.05838, notes §1.1).
+
+    Per batch, head and step, with memory ``S`` and momentum ``M`` of shape ``[K, V]``::
+
+        w_t = S_{t-1}^T p_t - v_t
+        M_t = mu_t M_{t-1} + eta_t k_t w_t^T
+        S_t = alpha_t S_{t-1} - beta_t M_t
+        o_t = S_t^T (scale * q_t)
+
+    with ``alpha = exp(log_alpha)``, ``mu = exp(log_mu)``. No normalisation happens inside the op
+    (a layer L2-normalises ``q, k, p`` and folds ``eta``/``alpha`` in as it sees fit).
+
+    Args:
+      q, k, p: ``[B, T, H, K]`` queries, keys and probe keys.
+      v: ``[B, T, H, V]`` values.
+      log_alpha, log_mu: ``[B, T, H]`` log decays of ``S`` and ``M`` (``-inf`` is allowed and
+        means a gate of exactly 0).
+      beta: ``[B, T, H]`` step sizes, ``>= 0`` (checked when the array is concrete).
+      eta: ``[B, T, H]`` momentum input gains (any sign).
+      scale: query scale, default ``K ** -0.5``.
+      initial_state: ``[2, B, H, K, V]`` holding ``(S_0, M_0)``; ``None`` means zeros.
+      output_final_state: return ``(S_T, M_T)`` as ``[2, B, H, K, V]``.
+      method: ``"auto" | "recurrent" | "chunk" | "pallas"``.
+      chunk_size: one of 16, 32, 64, 128 (``"chunk"`` and ``"pallas"``).
+
+    Returns:
+      ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` float32
+      (float64 when inputs are float64) or ``None``.
+
+    Raises:
+      ValueError: wrong ranks or shapes, non-floating dtypes, negative ``beta``, unsupported
+        ``chunk_size`` or unknown ``method`` (the message names the argument).
+    """
+    method = check_method(method)
+    chunk_size = check_chunk_size(chunk_size)
+    K = _validate(q, k, v, p, log_alpha, log_mu, beta, eta, initial_state)
+    scale = resolve_scale(scale, K)
+    output_final_state = bool(output_final_state)
+    args = (q, k, v, p, log_alpha, log_mu, beta, eta)
+
+    method = resolve_auto(method, _KERNEL_MODULE, _KERNEL_NAME)
+
+    if method == "recurrent":
+        return _recurrent_jit(
+            *args, scale=scale, initial_state=initial_state, output_final_state=output_final_state
+        )
+    if method == "chunk":
+        return _chunk_jit(
+            *args,
+            scale=scale,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            chunk_size=chunk_size,
+        )
+    # method == "pallas"
+    from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
+
+    return momentum_delta_rule_pallas(
+        *args,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        chunk_size=chunk_size,
+        interpret=jax.default_backend() == "cpu",
+    )

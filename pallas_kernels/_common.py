@@ -1,0 +1,169 @@
+"""Helpers shared by the linear-recurrence ops (``mdn``, ``gated_delta``).
+
+Validation of public arguments, the compute dtype rule, time padding to a chunk multiple,
+log-space segment sums for chunk-local decay matrices, lazy loading of Pallas kernels and
+the relative RMS error used by the tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SUPPORTED_CHUNK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+METHODS: tuple[str, ...] = ("auto", "recurrent", "chunk", "pallas")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def check_array(name: str, x, ndim: int, layout: str):
+    """Require ``x`` to be an array of floating dtype with ``ndim`` dimensions.
+
+    Raises ValueError naming ``name``, the expected ``layout`` and what was received.
+    """
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name} must be an array of shape {layout}, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(
+            f"{name} must have rank {ndim} ({layout}), got rank {x.ndim} with shape "
+            f"{tuple(x.shape)}"
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name} must have a floating dtype, got {x.dtype}")
+
+
+def check_shape(name: str, x, expected: Sequence[int], layout: str) -> None:
+    """Require ``x.shape == expected``; the message spells out the named layout."""
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(
+            f"{name} must have shape {layout} = {tuple(expected)}, got {tuple(x.shape)}"
+        )
+
+
+def is_concrete(x) -> bool:
+    """True when ``x`` holds values now (not a tracer inside jit/grad/vmap)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_nonnegative(name: str, x) -> None:
+    """Raise ValueError if a *concrete* ``x`` has negative entries; tracers pass unchecked."""
+    if not is_concrete(x):
+        return
+    values = np.asarray(x)
+    if values.size and bool(np.any(values < 0)):
+        raise ValueError(f"{name} must be >= 0 everywhere, got minimum {float(values.min())}")
+
+
+def check_chunk_size(chunk_size) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+        raise ValueError(f"chunk_size must be one of {SUPPORTED_CHUNK_SIZES}, got {chunk_size!r}")
+    if int(chunk_size) not in SUPPORTED_CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {SUPPORTED_CHUNK_SIZES}, got {chunk_size}")
+    return int(chunk_size)
+
+
+def check_method(method) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+def resolve_scale(scale, head_dim: int):
+    """``scale`` defaults to ``head_dim ** -0.5``; a Python number must be finite."""
+    if scale is None:
+        return head_dim**-0.5
+    if isinstance(scale, (int, float, np.number)) and not np.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return scale
+
+
+def compute_dtype(*arrays) -> jnp.dtype:
+    """float64 when any floating input is float64 (x64 enabled), else float32."""
+    for a in arrays:
+        if a is not None and jnp.dtype(a.dtype) == jnp.float64:
+            return jnp.dtype(jnp.float64)
+    return jnp.dtype(jnp.float32)
+
+
+# --------------------------------------------------------------------------- chunk helpers
+
+
+def pad_time(x: jax.Array, multiple: int, axis: int = 1) -> jax.Array:
+    """Zero-pad ``axis`` of ``x`` up to the next multiple of ``multiple``."""
+    length = x.shape[axis]
+    extra = (-length) % multiple
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def to_chunks(x: jax.Array, chunk_size: int) -> jax.Array:
+    """``[B, T, H, *rest]`` with ``T`` a multiple of ``chunk_size`` -> ``[B, H, N, C, *rest]``."""
+    B, T, H = x.shape[:3]
+    x = x.reshape(B, T // chunk_size, chunk_size, H, *x.shape[3:])
+    return jnp.moveaxis(x, 3, 1)
+
+
+def from_chunks(o: jax.Array, length: int) -> jax.Array:
+    """Scan output ``[N, B, H, C, V]`` -> ``[B, length, H, V]`` (drops the time padding)."""
+    N, B, H, C, V = o.shape
+    return jnp.transpose(o, (1, 0, 3, 2, 4)).reshape(B, N * C, H, V)[:, :length]
+
+
+def segsum(x: jax.Array) -> jax.Array:
+    """Log-space segment sums of the last axis: ``out[..., i, j] = sum_{s=j+1}^{i} x[..., s]``.
+
+    The diagonal is 0 (empty sum) and the strict upper triangle is ``-inf``, so ``exp(out)``
+    is the lower-triangular decay matrix ``prod_{s=j+1}^{i} exp(x_s)``. The sums are built
+    without subtracting prefix sums, so ``x = -inf`` entries (a gate of exactly 0) give
+    exact zeros instead of ``-inf - (-inf) = nan``.
+    """
+    n = x.shape[-1]
+    rows = jnp.arange(n)[:, None]
+    cols = jnp.arange(n)[None, :]
+    rep = jnp.broadcast_to(x[..., :, None], (*x.shape, n))  # rep[..., i, j] = x_i
+    rep = jnp.where(rows > cols, rep, jnp.zeros((), x.dtype))
+    out = jnp.cumsum(rep, axis=-2)
+    return jnp.where(rows >= cols, out, jnp.asarray(-jnp.inf, x.dtype))
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def load_kernel(module: str, attr: str):
+    """Import ``attr`` from ``module`` lazily; ``None`` when the module is not importable."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    return getattr(mod, attr, None)
+
+
+def resolve_auto(method: str, kernel_module: str, kernel_name: str) -> str:
+    """``"auto"`` -> ``"pallas"`` on a GPU backend when the kernel imports, else ``"chunk"``."""
+    if method != "auto":
+        return method
+    if jax.default_backend() == "gpu" and load_kernel(kernel_module, kernel_name) is not None:
+        return "pallas"
+    return "chunk"
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def rel_rmse(ref, out) -> float:
+    """Relative RMS error ``||out - ref|| / ||ref||`` (0 when both are zero)."""
+    ref = np.asarray(ref, dtype=np.float64)
+    out = np.asarray(out, dtype=np.float64)
+    num = float(np.sqrt(np.mean((out - ref) ** 2)))
+    den = float(np.sqrt(np.mean(ref**2)))
+    if den == 0.0:
+        return num
+    return num / den

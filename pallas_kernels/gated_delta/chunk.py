@@ -1,0 +1,88 @@
+"""Gated delta rule, chunkwise-parallel form (pure JAX).
+
+Gated DeltaNet (arXiv 2412.06464), the WY/UT chunk form restated in our notation (notes
+``shared/papers/models.md`` §1.2 is the momentum generalisation). Inside a chunk of length ``C``
+with entering state ``S_0``, ``A_t = prod_{s<=t} alpha_s`` and pseudo-values
+``v~_t = v_t - alpha_t S_{t-1}^T k_t``, unrolling eqs. (1)-(2) of the reference gives::
+
+    S_t = A_t S_0 + sum_{j<=t} (A_t / A_j) beta_j k_j v~_j^T                          (4)
+    o_t = A_t (s q_t)^T S_0 + sum_{j<=t} (A_t / A_j) beta_j (s q_t . k_j) v~_j        (5)
+    (I + L) V~ = V - diag(A) K S_0,   L_{t,j} = (A_t / A_j) beta_j (k_t . k_j), j < t   (6)
+
+With ``[U, W] = (I + L)^{-1} [V, diag(A) K]`` for all chunks at once, the sequential part is
+``V~ = U - W S_0`` and eqs. (4)-(5), a ``lax.scan`` over chunks with a ``jax.checkpoint``-ed body
+(one state kept per chunk for the backward pass). ``A_t / A_j`` comes from log-space segment sums
+of ``g = log alpha`` (:func:`~jaxlib_ext.pallas_kernels._common.segsum`), so every decay factor
+is in ``[0, 1]``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxlib_ext.pallas_kernels._common import (
+    compute_dtype,
+    from_chunks,
+    pad_time,
+    segsum,
+    to_chunks,
+)
+
+
+def _prepare(qs, k, v, g, beta):
+    C = g.shape[-1]
+    G = jnp.exp(segsum(g))  # A_t / A_j, j <= t
+    A = jnp.exp(jnp.cumsum(g, axis=-1))
+    Gb = G * beta[..., None, :]  # (A_t / A_j) beta_j
+    kk = jnp.einsum("...tk,...jk->...tj", k, k)
+    L = jnp.tril(Gb * kk, -1)  # (6)
+    rhs = jnp.concatenate([v, A[..., None] * k], axis=-1)
+    sol = jax.lax.linalg.triangular_solve(
+        jnp.eye(C, dtype=g.dtype) + L, rhs, left_side=True, lower=True, unit_diagonal=True
+    )
+    Vdim = v.shape[-1]
+    return dict(
+        U=sol[..., :Vdim],
+        W=sol[..., Vdim:],
+        qs=qs,
+        A=A,
+        Qk=jnp.einsum("...tk,...jk->...tj", qs, k) * Gb,  # (5), Gb is lower triangular
+        wS=Gb[..., -1, :, None] * k,  # (4) at t = C
+        A_end=A[..., -1],
+    )
+
+
+def _chunk_step(S, x):
+    Vt = x["U"] - jnp.einsum("bhck,bhkv->bhcv", x["W"], S)
+    o = x["A"][..., None] * jnp.einsum("bhck,bhkv->bhcv", x["qs"], S) + jnp.einsum(
+        "bhcj,bhjv->bhcv", x["Qk"], Vt
+    )  # (5)
+    S = x["A_end"][..., None, None] * S + jnp.einsum("bhck,bhcv->bhkv", x["wS"], Vt)  # (4)
+    return S, o
+
+
+def gated_delta_rule_chunk(
+    q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64
+):
+    """Chunkwise gated delta rule; same contract as ``gated_delta_rule_recurrent``.
+
+    ``T`` is zero-padded to a multiple of ``chunk_size``; a padded step (``g = 0``, ``beta = 0``,
+    zero vectors) leaves the state unchanged. No validation (the public op does it).
+    """
+    dt = compute_dtype(q, k, v, g, beta, initial_state)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = int(chunk_size)
+    if scale is None:
+        scale = K**-0.5
+
+    def prep(x):
+        return to_chunks(pad_time(jnp.asarray(x).astype(dt), C), C)
+
+    x = _prepare(prep(q) * jnp.asarray(scale, dt), prep(k), prep(v), prep(g), prep(beta))
+    xs = jax.tree_util.tree_map(lambda a: jnp.moveaxis(a, 2, 0), x)
+    S0 = jnp.zeros((B, H, K, V), dt) if initial_state is None else initial_state.astype(dt)
+    S, o = jax.lax.scan(jax.checkpoint(_chunk_step), S0, xs)
+    o = from_chunks(o, T)
+    return o.astype(q.dtype), (S if output_final_state else None)
