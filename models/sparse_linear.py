@@ -2,9 +2,9 @@ r"""``SparseLinear``: a block-sparse Flax NNX linear layer with a sampled weight
 
 Memory side of SMET (arXiv 2606.00888, section on memory-efficient DST): the layer stores only the
 ``K`` active blocks of its ``(in, out)`` kernel, ``sparse_values: [K, block_size]``, and their
-block indices ``sparse_indices: int32[K]`` (blocks are ``block_size`` consecutive entries of a row,
-in row-major order, so ``block_size`` must divide ``out``). With :math:`W` the dense kernel the
-values stand for (zero elsewhere),
+block indices ``sparse_indices: int32[K]`` (blocks are ``block_size`` consecutive entries of the
+kernel in row-major order, as SMET's masks; ``block_size`` must divide ``in * out``). With
+:math:`W` the dense kernel the values stand for (zero elsewhere),
 
 .. math::
 
@@ -43,8 +43,9 @@ class SparseIndices(nnx.Variable):
 
 
 def _rows_cols(indices, block_size: int, out_features: int):
-    start = indices.astype(jnp.int32) * block_size
-    return start // out_features, start % out_features
+    """Row and column of every entry ``[K, block_size]`` of the active blocks."""
+    flat = indices.astype(jnp.int32)[:, None] * block_size + jnp.arange(block_size)[None, :]
+    return flat // out_features, flat % out_features
 
 
 def dense_kernel(values, indices, in_features: int, out_features: int) -> jax.Array:
@@ -65,17 +66,16 @@ def sampled_weight_grad(x2, gy2, indices, block_size: int, out_features: int, sl
     chunk = max(1, min(slot_chunk, k))
     n_chunks = -(-k // chunk)
     pad = n_chunks * chunk - k
-    idx = jnp.pad(indices, (0, pad))
-    rows, cols = _rows_cols(idx, block_size, out_features)
-    offs = jnp.arange(block_size)
+    rows, cols = _rows_cols(jnp.pad(indices, (0, pad)), block_size, out_features)
 
     def one(args):
-        r, c = args  # [chunk], [chunk]
-        xg = jnp.take(x2, r, axis=1)  # [N, chunk]
-        gg = jnp.take(gy2, c[:, None] + offs[None, :], axis=1)  # [N, chunk, bs]
-        return jnp.einsum("nk,nkj->kj", xg, gg)
+        r, c = args  # [chunk, bs] each
+        xg = jnp.take(x2, r.reshape(-1), axis=1)  # [N, chunk * bs]
+        gg = jnp.take(gy2, c.reshape(-1), axis=1)
+        return jnp.sum(xg * gg, axis=0).reshape(chunk, block_size)
 
-    out = jax.lax.map(one, (rows.reshape(n_chunks, chunk), cols.reshape(n_chunks, chunk)))
+    shape = (n_chunks, chunk, block_size)
+    out = jax.lax.map(one, (rows.reshape(shape), cols.reshape(shape)))
     return out.reshape(n_chunks * chunk, block_size)[:k]
 
 
@@ -111,7 +111,7 @@ class SparseLinear(nnx.Module):
     Args:
       in_features, out_features: dense kernel shape ``(in, out)`` (Flax layout).
       density: fraction of active blocks, ``K = max(1, round(density * in * out / block_size))``.
-      block_size: entries per block along the output axis; must divide ``out_features``.
+      block_size: consecutive row-major entries per block; must divide ``in * out``.
       use_bias: add a dense bias.
       slot_chunk: slots per chunk in the sampled weight gradient.
       rngs: ``nnx.Rngs``; ``params`` draws the initial pattern and values.
@@ -135,9 +135,9 @@ class SparseLinear(nnx.Module):
     ):
         if not 0.0 < float(density) <= 1.0:
             raise ValueError(f"density: expected a value in (0, 1], got {density}")
-        if block_size < 1 or out_features % block_size:
+        if block_size < 1 or (in_features * out_features) % block_size:
             raise ValueError(
-                f"block_size: expected a positive divisor of out_features={out_features}, "
+                f"block_size: expected a positive divisor of in*out={in_features * out_features}, "
                 f"got {block_size}"
             )
         self.in_features, self.out_features = in_features, out_features
