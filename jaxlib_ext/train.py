@@ -122,7 +122,7 @@ def _apply(tx, loss_fn, state: TrainState, batch, reduce_grads=None):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state, rng), metrics
 
 

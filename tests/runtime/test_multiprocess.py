@@ -90,7 +90,6 @@ def test_two_processes_match_one_process_of_four_devices(runs):
 
 def test_two_process_checkpoint_restores_in_one_process(runs):
     import jax
-    from flax import nnx
 
     from jaxlib_ext.checkpoint import Checkpointer
     from jaxlib_ext.cli import build_model, build_optimizer
@@ -109,7 +108,6 @@ def test_two_process_checkpoint_restores_in_one_process(runs):
     got = [np.asarray(x) for x in jax.tree.leaves(restored.params)]
     for a, b in zip(got, _params(runs / "two"), strict=True):
         np.testing.assert_array_equal(a, b)
-    del nnx
 
 
 def test_sigkill_between_checkpoints_then_resume_is_exact(runs):

@@ -1,0 +1,63 @@
+"""One namespace, no bare top-level packages, a cheap import."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FOLDERS = {"models", "optim", "samplers", "pallas_kernels"}
+
+
+def _sources():
+    for folder in [*FOLDERS, "jaxlib_ext", "benchmarks", "notebooks", "tests"]:
+        yield from (ROOT / folder).rglob("*.py")
+
+
+def test_no_module_imports_a_bare_family_name():
+    bad = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in FOLDERS]
+    assert not bad, bad
+
+
+def test_every_package_folder_is_declared_under_the_namespace():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(cfg["packages"])
+    mapping = {v: k for k, v in cfg["package-dir"].items()}
+    found = set()
+    for folder, dotted in mapping.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join([dotted, *rel]))
+    assert found <= declared, sorted(found - declared)
+
+
+def test_installed_layout_has_no_bare_packages():
+    code = (
+        "import importlib.util, jaxlib_ext.models, jaxlib_ext.optim, jaxlib_ext.samplers, "
+        "jaxlib_ext.pallas_kernels;"
+        "print([n for n in ('models','optim','samplers','pallas_kernels') "
+        "if importlib.util.find_spec(n) is not None])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_import_does_no_heavy_work():
+    # `import jaxlib_ext` must not pull in JAX or any method family; they load on use.
+    code = (
+        "import sys, jaxlib_ext;"
+        "print(sorted(m for m in ('jax','flax','optax','orbax','numpyro') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,102 @@
+"""The training loop in one process: jit vs pmap, resume, bad input, NaN."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxlib_ext import cli, data, sharding, train
+from jaxlib_ext.models.transformer import build_transformer
+
+SMALL = dict(batch_size=8, seq_len=32, eval_every=3, eval_batches=1, log_every=1,
+             checkpoint_every=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return data.load_corpus()
+
+
+def _fit(tmp_path, corpus, *, steps=6, tx=None, mesh=None, **kw):
+    from flax import nnx
+
+    model = build_transformer("tiny", vocab_size=256, rngs=nnx.Rngs(0), max_seq_len=64)
+    tx = tx or optax.adamw(1e-3)
+    cfg = train.TrainConfig(steps=steps, out_dir=str(tmp_path), **{**SMALL, **kw})
+    return train.fit(model, tx, corpus, cfg, mesh or sharding.make_mesh("data=4,fsdp=2"))
+
+
+def test_jit_and_pmap_give_the_same_losses(tmp_path, corpus):
+    jit = _fit(tmp_path / "jit", corpus, parallel="jit")
+    pmap = _fit(tmp_path / "pmap", corpus, parallel="pmap")
+    np.testing.assert_allclose(jit.losses, pmap.losses, rtol=1e-5)
+    assert len(jit.losses) == 6 and jit.losses[-1] < jit.losses[0]
+    for a, b in zip(jax.tree.leaves(jit.state.params), jax.tree.leaves(pmap.state.params),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5)
+
+
+def test_outputs_and_exact_resume(tmp_path, corpus):
+    full = _fit(tmp_path / "full", corpus, steps=6)
+    out = tmp_path / "part"
+    _fit(out, corpus, steps=3)
+    resumed = _fit(out, corpus, steps=6, resume=True)
+    assert resumed.start_step == 3
+    for a, b in zip(jax.tree.leaves(full.state.params), jax.tree.leaves(resumed.state.params),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    rows = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
+    assert (out / "loss.png").stat().st_size > 1000
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()) == [3, 6]
+    # The sharded state: params over fsdp where the logical axis is "embed".
+    kernel = resumed.state.params["blocks"][0]["mlp"]["gate"]["kernel"]
+    assert kernel.get_value().sharding.spec == jax.P("fsdp", None)
+
+
+def _nan_after(step):
+    def update(updates, count, params=None):
+        poison = jnp.where(count + 1 >= step, jnp.nan, 0.0)
+        return jax.tree.map(lambda u: u + poison, updates), count + 1
+
+    return optax.GradientTransformation(lambda p: jnp.zeros([], jnp.int32), update)
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, corpus):
+    tx = optax.chain(optax.adamw(1e-3), _nan_after(4))
+    with pytest.raises(train.NonFiniteLossError, match="at step 5.*step 3"):
+        _fit(tmp_path, corpus, steps=6, tx=tx)
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [3]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--corpus", "/no/such/corpus"], "--corpus"),
+        (["--mesh", "data=3"], "--mesh"),
+        (["--mesh", "data=4,fsdp=2", "--batch-size", "6"], "--batch-size"),
+        (["--model", "gpt5"], "--model"),
+        (["--optimizer", "sgdx"], "--optimizer"),
+        (["--seq-len", "4096"], "--seq-len"),
+        (["--lr", "-1"], "--lr"),
+    ],
+)
+def test_bad_input_names_the_flag_and_writes_nothing(tmp_path, capsys, flags, message):
+    out = tmp_path / "run"
+    code = cli.main(["train", "--steps", "2", "--out-dir", str(out), "--no-progress", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert not out.exists()
+
+
+def test_cli_trains_and_reports(tmp_path, capsys):
+    code = cli.main([
+        "train", "--steps", "4", "--batch-size", "8", "--seq-len", "32", "--eval-every", "2",
+        "--eval-batches", "1", "--out-dir", str(tmp_path), "--no-progress", "--mesh", "data=-1",
+    ])
+    assert code == 0
+    assert "done: step 4" in capsys.readouterr().out
+    assert (tmp_path / "loss.png").exists() and (tmp_path / "checkpoints" / "4").exists()
