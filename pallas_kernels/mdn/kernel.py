@@ -36,12 +36,19 @@ What runs where:
   coefficients), ``_state_fwd_kernel`` (grid over batch, heads and V-blocks, sequential loop over
   chunks: (11), (7), (8) at t = C; stores the state entering each chunk) and ``_out_kernel``
   (chunk-parallel: (10)).
-* backward: ``_state_bwd_kernel`` (Pallas; the reverse-time recurrence of the state cotangents,
-  fused with the output's contribution) produces dVt per chunk and the state cotangents; the
-  remaining chunk-parallel contractions (dQa, dQb, dAttn, dY, dZ, dKgS, dKgM and the chunk-end
-  decays) are batched XLA einsums, and the intra-chunk preparation is differentiated with
-  ``jax.vjp`` of ``_prep_xla`` (the same chunk math in plain jnp, with ``triangular_solve``
-  instead of forward substitution). That last step is XLA, not a kernel.
+* backward (``backward="pallas"``, the default), all Pallas kernels, wired with
+  ``jax.custom_vjp``: the preparation kernel is re-run (rematerialised, nothing but the inputs,
+  Vt and the per-chunk states is kept from the forward), ``_state_bwd_kernel`` (grid over batch,
+  heads and V-blocks, reverse loop over chunks) carries the state cotangents (dS, dM) backwards
+  through (11), (7), (8) and the state terms of (10), storing dVt and the chunk-end state
+  cotangents, and ``_chunk_bwd_kernel`` (chunk-parallel) recomputes a chunk's forward parts,
+  contracts the state-side cotangents over V-blocks and runs the hand-written reverse of the
+  preparation (``_chunk_prep_bwd``) to give dq, dk, dv, dp and the four gate gradients. The
+  only XLA left is padding/slicing and the dtype casts around the kernels.
+* ``backward="xla"`` keeps ``_state_bwd_kernel`` but does the chunk-parallel part with batched
+  XLA einsums and ``jax.vjp`` of ``_prep_xla`` (the same chunk math in plain jnp, with
+  ``triangular_solve`` instead of forward substitution): an independent check of the
+  hand-written reverse, and a fallback.
 
 Triton constraints honoured by the wrapper (interpret mode does not enforce them): every block
 dimension is a power of two and >= 16 (K and V are zero-padded to ``max(16, next_pow2)``, the
@@ -51,6 +58,7 @@ chunk size is a power of two >= 16), grids have at most three axes, dots are 2-D
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -120,14 +128,34 @@ def _masked_decay(row_log, col_log, mask):
     return jnp.where(mask, jnp.exp(jnp.where(mask, d, 0.0)), 0.0)
 
 
-def _chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
-    """Per-chunk quantities of equations (5), (6), (9), (10), (11).
+class _Parts(NamedTuple):
+    """Forward intermediates of one chunk (recomputed by the backward kernel)."""
 
-    Shapes: q, k, p [..., C, K]; v [..., C, V]; gates [..., C]; all float32.
-    Returns (uv, y, z, kgs, kgm, qa, qb, attn, avec, bvec, uvec):
-      uv [..., C, V]; y, z, kgs, kgm, qa, qb [..., C, K]; attn [..., C, C];
-      avec = A_t, bvec = b_t, uvec = U_t [..., C] (the recurrence uses their last entry).
-    """
+    incl: jax.Array
+    last: jax.Array
+    d1: jax.Array
+    d1p: jax.Array
+    d2: jax.Array
+    bd2: jax.Array
+    gam: jax.Array
+    gam_prev: jax.Array
+    u_vec: jax.Array
+    bu: jax.Array
+    a_vec: jax.Array
+    a_prev: jax.Array
+    b_vec: jax.Array
+    b_prev: jax.Array
+    kt: jax.Array
+    kp_mat: jax.Array
+    tinv: jax.Array
+    sq: jax.Array
+    qk: jax.Array
+    g_last: jax.Array
+    u_last: jax.Array
+
+
+def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
+    """Gate products (5), (6), the triangular inverse of (9) and the dot products of a chunk."""
     c = la.shape[-1]
     t_idx = lax.broadcasted_iota(jnp.int32, (c, c), 0)
     i_idx = lax.broadcasted_iota(jnp.int32, (c, c), 1)
@@ -150,26 +178,151 @@ def _chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
     bu = beta * u_vec
     b_vec = jnp.sum(d1 * bu[..., None, :], axis=-1)  # (6) b_t
     b_prev = jnp.sum(d1p * bu[..., None, :], axis=-1)  # b_{t-1}
-    a_vec = jnp.exp(log_a)
-    a_prev = jnp.exp(log_a_prev)
-
     kt = eta[..., :, None] * k
-    lmat = gam_prev * _mm(p, kt, tb=True, precision=precision)  # (9), strictly lower
-    tinv = inverse(lmat, precision)
-    uv = _mm(tinv, v, precision=precision)  # (11)
-    y = _mm(tinv, a_prev[..., :, None] * p, precision=precision)
-    z = _mm(tinv, b_prev[..., :, None] * p, precision=precision)
-
+    kp_mat = _mm(p, kt, tb=True, precision=precision)
+    tinv = inverse(gam_prev * kp_mat, precision)  # (9): L strictly lower
     sq = scale * q
-    attn = gam * _mm(sq, kt, tb=True, precision=precision)  # (10), intra-chunk part
-    qa = a_vec[..., :, None] * sq
-    qb = b_vec[..., :, None] * sq
+    qk = _mm(sq, kt, tb=True, precision=precision)
     last = t_idx == c - 1
-    g_last = jnp.sum(jnp.where(last, gam, 0.0), axis=-2)  # gamma_{C,j}
-    u_last = jnp.sum(jnp.where(last, d2, 0.0), axis=-2)  # U_C / U_j
-    kgs = g_last[..., :, None] * kt  # (7) at t = C
-    kgm = u_last[..., :, None] * kt  # (8) at t = C
-    return uv, y, z, kgs, kgm, qa, qb, attn, a_vec, b_vec, u_vec
+    return _Parts(
+        incl=incl,
+        last=last,
+        d1=d1,
+        d1p=d1p,
+        d2=d2,
+        bd2=bd2,
+        gam=gam,
+        gam_prev=gam_prev,
+        u_vec=u_vec,
+        bu=bu,
+        a_vec=jnp.exp(log_a),
+        a_prev=jnp.exp(log_a_prev),
+        b_vec=b_vec,
+        b_prev=b_prev,
+        kt=kt,
+        kp_mat=kp_mat,
+        tinv=tinv,
+        sq=sq,
+        qk=qk,
+        g_last=jnp.sum(jnp.where(last, gam, 0.0), axis=-2),  # gamma_{C,j}
+        u_last=jnp.sum(jnp.where(last, d2, 0.0), axis=-2),  # U_C / U_j
+    )
+
+
+def _chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
+    """Per-chunk quantities of equations (5), (6), (9), (10), (11).
+
+    Shapes: q, k, p [..., C, K]; v [..., C, V]; gates [..., C]; all float32.
+    Returns (uv, y, z, kgs, kgm, qa, qb, attn, avec, bvec, uvec):
+      uv [..., C, V]; y, z, kgs, kgm, qa, qb [..., C, K]; attn [..., C, C];
+      avec = A_t, bvec = b_t, uvec = U_t [..., C] (the recurrence uses their last entry).
+    """
+    f = _chunk_parts(q, k, p, la, lm, beta, eta, scale=scale, precision=precision, inverse=inverse)
+    uv = _mm(f.tinv, v, precision=precision)  # (11)
+    y = _mm(f.tinv, f.a_prev[..., :, None] * p, precision=precision)
+    z = _mm(f.tinv, f.b_prev[..., :, None] * p, precision=precision)
+    attn = f.gam * f.qk  # (10), intra-chunk part
+    qa = f.a_vec[..., :, None] * f.sq
+    qb = f.b_vec[..., :, None] * f.sq
+    kgs = f.g_last[..., :, None] * f.kt  # (7) at t = C
+    kgm = f.u_last[..., :, None] * f.kt  # (8) at t = C
+    return uv, y, z, kgs, kgm, qa, qb, attn, f.a_vec, f.b_vec, f.u_vec
+
+
+class _Reduced(NamedTuple):
+    """Cotangents of ``_chunk_prep``'s outputs, already contracted with the forward parts
+    they multiply (so the V axis is gone: the backward kernel accumulates these over V-blocks).
+
+    dsq: from qa, qb (a_t dqa + b_t dqb); davec, dbvec, duvec: the gate vectors (incl. qa, qb);
+    dattn; dtinv_v = duv v^T; dy, dz; dkt: from kgs, kgm; dg_last, du_last."""
+
+    dsq: jax.Array
+    davec: jax.Array
+    dbvec: jax.Array
+    duvec: jax.Array
+    dattn: jax.Array
+    dtinv_v: jax.Array
+    dy: jax.Array
+    dz: jax.Array
+    dkt: jax.Array
+    dg_last: jax.Array
+    du_last: jax.Array
+
+
+def _reduce_cotangents(f, v, cts, precision):
+    """Full output cotangents of ``_chunk_prep`` -> ``_Reduced`` (the XLA-side twin of what the
+    backward kernel accumulates)."""
+    duv, dy, dz, dkgs, dkgm, dqa, dqb, dattn, davec, dbvec, duvec = cts
+    return _Reduced(
+        dsq=f.a_vec[..., :, None] * dqa + f.b_vec[..., :, None] * dqb,
+        davec=davec + jnp.sum(dqa * f.sq, axis=-1),
+        dbvec=dbvec + jnp.sum(dqb * f.sq, axis=-1),
+        duvec=duvec,
+        dattn=dattn,
+        dtinv_v=_mm(duv, v, tb=True, precision=precision),
+        dy=dy,
+        dz=dz,
+        dkt=f.g_last[..., :, None] * dkgs + f.u_last[..., :, None] * dkgm,
+        dg_last=jnp.sum(dkgs * f.kt, axis=-1),
+        du_last=jnp.sum(dkgm * f.kt, axis=-1),
+    )
+
+
+def _chunk_prep_bwd(f, r, k, p, beta, eta, *, scale, precision):
+    """Reverse mode of ``_chunk_prep`` by hand (chain rule through (5), (6), (9)-(11)).
+
+    Returns (dq, dk, dp, dla, dlm, dbeta, deta); dv = T^T duv is formed by the caller.
+    """
+    mm = functools.partial(_mm, precision=precision)
+    row = lambda x: jnp.sum(x, axis=-1)
+    col = lambda x: jnp.sum(x, axis=-2)
+    # kgs, kgm, attn
+    dgam = jnp.where(f.last, r.dg_last[..., None, :], 0.0) + r.dattn * f.qk
+    dd2 = jnp.where(f.last, r.du_last[..., None, :], 0.0)
+    dqk = r.dattn * f.gam
+    dsq = r.dsq + mm(dqk, f.kt)
+    dkt = r.dkt + mm(dqk, f.sq, ta=True)
+    # y = T diag(A_{t-1}) P, z = T diag(b_{t-1}) P, uv = T V
+    ap_p = f.a_prev[..., :, None] * p
+    bp_p = f.b_prev[..., :, None] * p
+    dtinv = r.dtinv_v + mm(r.dy, ap_p, tb=True) + mm(r.dz, bp_p, tb=True)
+    dap_p = mm(f.tinv, r.dy, ta=True)
+    dbp_p = mm(f.tinv, r.dz, ta=True)
+    dp = f.a_prev[..., :, None] * dap_p + f.b_prev[..., :, None] * dbp_p
+    da_prev = row(dap_p * p)
+    db_prev = row(dbp_p * p)
+    # T = (I + L)^{-1}: dL = -T^T dT T^T; L = gamma_prev * (P Kt^T)
+    dl = -mm(mm(f.tinv, dtinv, ta=True), f.tinv, tb=True)
+    dgam_prev = dl * f.kp_mat
+    dkp = dl * f.gam_prev
+    dp = dp + mm(dkp, f.kt)
+    dkt = dkt + mm(dkp, p, ta=True)
+    # gamma = D1 diag(beta) D2, gamma_prev = D1p diag(beta) D2, b = D1 bu, b_prev = D1p bu
+    dd1 = mm(dgam, f.bd2, tb=True) + r.dbvec[..., :, None] * f.bu[..., None, :]
+    dd1p = mm(dgam_prev, f.bd2, tb=True) + db_prev[..., :, None] * f.bu[..., None, :]
+    dbd2 = mm(f.d1, dgam, ta=True) + mm(f.d1p, dgam_prev, ta=True)
+    dbu = col(f.d1 * r.dbvec[..., :, None]) + col(f.d1p * db_prev[..., :, None])
+    dbeta = row(dbd2 * f.d2) + dbu * f.u_vec
+    dd2 = dd2 + beta[..., :, None] * dbd2
+    dlog_u = (r.duvec + dbu * beta) * f.u_vec
+    dlog_a = r.davec * f.a_vec
+    dlog_a_prev = da_prev * f.a_prev
+    x = dd1 * f.d1
+    dlog_a = dlog_a + row(x) - col(x)
+    x = dd1p * f.d1p
+    dlog_a_prev = dlog_a_prev + row(x)
+    dlog_a = dlog_a - col(x)
+    x = dd2 * f.d2
+    dlog_u = dlog_u + row(x) - col(x)
+
+    def rcumsum(x):  # sum_{t >= s} x_t, the transpose of the prefix sum
+        return col(jnp.where(f.incl, x[..., :, None], 0.0))
+
+    dla = rcumsum(dlog_a + dlog_a_prev) - dlog_a_prev
+    dlm = rcumsum(dlog_u)
+    dk = eta[..., :, None] * dkt
+    deta = row(dkt * k)
+    return scale * dsq, dk, dp, dla, dlm, dbeta, deta
 
 
 def _prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
@@ -350,6 +503,118 @@ def _state_bwd_kernel(
     dm0_ref[...] = dm
 
 
+def _total(x):
+    """Sum of a 2-D tile as two single-axis reductions (the Triton lowering's multi-axis path
+    trips over sharded avals when lowering under an abstract mesh)."""
+    return jnp.sum(jnp.sum(x, axis=-1), axis=-1)
+
+
+def _chunk_bwd_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    p_ref,
+    la_ref,
+    lm_ref,
+    beta_ref,
+    eta_ref,
+    do_ref,
+    vt_ref,
+    dvt_ref,
+    hs_ref,
+    hm_ref,
+    dhs_ref,
+    dhm_ref,
+    dq_ref,
+    dk_ref,
+    dv_ref,
+    dp_ref,
+    dla_ref,
+    dlm_ref,
+    dbeta_ref,
+    deta_ref,
+    *,
+    scale,
+    precision,
+    block_v,
+):
+    """One (batch, head, chunk) tile of the backward: recompute the chunk's forward parts,
+    contract the state-side cotangents over V-blocks (dQa, dQb, dAttn, dY, dZ, dKgS, dKgM, the
+    chunk-end decays, dV = T^T dVt), then the hand-written reverse of the preparation."""
+    ld = lambda r: r[...].astype(_F32)
+    k, p, beta, eta = ld(k_ref), ld(p_ref), ld(beta_ref), ld(eta_ref)
+    f = _chunk_parts(
+        ld(q_ref),
+        k,
+        p,
+        ld(la_ref),
+        ld(lm_ref),
+        beta,
+        eta,
+        scale=scale,
+        precision=precision,
+        inverse=_inverse_forward_substitution,
+    )
+    mm = functools.partial(_mm, precision=precision)
+    c, kp = k.shape
+    nv = v_ref.shape[-1] // block_v
+    zk = jnp.zeros((c, kp), _F32)
+    zc = jnp.zeros((c, c), _F32)
+    zv = jnp.zeros((c,), _F32)
+    zs = jnp.zeros((), _F32)
+
+    def body(j, acc):
+        dsq, davec, dbvec, dattn, dtv, dy, dz, dkt, dgl, dul, da, db, du = acc
+        sv = pl.ds(j * block_v, block_v)
+        do = do_ref[:, sv].astype(_F32)
+        vt = vt_ref[:, sv]
+        dvt = dvt_ref[:, sv]
+        v = v_ref[:, sv].astype(_F32)
+        hs, hm, dhs, dhm = hs_ref[:, sv], hm_ref[:, sv], dhs_ref[:, sv], dhm_ref[:, sv]
+        dqa = mm(do, hs, tb=True)
+        dqb = -mm(do, hm, tb=True)
+        dkgs = mm(vt, dhs, tb=True)
+        dkgm = -mm(vt, dhm, tb=True)
+        dv_ref[:, sv] = mm(f.tinv, dvt, ta=True)
+        return (
+            dsq + f.a_vec[:, None] * dqa + f.b_vec[:, None] * dqb,
+            davec + jnp.sum(dqa * f.sq, axis=-1),
+            dbvec + jnp.sum(dqb * f.sq, axis=-1),
+            dattn + mm(do, vt, tb=True),
+            dtv + mm(dvt, v, tb=True),
+            dy - mm(dvt, hs, tb=True),
+            dz + mm(dvt, hm, tb=True),
+            dkt + f.g_last[:, None] * dkgs + f.u_last[:, None] * dkgm,
+            dgl + jnp.sum(dkgs * f.kt, axis=-1),
+            dul + jnp.sum(dkgm * f.kt, axis=-1),
+            da + _total(hs * dhs),
+            db - _total(hm * dhs),
+            du + _total(hm * dhm),
+        )
+
+    init = (zk, zv, zv, zc, zc, zk, zk, zk, zv, zv, zs, zs, zs)
+    dsq, davec, dbvec, dattn, dtv, dy, dz, dkt, dgl, dul, da, db, du = lax.fori_loop(
+        0, nv, body, init
+    )
+    is_last = jnp.arange(c) == c - 1
+    r = _Reduced(
+        dsq=dsq,
+        davec=davec + jnp.where(is_last, da, 0.0),
+        dbvec=dbvec + jnp.where(is_last, db, 0.0),
+        duvec=jnp.where(is_last, du, 0.0),
+        dattn=dattn,
+        dtinv_v=dtv,
+        dy=dy,
+        dz=dz,
+        dkt=dkt,
+        dg_last=dgl,
+        du_last=dul,
+    )
+    grads = _chunk_prep_bwd(f, r, k, p, beta, eta, scale=scale, precision=precision)
+    for ref, val in zip((dq_ref, dk_ref, dp_ref, dla_ref, dlm_ref, dbeta_ref, deta_ref), grads):
+        ref[...] = val.astype(ref.dtype)
+
+
 # --------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------
@@ -524,6 +789,36 @@ def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret,
     )
 
 
+def _chunk_bwd_call(args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision,
+                    interpret, poison):
+    q, k, v, p, la, lm, beta, eta = args
+    b, tp, h, kp = q.shape
+    vp = v.shape[-1]
+    n = tp // chunk
+    tok = lambda d: pl.BlockSpec((None, chunk, None, d), lambda i, j, l: (j, i, l, 0))
+    gate = pl.BlockSpec((None, chunk, None), lambda i, j, l: (j, i, l))
+    state = pl.BlockSpec((None, None, kp, vp), lambda i, j, l: (j, l, i, 0))
+    in_specs = [tok(kp), tok(kp), tok(vp), tok(kp)] + [gate] * 4 + [tok(vp)] * 3 + [state] * 4
+    out_specs = [tok(kp), tok(kp), tok(vp), tok(kp)] + [gate] * 4
+    out_shape = [_sds((b, tp, h, kp))] * 2 + [_sds((b, tp, h, vp)), _sds((b, tp, h, kp))]
+    out_shape += [_sds((b, tp, h))] * 4
+    kernel = functools.partial(
+        _chunk_bwd_kernel, scale=scale, precision=precision, block_v=block_v
+    )
+    return _launch(
+        kernel,
+        (q, k, v, p, la, lm, beta, eta, do, vt, dvt, hs, hm, dhs, dhm),
+        in_specs,
+        out_specs,
+        out_shape,
+        grid=(n, b, h),
+        interpret=interpret,
+        poison=poison,
+        name="mdn_chunk_bwd",
+        warps=8,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # custom_vjp core on padded arrays
 # --------------------------------------------------------------------------------------------
@@ -531,7 +826,7 @@ def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret,
 
 def _forward(args, cfg):
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
-    chunk, block_v, scale, precision, interpret, poison = cfg
+    chunk, block_v, scale, precision, interpret, poison, _ = cfg
     kw = dict(precision=precision, interpret=interpret, poison=poison)
     prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
     vt, hs, hm, st, mt = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
@@ -550,30 +845,36 @@ def _mdn_core_fwd(args, cfg):
 
 
 def _mdn_core_bwd(cfg, residuals, cotangents):
-    chunk, block_v, scale, precision, interpret, poison = cfg
+    chunk, block_v, scale, precision, interpret, poison, backward = cfg
     args, (vt, hs, hm) = residuals
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
     do, dst, dmt = cotangents
-    b, tp, h, kp = q.shape
-    vp = v.shape[-1]
-    n = tp // chunk
-
-    prep_fn = functools.partial(_prep_xla, chunk=chunk, scale=scale, precision=precision)
-    prep, prep_vjp = jax.vjp(prep_fn, q, k, v, p, la, lm, beta, eta)
+    kw = dict(precision=precision, interpret=interpret, poison=poison)
+    if backward == "pallas":
+        prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
+    else:
+        prep_fn = functools.partial(_prep_xla, chunk=chunk, scale=scale, precision=precision)
+        prep, prep_vjp = jax.vjp(prep_fn, q, k, v, p, la, lm, beta, eta)
     dvt, dhs, dhm, ds0, dm0 = _state_bwd_call(
-        prep,
-        do,
-        dst.astype(_F32),
-        dmt.astype(_F32),
-        chunk=chunk,
-        block_v=block_v,
-        precision=precision,
-        interpret=interpret,
-        poison=poison,
+        prep, do, dst.astype(_F32), dmt.astype(_F32), chunk=chunk, block_v=block_v, **kw
     )
+    if backward == "pallas":
+        grads = _chunk_bwd_call(
+            args[:8], do, vt, dvt, hs, hm, dhs, dhm, chunk=chunk, block_v=block_v, scale=scale,
+            **kw,
+        )
+    else:
+        grads = prep_vjp(_param_cotangents_xla(do, vt, dvt, hs, hm, dhs, dhm, chunk, precision))
+    grads = tuple(g.astype(a.dtype) for g, a in zip(grads, args[:8], strict=True))
+    return (grads + (ds0, dm0),)
 
-    # Chunk-parallel parameter cotangents (XLA). Layout [B, N, C, H, X] for token arrays and
-    # [B, H, N, K, V] for states.
+
+def _param_cotangents_xla(do, vt, dvt, hs, hm, dhs, dhm, chunk, precision):
+    """Cotangents of the preparation outputs from the state-side quantities, as batched XLA
+    einsums (the ``backward="xla"`` path; the Pallas path does this inside _chunk_bwd_kernel)."""
+    b, tp, h, vp = vt.shape
+    kp = hs.shape[2] // (tp // chunk)
+    n = tp // chunk
     tok = lambda x: x.astype(_F32).reshape(b, n, chunk, h, x.shape[-1])
     st = lambda x: x.reshape(b, h, n, kp, vp)
     do_c, vt_c, dvt_c = tok(do), tok(vt), tok(dvt)
@@ -586,17 +887,17 @@ def _mdn_core_bwd(cfg, residuals, cotangents):
     d_z = ein("bnchv,bhnkv->bnchk", dvt_c, hm_c)
     d_kgs = ein("bnchv,bhnkv->bnchk", vt_c, dhs_c)
     d_kgm = -ein("bnchv,bhnkv->bnchk", vt_c, dhm_c)
-    at_last = lambda x: jnp.zeros((b, n, chunk, h), _F32).at[:, :, -1, :].set(
-        jnp.moveaxis(x, 1, 2)
-    )
+
+    def at_last(x):  # [B, H, N] chunk-end scalar -> [B, N, C, H], zero but at the last step
+        zeros = jnp.zeros((b, n, chunk, h), _F32)
+        return zeros.at[:, :, -1, :].set(jnp.moveaxis(x, 1, 2))
+
     d_av = at_last(jnp.sum(hs_c * dhs_c, axis=(-2, -1)))
     d_bv = at_last(-jnp.sum(hm_c * dhs_c, axis=(-2, -1)))
     d_uvec = at_last(jnp.sum(hm_c * dhm_c, axis=(-2, -1)))
     flat = lambda x: x.reshape((b, tp, h) + x.shape[4:])
     cts = (dvt,) + tuple(flat(c) for c in (d_y, d_z, d_kgs, d_kgm, d_qa, d_qb, d_attn))
-    cts = cts + tuple(flat(c) for c in (d_av, d_bv, d_uvec))
-    grads = prep_vjp(cts)
-    return (tuple(grads) + (ds0, dm0),)
+    return cts + tuple(flat(c) for c in (d_av, d_bv, d_uvec))
 
 
 _mdn_core.defvjp(_mdn_core_fwd, _mdn_core_bwd)
@@ -616,6 +917,7 @@ _mdn_core.defvjp(_mdn_core_fwd, _mdn_core_bwd)
         "interpret",
         "block_v",
         "poison_outputs",
+        "backward",
     ),
 )
 def momentum_delta_rule_pallas(
@@ -635,6 +937,7 @@ def momentum_delta_rule_pallas(
     interpret=False,
     block_v=None,
     poison_outputs=False,
+    backward="pallas",
 ):
     """Momentum delta rule, chunkwise, in Pallas kernels (see the module docstring).
 
@@ -650,6 +953,9 @@ def momentum_delta_rule_pallas(
       block_v: V-tile of the state kernels (power of two); default ``min(Vp, 64)`` and 32 when
         the padded K exceeds 128, to keep the two [K, block_v] float32 states in registers.
       poison_outputs: testing aid: every kernel output buffer starts as NaN.
+      backward: ``"pallas"`` (default): the backward is two kernels, the reverse state
+        recurrence and the fused chunk-parallel gradient kernel; ``"xla"``: the reverse state
+        recurrence kernel, then XLA einsums and ``jax.vjp`` of the jnp mirror of the preparation.
 
     Returns:
       ``(o, final_state)``: o [B, T, H, V] in q's dtype; final_state float32 or None.
@@ -669,6 +975,8 @@ def momentum_delta_rule_pallas(
         block_v = min(vp, 64 if kp <= 128 else 32)
     if block_v & (block_v - 1) or vp % block_v:
         raise ValueError(f"block_v: expected a power of two dividing {vp}, got {block_v}")
+    if backward not in ("pallas", "xla"):
+        raise ValueError(f"backward: expected 'pallas' or 'xla', got {backward!r}")
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else lax.Precision.DEFAULT
 
     def pad_tok(x, d):
@@ -697,7 +1005,7 @@ def momentum_delta_rule_pallas(
         s0,
         m0,
     )
-    cfg = (chunk_size, block_v, float(scale), precision, interpret, poison_outputs)
+    cfg = (chunk_size, block_v, float(scale), precision, interpret, poison_outputs, backward)
     o, st, mt = _mdn_core(args, cfg)
     o = o[:, :t, :, :vdim]
     if not output_final_state:

@@ -48,12 +48,13 @@ def make_inputs(seed, B, T, H, K, V, dtype=jnp.float32, with_state=True):
     return toks + (la, lm, beta, eta), s0
 
 
-def pallas_fn(chunk, poison=True, interpret=not ON_GPU):
+def pallas_fn(chunk, poison=True, interpret=not ON_GPU, backward="pallas"):
     return functools.partial(
         momentum_delta_rule_pallas,
         chunk_size=chunk,
         interpret=interpret,
         poison_outputs=poison,
+        backward=backward,
     )
 
 
@@ -79,10 +80,12 @@ def grads_of(fn, args, s0, scale, probe):
 NAMES = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta", "initial_state")
 
 
-def check_case(seed, B, T, H, K, V, chunk, dtype, tol, *, grads=True, interpret=not ON_GPU):
+def check_case(
+    seed, B, T, H, K, V, chunk, dtype, tol, *, grads=True, interpret=not ON_GPU, backward="pallas"
+):
     args, s0 = make_inputs(seed, B, T, H, K, V, dtype)
     scale = K**-0.5
-    fn = pallas_fn(chunk, interpret=interpret)
+    fn = pallas_fn(chunk, interpret=interpret, backward=backward)
     o, fs = fn(*args, scale=scale, initial_state=s0, output_final_state=True)
     o_ref, fs_ref = reference_fn(*args, scale=scale, initial_state=s0, output_final_state=True)
     assert o.shape == (B, T, H, V) and o.dtype == dtype
@@ -115,6 +118,11 @@ def check_case(seed, B, T, H, K, V, chunk, dtype, tol, *, grads=True, interpret=
 )
 def test_forward_and_grads_float32(seed, B, T, H, K, V, chunk):
     check_case(seed, B, T, H, K, V, chunk, jnp.float32, 1e-4)
+
+
+def test_grads_backward_xla_path():
+    """backward="xla" (state kernel + XLA einsums + vjp of the jnp mirror) agrees too."""
+    check_case(7, 2, 21, 2, 16, 16, 16, jnp.float32, 1e-4, backward="xla")
 
 
 def test_forward_and_grads_bfloat16():
