@@ -62,15 +62,19 @@ def augment_mh(key, rho, rankings, alpha, num_swaps: int, *, prefer=None, blocks
 
     def one_user(k, r_j, pref_j, ib_j):
         inv = jnp.argsort(r_j)  # item at rank index
+        k1, k2, k3, k4, k5 = jax.random.split(k, 5)
+        adj = jax.random.bernoulli(k1, 0.5, (num_swaps,))
+        x = jax.random.randint(k2, (num_swaps,), 0, n - 1)
+        p1 = jax.random.randint(k3, (num_swaps,), 0, n)
+        p2 = jax.random.randint(k4, (num_swaps,), 0, n - 1)
+        p2 = p2 + (p2 >= p1)  # a uniform pair of distinct ranks
+        lo_all = jnp.where(adj, x, jnp.minimum(p1, p2))
+        hi_all = jnp.where(adj, x + 1, jnp.maximum(p1, p2))
+        logu = jnp.log(jax.random.uniform(k5, (num_swaps,)))
 
         def prop(t, carry):
-            r_j, inv, k = carry
-            k, k1, k2, k3, k4 = jax.random.split(k, 5)
-            adj = jax.random.bernoulli(k1)
-            x = jax.random.randint(k2, (), 0, n - 1)
-            pair = jax.random.choice(k3, n, (2,), replace=False)
-            lo = jnp.where(adj, x, jnp.min(pair))
-            hi = jnp.where(adj, x + 1, jnp.max(pair))
+            r_j, inv = carry
+            lo, hi = lo_all[t], hi_all[t]
             a, b = inv[lo], inv[hi]  # a is above b
             ok = jnp.bool_(True)
             if pref_j is not None:
@@ -83,12 +87,12 @@ def augment_mh(key, rho, rankings, alpha, num_swaps: int, *, prefer=None, blocks
                 jnp.abs(fh - rho_f[a]) + jnp.abs(fl - rho_f[b])
                 - jnp.abs(fl - rho_f[a]) - jnp.abs(fh - rho_f[b])
             )
-            acc = ok & (jnp.log(jax.random.uniform(k4)) < dlog)
+            acc = ok & (logu[t] < dlog)
             r_new = r_j.at[a].set(hi + 1).at[b].set(lo + 1)
             inv_new = inv.at[lo].set(b).at[hi].set(a)
-            return (jnp.where(acc, r_new, r_j), jnp.where(acc, inv_new, inv), k)
+            return (jnp.where(acc, r_new, r_j), jnp.where(acc, inv_new, inv))
 
-        r_j, _, _ = jax.lax.fori_loop(0, num_swaps, prop, (r_j, inv, k))
+        r_j, _ = jax.lax.fori_loop(0, num_swaps, prop, (r_j, inv))
         return r_j
 
     keys = jax.random.split(key, N)
