@@ -43,6 +43,7 @@ __all__ = [
     "make_train_step",
     "make_pmap_train_step",
     "make_eval_step",
+    "train_state_shardings",
     "fit",
     "plot_metrics",
 ]
@@ -172,7 +173,9 @@ def init_state(model: nnx.Module, tx, seed: int):
     return graphdef, rest, state
 
 
-def _state_shardings(state: TrainState, mesh):
+def train_state_shardings(state: TrainState, mesh) -> TrainState:
+    """Shardings of a :class:`TrainState`: params by their logical axes, optimizer state
+    following the params, step and key replicated."""
     p_sh = sharding_lib.param_shardings(state.params, mesh)
     o_sh = sharding_lib.state_shardings(state.opt_state, state.params, p_sh, mesh)
     rep = sharding_lib.replicated(mesh)
@@ -279,7 +282,7 @@ def fit(
 
     graphdef, rest, host_state = init_state(model, tx, cfg.seed)
     loss_fn = make_loss_fn(graphdef, rest)
-    state_sh = _state_shardings(host_state, mesh)
+    state_sh = train_state_shardings(host_state, mesh)
     batch_sh = sharding_lib.batch_sharding(mesh)
 
     ckpt = Checkpointer(cfg.ckpt_dir, max_to_keep=cfg.max_to_keep)
