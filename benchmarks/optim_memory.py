@@ -158,25 +158,28 @@ def time_updates(size, steps, seed=0):
         "smet d=0.1 bs=16": smet(1e-3, density=0.1, total_steps=10**6, update_every=10**6,
                                  block_size=16, key=jax.random.key(1)),
     }
-    results = {}
+    steps_fn, states = {}, {}
     for name, opt in opts.items():
-        state = opt.init(params)
 
         @jax.jit
         def step(p, s, g, opt=opt):
             u, s = opt.update(g, s, p)
             return optax.apply_updates(p, u), s
 
-        p, s = step(params, state, grads)  # compile
-        jax.block_until_ready(p)
-        times = []
-        for _ in range(steps):
+        steps_fn[name] = step
+        states[name] = step(params, opt.init(params), grads)  # compile + one step
+        jax.block_until_ready(states[name])
+    # interleave the optimizers round by round so machine load hits all of them alike
+    times = {name: [] for name in opts}
+    for _ in range(steps):
+        for name in opts:
+            p, s = states[name]
             t0 = time.perf_counter()
-            p, s = step(p, s, grads)
-            jax.block_until_ready((p, s))
-            times.append(time.perf_counter() - t0)
-        results[name] = float(np.median(times))
-        del state, s, p
+            out = steps_fn[name](p, s, grads)
+            jax.block_until_ready(out)
+            times[name].append(time.perf_counter() - t0)
+            states[name] = out
+    results = {name: float(np.median(t)) for name, t in times.items()}
     base = results["optax.adamw"]
     return [[n, f"{t * 1e3:.1f}", f"{t / base:.2f}"] for n, t in results.items()]
 

@@ -1,0 +1,148 @@
+"""Train the tiny Transformer with AdamW, FOAM and SMET; loss spikes of naive DST vs SMET.
+
+Same model init, data order and learning-rate schedule (linear warm-up 5%, cosine to 0.1x) for
+every optimizer, byte-level tokens of the embedded corpus (``jaxlib_ext.data.load_corpus``),
+``jaxlib_ext.models.transformer.build_transformer("tiny")``. Prints two markdown tables:
+
+1. final eval loss (mean over fixed held-out windows) per optimizer, ratio to AdamW;
+2. for dynamic sparse training at density 0.5, the largest loss jump within 10 steps after each
+   topology update, measured on a fixed training batch (so batch noise does not count):
+   ``max_u max_{s in (u, u+10]} L(s) - L(u)``, SMET (code warm-up, lr/d) vs naive DST
+   (global Adam step for regrown weights, no warm-up, no density lr scale).
+
+Usage::
+
+    python benchmarks/optim_train.py                      # 300 steps, topology every 50
+    python benchmarks/optim_train.py --steps 600 --update-every 100 --batch 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxlib_ext import data as data_lib
+from jaxlib_ext.models.transformer import build_transformer
+from jaxlib_ext.optim import foam, smet
+
+
+def make_optimizer(name: str, lr, steps: int, update_every: int, seed: int):
+    key = jax.random.key(seed + 1)
+    dst = dict(density=0.5, total_steps=steps, update_every=update_every, key=key,
+               optimizer_warmup_steps=min(100, update_every))
+    if name == "adamw":
+        return optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=0.0)
+    if name == "foam":
+        return foam(lr, b1=0.9, b2=0.95, level=2)
+    if name == "smet":
+        return smet(lr, 0.9, 0.95, **dst)
+    if name == "naive_dst":
+        return smet(lr, 0.9, 0.95, warmup_mode="none", lr_density_power=0.0, **dst)
+    raise ValueError(f"optimizer: unknown {name!r}")
+
+
+def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50, seed=0,
+          corpus=None, n_eval=8):
+    """Returns a dict with per-step train loss, fixed-batch loss, final eval loss and topo steps."""
+    corpus = corpus or data_lib.load_corpus()
+    model = build_transformer("tiny", vocab_size=corpus.vocab_size, rngs=nnx.Rngs(seed))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 20), steps, lr * 0.1)
+    tx = make_optimizer(name, sched, steps, update_every, seed)
+    opt_state = tx.init(params)
+
+    def loss_fn(p, tokens):
+        logits = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits.astype(jnp.float32), tokens[:, 1:]
+        ).mean()
+
+    @jax.jit
+    def step(p, s, tokens, fixed):
+        loss, g = jax.value_and_grad(loss_fn)(p, tokens)
+        u, s = tx.update(g, s, p)
+        p = optax.apply_updates(p, u)
+        return p, s, loss, loss_fn(p, fixed)
+
+    eval_fn = jax.jit(loss_fn)
+    rng = np.random.default_rng(seed)
+    n = corpus.train.shape[0] - seq_len - 1
+
+    def windows(tokens, offsets):
+        return jnp.asarray(np.stack([tokens[o:o + seq_len + 1] for o in offsets]), jnp.int32)
+
+    fixed = windows(corpus.train, rng.integers(0, n, batch))
+    eval_off = np.linspace(0, corpus.eval.shape[0] - seq_len - 2, n_eval * batch).astype(int)
+    evals = [windows(corpus.eval, eval_off[i * batch:(i + 1) * batch]) for i in range(n_eval)]
+    losses, fixed_losses = [], [float(eval_fn(params, fixed))]
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens = windows(corpus.train, rng.integers(0, n, batch))
+        params, opt_state, loss, fl = step(params, opt_state, tokens, fixed)
+        losses.append(float(loss))
+        fixed_losses.append(float(fl))
+    wall = time.perf_counter() - t0
+    eval_loss = float(np.mean([float(eval_fn(params, b)) for b in evals]))
+    # topology updates run at the start of update number c + 1 for c = k * update_every,
+    # i.e. they change the params reported in fixed_losses[c + 1] (fixed_losses[0] = init).
+    topo = list(range(update_every, steps, update_every)) if name in ("smet", "naive_dst") else []
+    return dict(name=name, losses=losses, fixed_losses=fixed_losses, eval_loss=eval_loss,
+                topo=topo, wall=wall)
+
+
+def max_spike(fixed_losses, topo, window=10):
+    """Largest loss jump within ``window`` steps after each topology update."""
+    jumps = []
+    for c in topo:
+        before = fixed_losses[c]
+        after = fixed_losses[c + 1:c + 1 + window]
+        if after:
+            jumps.append(max(after) - before)
+    return max(jumps) if jumps else float("nan"), jumps
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--update-every", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    corpus = data_lib.load_corpus()
+    print(f"jax {jax.__version__}, optax {optax.__version__}, {platform.processor() or 'cpu'}; "
+          f"tiny Transformer, {corpus.source}, byte tokens, {args.steps} steps, batch "
+          f"{args.batch}x{args.seq_len}, peak lr {args.lr}, warmup 5% + cosine to 0.1x")
+    runs = {}
+    for name in ("adamw", "foam", "smet", "naive_dst"):
+        runs[name] = train(name, steps=args.steps, batch=args.batch, seq_len=args.seq_len,
+                           lr=args.lr, update_every=args.update_every, seed=args.seed,
+                           corpus=corpus)
+    base = runs["adamw"]["eval_loss"]
+    labels = {"adamw": "optax.adamw", "foam": "foam level=2", "smet": "smet d=0.5",
+              "naive_dst": "naive DST d=0.5"}
+    print("\n| optimizer | final eval loss | vs adamw | final train loss (mean last 20) | s |")
+    print("|---|---|---|---|---|")
+    for name, r in runs.items():
+        print(f"| {labels[name]} | {r['eval_loss']:.4f} | {r['eval_loss'] / base:.3f} | "
+              f"{np.mean(r['losses'][-20:]):.4f} | {r['wall']:.0f} |")
+    print(f"\n| d=0.5, topology every {args.update_every} | max jump in 10 steps after an update "
+          "| mean jump | jumps per update |")
+    print("|---|---|---|---|")
+    for name in ("naive_dst", "smet"):
+        r = runs[name]
+        worst, jumps = max_spike(r["fixed_losses"], r["topo"])
+        print(f"| {labels[name]} | {worst:.4f} | {np.mean(jumps):.4f} | "
+              f"{', '.join(f'{j:.3f}' for j in jumps)} |")
+
+
+if __name__ == "__main__":
+    main()
