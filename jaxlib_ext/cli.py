@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--mesh", default=None, help="e.g. 'data=2,fsdp=2' (default: all on data)")
-    t.add_argument("--parallel", choices=("jit", "pmap"), default="jit")
+    t.add_argument("--parallel", choices=("jit", "pmap", "shard_map"), default="jit",
+                   help="jit: sharded state (fsdp/tensor); pmap / shard_map: replicated state")
     t.add_argument("--corpus", default=None, help=".txt file or folder (default: embedded)")
     t.add_argument("--out-dir", default="runs/default", help="metrics.jsonl, loss.png, ...")
     t.add_argument("--checkpoint-dir", default=None, help="default: <out-dir>/checkpoints")

@@ -42,11 +42,15 @@ __all__ = [
     "make_loss_fn",
     "make_train_step",
     "make_pmap_train_step",
+    "make_shard_map_train_step",
     "make_eval_step",
     "train_state_shardings",
     "fit",
     "plot_metrics",
 ]
+
+
+PARALLEL_MODES = ("jit", "pmap", "shard_map")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -66,7 +70,7 @@ class TrainConfig:
     batch_size: int = 32
     seq_len: int = 128
     seed: int = 0
-    parallel: str = "jit"  # "jit" | "pmap"
+    parallel: str = "jit"  # "jit" | "pmap" | "shard_map"
     eval_every: int = 100
     eval_batches: int = 4
     log_every: int = 10
@@ -153,6 +157,27 @@ def make_pmap_train_step(tx, loss_fn, axis_name: str = "batch"):
     )
 
 
+def make_shard_map_train_step(tx, loss_fn, mesh):
+    """Data parallelism written out with ``jax.shard_map``: each device takes its slice of
+    the batch (over ``data`` x ``fsdp``), computes local gradients and ``pmean``s them over
+    those axes; the state is replicated. The modern spelling of the ``pmap`` step."""
+    axes = tuple(a for a in sharding_lib.BATCH_AXES if a in mesh.shape)
+    reduce = lambda t: jax.lax.pmean(t, axes)
+    body = jax.shard_map(
+        lambda state, batch: _apply(tx, loss_fn, state, batch, reduce),
+        mesh=mesh,
+        in_specs=(jax.P(), jax.P(axes)),
+        out_specs=(jax.P(), jax.P()),
+    )
+    rep = sharding_lib.replicated(mesh)
+    return jax.jit(
+        body,
+        in_shardings=(rep, sharding_lib.batch_sharding(mesh)),
+        out_shardings=(rep, rep),
+        donate_argnums=0,
+    )
+
+
 def make_eval_step(loss_fn, params_sharding, batch_sharding):
     return jax.jit(
         loss_fn,
@@ -188,8 +213,8 @@ def _validate(cfg: TrainConfig, model, mesh, corpus: data_lib.Corpus) -> None:
         if getattr(cfg, name) <= 0:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{flag} must be positive, got {getattr(cfg, name)}")
-    if cfg.parallel not in ("jit", "pmap"):
-        raise ValueError(f"--parallel must be 'jit' or 'pmap', got {cfg.parallel!r}")
+    if cfg.parallel not in PARALLEL_MODES:
+        raise ValueError(f"--parallel must be one of {PARALLEL_MODES}, got {cfg.parallel!r}")
     dp = sharding_lib.data_parallel_size(mesh)
     if cfg.batch_size % dp:
         raise ValueError(
@@ -299,6 +324,11 @@ def fit(
         step_fn = make_pmap_train_step(tx, loss_fn)
         n_local = jax.local_device_count()
         state = jax.tree.map(lambda x: jnp.stack([np.asarray(x)] * n_local), state)
+    elif cfg.parallel == "shard_map":
+        # Replicated state: every device holds the whole model, as in the pmap step.
+        state_sh = jax.tree.map(lambda _: sharding_lib.replicated(mesh), state_sh)
+        state = jax.device_put(state, state_sh)
+        step_fn = make_shard_map_train_step(tx, loss_fn, mesh)
     else:
         step_fn = make_train_step(tx, loss_fn, state_sh, batch_sh)
     eval_fn = make_eval_step(loss_fn, state_sh.params, batch_sh)

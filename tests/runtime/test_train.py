@@ -29,14 +29,22 @@ def _fit(tmp_path, corpus, *, steps=6, tx=None, mesh=None, **kw):
     return train.fit(model, tx, corpus, cfg, mesh or sharding.make_mesh("data=4,fsdp=2"))
 
 
-def test_jit_and_pmap_give_the_same_losses(tmp_path, corpus):
-    jit = _fit(tmp_path / "jit", corpus, parallel="jit")
-    pmap = _fit(tmp_path / "pmap", corpus, parallel="pmap")
-    np.testing.assert_allclose(jit.losses, pmap.losses, rtol=1e-5)
-    assert len(jit.losses) == 6 and jit.losses[-1] < jit.losses[0]
-    for a, b in zip(jax.tree.leaves(jit.state.params), jax.tree.leaves(pmap.state.params),
+@pytest.fixture(scope="module")
+def jit_run(tmp_path_factory, corpus):
+    return _fit(tmp_path_factory.mktemp("jit"), corpus, parallel="jit")
+
+
+@pytest.mark.parametrize("parallel", ["pmap", "shard_map"])
+def test_data_parallel_steps_match_the_sharded_jit_step(tmp_path, corpus, jit_run, parallel):
+    other = _fit(tmp_path, corpus, parallel=parallel)
+    np.testing.assert_allclose(jit_run.losses, other.losses, rtol=1e-5)
+    assert len(other.losses) == 6 and other.losses[-1] < other.losses[0]
+    # Parameters: relative RMS per leaf. (Elementwise checks are too strict: Adam turns a
+    # 1e-12 gradient difference on an unused embedding row into a visible update.)
+    for a, b in zip(jax.tree.leaves(jit_run.state.params), jax.tree.leaves(other.state.params),
                     strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5)
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(a)
 
 
 def test_outputs_and_exact_resume(tmp_path, corpus):
