@@ -967,7 +967,25 @@ def momentum_delta_rule_pallas(
     """
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size: expected a power of two >= 16, got {chunk_size}")
+    if q.ndim != 4:
+        raise ValueError(f"q: expected rank 4 [B, T, H, K], got shape {q.shape}")
     b, t, h, kdim = q.shape
+    for name, x, want in (
+        ("k", k, q.shape),
+        ("p", p, q.shape),
+        ("v", v, (b, t, h, v.shape[-1] if v.ndim == 4 else -1)),
+        ("log_alpha", log_alpha, (b, t, h)),
+        ("log_mu", log_mu, (b, t, h)),
+        ("beta", beta, (b, t, h)),
+        ("eta", eta, (b, t, h)),
+    ):
+        if tuple(x.shape) != tuple(want):
+            raise ValueError(f"{name}: expected shape {tuple(want)}, got {tuple(x.shape)}")
+    if initial_state is not None and initial_state.shape != (2, b, h, kdim, v.shape[-1]):
+        raise ValueError(
+            f"initial_state: expected shape {(2, b, h, kdim, v.shape[-1])}, "
+            f"got {initial_state.shape}"
+        )
     vdim = v.shape[-1]
     kp, vp = _pow2(kdim), _pow2(vdim)
     tp = -(-t // chunk_size) * chunk_size
