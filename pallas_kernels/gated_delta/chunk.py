@@ -27,20 +27,18 @@ from jaxlib_ext.pallas_kernels._common import (
     pad_time,
     segsum,
     to_chunks,
+    unit_lower_inverse,
 )
 
 
 def _prepare(qs, k, v, g, beta):
-    C = g.shape[-1]
     G = jnp.exp(segsum(g))  # A_t / A_j, j <= t
     A = jnp.exp(jnp.cumsum(g, axis=-1))
     Gb = G * beta[..., None, :]  # (A_t / A_j) beta_j
     kk = jnp.einsum("...tk,...jk->...tj", k, k)
     L = jnp.tril(Gb * kk, -1)  # (6)
     rhs = jnp.concatenate([v, A[..., None] * k], axis=-1)
-    sol = jax.lax.linalg.triangular_solve(
-        jnp.eye(C, dtype=g.dtype) + L, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
+    sol = unit_lower_inverse(L) @ rhs  # [U, W] of (6)
     Vdim = v.shape[-1]
     return dict(
         U=sol[..., :Vdim],

@@ -53,6 +53,7 @@ from jaxlib_ext.pallas_kernels._common import (
     pad_time,
     segsum,
     to_chunks,
+    unit_lower_inverse,
 )
 
 
@@ -61,8 +62,6 @@ def _prepare(qs, kt, v, p, la, lm, beta):
 
     Shapes: ``qs, kt, p`` ``[..., C, K]``; ``v`` ``[..., C, V]``; ``la, lm, beta`` ``[..., C]``.
     """
-    C = la.shape[-1]
-    dt = la.dtype
     G_A = jnp.exp(segsum(la))  # A_t / A_i for i <= t
     G_U = jnp.exp(segsum(lm))  # U_i / U_j for j <= i
     gamma = jnp.einsum("...ti,...ij->...tj", G_A, beta[..., :, None] * G_U)  # (5)
@@ -77,11 +76,8 @@ def _prepare(qs, kt, v, p, la, lm, beta):
     b_prev = jnp.concatenate([zero, b[..., :-1]], axis=-1)
     gamma_prev = jnp.concatenate([jnp.zeros_like(gamma[..., :1, :]), gamma[..., :-1, :]], axis=-2)
     L = gamma_prev * jnp.einsum("...tk,...jk->...tj", p, kt)  # (10), strictly lower
-    eye = jnp.eye(C, dtype=dt)
     rhs = jnp.concatenate([v, A_prev[..., None] * p, b_prev[..., None] * p], axis=-1)
-    sol = jax.lax.linalg.triangular_solve(
-        eye + L, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
+    sol = unit_lower_inverse(L) @ rhs  # [U, Y, Z] of (10)
     Vdim = v.shape[-1]
     Kdim = p.shape[-1]
     Uv = sol[..., :Vdim]

@@ -1,0 +1,159 @@
+"""Momentum delta rule op: chunkwise vs recurrent, forward and forward+backward, time and memory.
+
+Baseline: ``method="recurrent"`` (the ``lax.scan`` reference) in the same run. Shape defaults to
+B=2, T=2048, H=4, K=64, V=128 (issue 3). Times are the median of ``--repeats`` runs after one
+warm-up call, each ending in ``block_until_ready``; memory is XLA's compiled ``memory_analysis``
+(arguments + outputs + temporaries - aliased bytes) of the jitted function, i.e. the planned peak
+of that executable. The Gated DeltaNet chunk path is timed too, for context.
+
+    .venv/bin/python benchmarks/mdn.py [--T 2048] [--chunk-size 64] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlib_ext.pallas_kernels.gated_delta import gated_delta_rule
+from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
+
+
+def make_inputs(B, T, H, K, V, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def unit(shape):
+        x = rng.standard_normal(shape)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    log_alpha = -np.logaddexp(0.0, -rng.uniform(size=(B, T, H)))  # logsigmoid(U(0,1))
+    x = dict(
+        q=unit((B, T, H, K)),
+        k=unit((B, T, H, K)),
+        v=rng.standard_normal((B, T, H, V)),
+        p=np.exp(log_alpha)[..., None] * unit((B, T, H, K)),
+        log_alpha=log_alpha,
+        log_mu=-np.logaddexp(0.0, -rng.uniform(size=(B, T, H))) / 4.0,
+        beta=0.5 / (1.0 + np.exp(-rng.standard_normal((B, T, H)))),
+        eta=1.0 + np.tanh(rng.standard_normal((B, T, H))),
+    )
+    x = {n: jnp.asarray(a, jnp.float32) for n, a in x.items()}
+    h0 = jnp.asarray(0.1 * rng.standard_normal((2, B, H, K, V)), jnp.float32)
+    return x, h0
+
+
+def mdn_fns(method, chunk_size):
+    def fwd(x, h0):
+        return momentum_delta_rule(
+            **x, initial_state=h0, output_final_state=True, method=method, chunk_size=chunk_size
+        )
+
+    def loss(x, h0):
+        o, fin = fwd(x, h0)
+        return jnp.sum(o * o) + jnp.sum(fin)
+
+    return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
+def gdn_fns(method, chunk_size):
+    def fwd(x, s0):
+        return gated_delta_rule(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["log_alpha"],
+            x["beta"],
+            initial_state=s0[0],
+            output_final_state=True,
+            method=method,
+            chunk_size=chunk_size,
+        )
+
+    def loss(x, s0):
+        o, fin = fwd(x, s0)
+        return jnp.sum(o * o) + jnp.sum(fin)
+
+    return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
+def peak_bytes(jitted, *args):
+    m = jitted.lower(*args).compile().memory_analysis()
+    if m is None:
+        return float("nan")
+    return (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+
+
+def median_seconds(fn, *args, repeats):
+    jax.block_until_ready(fn(*args))  # compile + warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(fns, x, h0, repeats):
+    fwd, fwdbwd = fns
+    return dict(
+        fwd_s=median_seconds(fwd, x, h0, repeats=repeats),
+        bwd_s=median_seconds(fwdbwd, x, h0, repeats=repeats),
+        fwd_mem=peak_bytes(fwd, x, h0),
+        bwd_mem=peak_bytes(fwdbwd, x, h0),
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--B", type=int, default=2)
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--H", type=int, default=4)
+    ap.add_argument("--K", type=int, default=64)
+    ap.add_argument("--V", type=int, default=128)
+    ap.add_argument("--chunk-size", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-gdn", action="store_true", help="skip the Gated DeltaNet context column")
+    a = ap.parse_args()
+
+    x, h0 = make_inputs(a.B, a.T, a.H, a.K, a.V)
+    res = {
+        "MDN recurrent": measure(mdn_fns("recurrent", a.chunk_size), x, h0, a.repeats),
+        f"MDN chunk (C={a.chunk_size})": measure(mdn_fns("chunk", a.chunk_size), x, h0, a.repeats),
+    }
+    if not a.no_gdn:
+        res[f"GDN chunk (C={a.chunk_size})"] = measure(
+            gdn_fns("chunk", a.chunk_size), x, h0, a.repeats
+        )
+    rec, chk = list(res.values())[:2]
+
+    print(
+        f"momentum_delta_rule, B={a.B} T={a.T} H={a.H} K={a.K} V={a.V}, float32, "
+        f"backend={jax.default_backend()}, jax {jax.__version__}, {platform.processor() or 'cpu'}, "
+        f"median of {a.repeats} after warm-up\n"
+    )
+    cols = list(res)
+    print("| metric | " + " | ".join(cols) + " | recurrent / chunk |")
+    print("|---|" + "---:|" * (len(cols) + 1))
+    rows = [
+        ("forward time (ms)", "fwd_s", 1e3),
+        ("forward+backward time (ms)", "bwd_s", 1e3),
+        ("forward peak memory (MiB)", "fwd_mem", 2.0**-20),
+        ("forward+backward peak memory (MiB)", "bwd_mem", 2.0**-20),
+    ]
+    for label, key, mult in rows:
+        vals = " | ".join(f"{res[c][key] * mult:.1f}" for c in cols)
+        print(f"| {label} | {vals} | {rec[key] / chk[key]:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
