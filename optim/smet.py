@@ -9,7 +9,8 @@ with the paper-text variants as options (``shared/papers/optimizers.md`` section
 order, i.e. along the last axis, the contiguous one of a Flax ``(in, out)`` kernel) and keeps a
 fixed number :math:`K = \max(1, \mathrm{round}(d\cdot n_\text{blocks}))` of active blocks, so all
 shapes are static under ``jit``: the active block indices ``idx`` (int32[K]), one step counter per
-slot (int32[K]) and the moments of the active entries only (``[K, block_size]`` each). Dense leaves
+slot (int16[K], clamped at 32765 as the reference code, where the bias corrections are 1 to
+float precision) and the moments of the active entries only (``[K, block_size]`` each). Dense leaves
 (embeddings, LM head, norms, biases by default) keep ordinary Adam moments and the global count.
 
 **Step** (per slot :math:`k` with its own step :math:`t_k`, gradient :math:`g` gathered at the
@@ -63,13 +64,16 @@ import optax
 from jaxlib_ext.optim import _common
 
 _WARMUP_MODES = ("code", "reset", "none")
+#: per-slot step counters are int16 and saturate here (as ``Adam_block``'s int16 counters)
+STEP_MAX = 32765
+_STEP_DTYPE = jnp.int16
 
 
 class SparseSlots(NamedTuple):
     """Per-slot state of a dense tensor trained with a mask (``K`` active blocks)."""
 
     idx: jax.Array  # int32[K] active block indices (slot order, not sorted after regrowth)
-    step: jax.Array  # int32[K] per-slot step counter
+    step: jax.Array  # int16[K] per-slot step counter, clamped at STEP_MAX
     mu: jax.Array  # [K, block_size]
     nu: jax.Array  # [K, block_size]
 
@@ -77,7 +81,7 @@ class SparseSlots(NamedTuple):
 class CompactSlots(NamedTuple):
     """Per-slot state of a ``SparseLinear`` value leaf ``[K, block_size]``."""
 
-    step: jax.Array  # int32[K]
+    step: jax.Array  # int16[K]
     mu: jax.Array
     nu: jax.Array
     regrown: jax.Array  # bool[K], True only in the state returned by a topology-update step
@@ -152,8 +156,8 @@ def _slot_ranks(scores):
 def _reset_step(warmup_mode: str, count, k: int):
     value = {"code": 1, "reset": 0}.get(warmup_mode)
     if value is None:  # naive DST: the regrown slot continues with the global count
-        return jnp.full((k,), count, jnp.int32)
-    return jnp.full((k,), value, jnp.int32)
+        return jnp.full((k,), jnp.minimum(count, STEP_MAX), _STEP_DTYPE)
+    return jnp.full((k,), value, _STEP_DTYPE)
 
 
 def topology_update_slots(
@@ -336,7 +340,7 @@ def scale_by_smet(
                 continue
             k = info.k
             zeros = jnp.zeros((k, block_size), p.dtype)
-            step = jnp.zeros((k,), jnp.int32)
+            step = jnp.zeros((k,), _STEP_DTYPE)
             if info.kind == "compact":
                 slots.append(CompactSlots(step, zeros, zeros, jnp.zeros((k,), bool)))
                 continue
@@ -391,7 +395,7 @@ def scale_by_smet(
                 g_slots = g.reshape(info.num_blocks, block_size)[s.idx]
                 d_leaf = info.k / info.num_blocks
                 dscale = jnp.asarray(d_leaf ** (-lr_density_power), g.dtype)
-            step = s.step + 1
+            step = jnp.minimum(s.step, STEP_MAX - 1) + jnp.ones((), _STEP_DTYPE)
             u, mu, nu = _adam_slots(g_slots, s.mu, s.nu, step, b1, b2, eps,
                                     optimizer_warmup_steps, warmup_mode)
             u = dscale * u

@@ -62,7 +62,7 @@ def test_density_one_equals_adam_float64(block_size):
 
 def _first_update_after_regrowth(mode):
     """Regrowth at a large global count; returns update/lr at the regrown entries."""
-    lr, big = 1e-3, 100_000
+    lr, big = 1e-3, 30_000
     rng = np.random.default_rng(1)
     params = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)}
     opt = smet(lr, density=0.5, total_steps=10 * big, update_every=big,
@@ -71,7 +71,7 @@ def _first_update_after_regrowth(mode):
     state = opt.init(params)
     params = sparsify(params, state)
     inner = state.inner
-    # pretend the active slots have been trained for `big` steps
+    # pretend the active slots have been trained for `big` steps (b2**big ~ 1e-13)
     slots = inner.slots[0]._replace(step=jnp.full_like(inner.slots[0].step, big))
     state = state._replace(inner=inner._replace(count=jnp.asarray(big, jnp.int32), slots=(slots,)))
     g = {"w": jnp.asarray(rng.choice([-1.0, 1.0], size=(16, 8)) * 0.7, jnp.float32)}
@@ -215,6 +215,20 @@ def test_inactive_gradients_cannot_change_state_or_updates():
                 np.testing.assert_array_equal(u1[k], u2[k])
         params = optax.apply_updates(params, u1)
         state = s1
+
+
+def test_step_counter_saturates():
+    from jaxlib_ext.optim.smet import STEP_MAX
+
+    params = {"w": jnp.ones((4, 4))}
+    opt = smet(1e-3, density=0.5, total_steps=10, key=jax.random.key(0))
+    st = opt.init(params)
+    sl = st.inner.slots[0]
+    assert sl.step.dtype == jnp.int16
+    st = st._replace(inner=st.inner._replace(slots=(sl._replace(step=jnp.full_like(sl.step,
+                                                                                  STEP_MAX)),)))
+    _, st = opt.update(params, st, params)
+    assert np.all(np.asarray(st.inner.slots[0].step) == STEP_MAX)
 
 
 def test_state_is_compact():
