@@ -31,7 +31,7 @@ export PYTHONUNBUFFERED=1
 
 # jaxlib_ext importable without pip: a shim folder mapping the namespace onto the repo folders
 # (what pyproject's package-dir does for an installed copy).
-if ! "$PY" -c "import jaxlib_ext.pallas_kernels.mdn" >/dev/null 2>&1; then
+if ! "$PY" -P -c "import jaxlib_ext.pallas_kernels.mdn" >/dev/null 2>&1; then
   SHIM="$(mktemp -d /tmp/jaxlib_ext_shim.XXXXXX)"
   cp -r "$REPO/jaxlib_ext" "$SHIM/jaxlib_ext"
   for pkg in models optim samplers pallas_kernels; do
@@ -56,7 +56,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 status=0
 echo "== 1/2 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
-timeout 240 "$PY" -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
+timeout 240 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
   -p no:cacheprovider -W ignore::DeprecationWarning || status=1
 
 echo "== 2/2 timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
