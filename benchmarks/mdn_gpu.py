@@ -33,7 +33,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
-from jaxlib_ext.pallas_kernels.mdn.kernel import flops_forward, momentum_delta_rule_pallas
+from jaxlib_ext.pallas_kernels.mdn.kernel import (
+    flops_forward,
+    momentum_delta_rule_pallas,
+    momentum_delta_rule_step_pallas,
+)
 
 PEAK_TFLOPS = 790.0  # H200 bf16 dense, measured here (KINDS.md)
 PEAK_GBS = 4800.0  # H200 HBM3e
@@ -167,6 +171,7 @@ def main(argv=None):
                     raise
         print(f"timed {name}", flush=True)
     print_table(rows, args, dtype)
+    decode_table(inputs, K, interpret, args.warmup, args.iters)
     if interpret:
         peer = "skipped (CPU)"
     elif args.skip_fla:
@@ -226,6 +231,44 @@ def check(inputs, K, chunk, interpret, tol, grads):
     )
     if status != "PASS":
         raise SystemExit(f"pallas vs recurrent check failed: {errs}")
+
+
+def decode_table(inputs, K, interpret, warmup, iters):
+    """One decoding step (token t = 0 against a random cached state): Pallas step kernel vs
+    the XLA recurrent op on a length-1 sequence. GB/s counts reading and writing (S, M)."""
+    B, _, H, _ = inputs[0].shape
+    V = inputs[2].shape[-1]
+    state = 0.1 * jax.random.normal(jax.random.key(3), (2, B, H, K, V))
+    one = tuple(x[:, 0] for x in inputs)
+    step = jax.jit(
+        functools.partial(momentum_delta_rule_step_pallas, scale=K**-0.5, interpret=interpret)
+    )
+
+    def xla_step(*a):
+        o, st = momentum_delta_rule(
+            *(x[:, None] for x in a[:8]),
+            scale=K**-0.5,
+            initial_state=a[8],
+            output_final_state=True,
+            method="recurrent",
+        )
+        return o[:, 0], st
+
+    rows = []
+    for name, fn in (("pallas step", step), ("xla step", jax.jit(xla_step))):
+        try:
+            rows.append((name, median_time(fn, one + (state,), warmup, iters)))
+        except Exception as e:  # noqa: BLE001
+            print(f"{name} FAILED: {type(e).__name__}: {str(e)[:2000]}")
+    nbytes = 2 * 2 * B * H * K * V * 4
+    print(f"\nDecode step B={B} H={H} K={K} V={V}\n")
+    print("| path | median us | vs xla step | GB/s (of ~4800) |")
+    print("|---|---|---|---|")
+    base = dict(rows).get("xla step")
+    for name, t in rows:
+        ratio = f"{base / t:.2f}x" if base else "-"
+        print(f"| {name} | {t * 1e6:.1f} | {ratio} | {nbytes / t / 1e9:.0f} |")
+    sys.stdout.flush()
 
 
 def print_table(rows, args, dtype):
