@@ -105,10 +105,13 @@ def pad_time(x: jax.Array, multiple: int, axis: int = 1) -> jax.Array:
 
 
 def to_chunks(x: jax.Array, chunk_size: int) -> jax.Array:
-    """``[B, T, H, *rest]`` with ``T`` a multiple of ``chunk_size`` -> ``[B, H, N, C, *rest]``."""
+    """``[B, T, H, *rest]`` with ``T`` a multiple of ``chunk_size`` -> ``[N, B, H, C, *rest]``.
+
+    Chunk axis first, so the per-chunk quantities are already in ``lax.scan`` layout.
+    """
     B, T, H = x.shape[:3]
     x = x.reshape(B, T // chunk_size, chunk_size, H, *x.shape[3:])
-    return jnp.moveaxis(x, 3, 1)
+    return jnp.transpose(x, (1, 0, 3, 2, *range(4, x.ndim)))
 
 
 def from_chunks(o: jax.Array, length: int) -> jax.Array:

@@ -9,11 +9,12 @@ with entering state ``S_0``, ``A_t = prod_{s<=t} alpha_s`` and pseudo-values
     o_t = A_t (s q_t)^T S_0 + sum_{j<=t} (A_t / A_j) beta_j (s q_t . k_j) v~_j        (5)
     (I + L) V~ = V - diag(A) K S_0,   L_{t,j} = (A_t / A_j) beta_j (k_t . k_j), j < t   (6)
 
-With ``[U, W] = (I + L)^{-1} [V, diag(A) K]`` for all chunks at once, the sequential part is
-``V~ = U - W S_0`` and eqs. (4)-(5), a ``lax.scan`` over chunks with a ``jax.checkpoint``-ed body
-(one state kept per chunk for the backward pass). ``A_t / A_j`` comes from log-space segment sums
-of ``g = log alpha`` (:func:`~jaxlib_ext.pallas_kernels._common.segsum`), so every decay factor
-is in ``[0, 1]``.
+With ``[U, W] = (I + L)^{-1} [V, diag(A) K]`` for all chunks at once (the inverse by matmul-only
+block inversion, :func:`~jaxlib_ext.pallas_kernels._common.unit_lower_inverse`), the sequential
+part is ``V~ = U - W S_0`` and eqs. (4)-(5), a ``lax.scan`` over chunks with a
+``jax.checkpoint``-ed body (one state kept per chunk for the backward pass). ``A_t / A_j`` comes
+from log-space segment sums of ``g = log alpha``
+(:func:`~jaxlib_ext.pallas_kernels._common.segsum`), so every decay factor is in ``[0, 1]``.
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ def gated_delta_rule_chunk(
         return to_chunks(pad_time(jnp.asarray(x).astype(dt), C), C)
 
     x = _prepare(prep(q) * jnp.asarray(scale, dt), prep(k), prep(v), prep(g), prep(beta))
-    xs = jax.tree_util.tree_map(lambda a: jnp.moveaxis(a, 2, 0), x)
     S0 = jnp.zeros((B, H, K, V), dt) if initial_state is None else initial_state.astype(dt)
-    S, o = jax.lax.scan(jax.checkpoint(_chunk_step), S0, xs)
+    S, o = jax.lax.scan(jax.checkpoint(_chunk_step), S0, x)
     o = from_chunks(o, T)
     return o.astype(q.dtype), (S if output_final_state else None)

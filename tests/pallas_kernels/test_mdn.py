@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from jaxlib_ext.pallas_kernels._common import load_kernel, rel_rmse
+from jaxlib_ext.pallas_kernels._common import load_kernel, rel_rmse, segsum, unit_lower_inverse
 from jaxlib_ext.pallas_kernels.gated_delta import gated_delta_rule
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
 from jaxlib_ext.pallas_kernels.mdn.chunk import momentum_delta_rule_chunk
@@ -336,3 +336,22 @@ def test_bad_input_raises_value_error_naming_argument(case):
     name, x, kw = cases[case]
     with pytest.raises(ValueError, match=name):
         momentum_delta_rule(**x, **kw)
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+@pytest.mark.parametrize("c", [1, 5, 16, 64, 100])
+def test_unit_lower_inverse_and_segsum(c):
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(c)
+        L = np.tril(0.3 * rng.standard_normal((2, 3, c, c)), -1)
+        X = np.asarray(unit_lower_inverse(jnp.asarray(L)))
+        np.testing.assert_allclose(X, np.linalg.inv(np.eye(c) + L), rtol=0, atol=1e-12)
+        x = rng.uniform(-1.0, 0.0, size=(2, c))
+        x[:, c // 2] = -np.inf  # a gate of exactly zero
+        seg = np.asarray(segsum(jnp.asarray(x)))
+        for i in range(c):
+            for j in range(c):
+                want = x[:, j + 1 : i + 1].sum(-1) if j <= i else np.full(2, -np.inf)
+                np.testing.assert_allclose(seg[:, i, j], want, rtol=0, atol=1e-13)
