@@ -56,11 +56,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 status=0
 echo "== 1/2 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
-timeout 240 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
+timeout 200 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
   -p no:cacheprovider -W ignore::DeprecationWarning || status=1
 
 echo "== 2/2 timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
-timeout 300 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check || status=1
+timeout 350 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check || status=1
 
 echo "== gpu_check exit status: $status"
 exit $status

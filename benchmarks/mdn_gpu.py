@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
+# JAX must leave room on the GPU for PyTorch (the fla peer runs in the same process).
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
 
-from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
-from jaxlib_ext.pallas_kernels.mdn.kernel import (
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule  # noqa: E402
+from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
     flops_forward,
     momentum_delta_rule_pallas,
     momentum_delta_rule_step_pallas,
