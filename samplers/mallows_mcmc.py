@@ -236,9 +236,9 @@ def make_mallows_step(
             prop, log_ratio = leap_and_shift(kp, rho, leap_size)
             dlog = -(alpha / n) * (_dist_sum(D, prop) - _dist_sum(D, rho)) + log_ratio  # (M.1)
             ok = jnp.log(jax.random.uniform(ku)) < dlog
-            return jnp.where(ok, prop, rho), acc + ok / rho_steps
+            return jnp.where(ok, prop, rho), acc + ok.astype(jnp.float32) / rho_steps
 
-        rho, acc_rho = jax.lax.fori_loop(0, rho_steps, rho_move, (rho, 0.0))
+        rho, acc_rho = jax.lax.fori_loop(0, rho_steps, rho_move, (rho, jnp.float32(0.0)))
         acc_alpha = jnp.float32(0.0)
         if update_alpha:
             ke, ku = jax.random.split(k_alpha)

@@ -509,12 +509,15 @@ def fit_augmented(
     prefer=None,
     burnin: int | None = None,
     num_swaps: int | None = None,
+    order=None,
 ):
     """Pseudo-Mallows with data augmentation for partial, click or pairwise data (notes 4a).
 
     Alternates (A) ``rho ~ q_o(. | D(R_aug))`` with the V order of the current data and (B) a
     fresh augmentation of every user's latent ranking: the sequential block sampler for
     ``blocks`` data, ``num_swaps`` Metropolis swaps per user for ``prefer`` (pairwise) data.
+    ``order`` fixes the item order (e.g. from :func:`local_search_order` on the data after a
+    short run); by default the V order of the current data is used at every iteration.
     The first ``burnin`` iterations (default half) are discarded. ``rankings`` is an initial
     complete ranking per user consistent with the data. jit-compiled; returns
     :class:`AugmentedFit`.
@@ -529,20 +532,25 @@ def fit_augmented(
     burnin = num_iter // 2 if burnin is None else burnin
     n = R0.shape[1]
     num_swaps = n if num_swaps is None else num_swaps
+    if order is not None:
+        order = jnp.asarray(validate_permutation(order, n, zero_based=True, name="order"))
     return _fit_augmented_jit(
-        key, jnp.asarray(R0), jnp.float32(alpha), blocks, prefer, num_iter, burnin, num_swaps,
-        augment_mh,
+        key, jnp.asarray(R0), jnp.float32(alpha), blocks, prefer, order, num_iter, burnin,
+        num_swaps, augment_mh,
     )
 
 
-def _fit_augmented_impl(key, R0, alpha, blocks, prefer, num_iter, burnin, num_swaps, augment_mh):
+def _fit_augmented_impl(
+    key, R0, alpha, blocks, prefer, order, num_iter, burnin, num_swaps, augment_mh
+):
     N, n = R0.shape
 
     def body(carry, t):
         R, counts, k = carry
         k, ka, kb = jax.random.split(k, 3)
         D = footrule_data_matrix(R)
-        rho, _ = pseudo_mallows_sample(ka, alpha, D, v_order(D[:, 0]))
+        o = v_order(D[:, 0]) if order is None else order
+        rho, _ = pseudo_mallows_sample(ka, alpha, D, o)
         if prefer is None:
             R = augment_blocks_pseudo(kb, rho, R, alpha, blocks)
         else:
@@ -556,4 +564,4 @@ def _fit_augmented_impl(key, R0, alpha, blocks, prefer, num_iter, burnin, num_sw
     return AugmentedFit(rhos[burnin:], counts / (num_iter - burnin), R)
 
 
-_fit_augmented_jit = jax.jit(_fit_augmented_impl, static_argnums=(5, 6, 7, 8))
+_fit_augmented_jit = jax.jit(_fit_augmented_impl, static_argnums=(6, 7, 8, 9))

@@ -162,6 +162,11 @@ def test_clicks_fit_and_recommendations():
     items, probs = ma.top_k_recommendations(fit.user_rank_probs, clicked, 2)
     assert not np.any(np.take_along_axis(clicked, np.asarray(items), 1))
     assert np.all(np.asarray(probs) >= 0) and np.all(np.asarray(probs) <= 1 + 1e-6)
+    fixed = pm.fit_augmented(jax.random.key(5), R0, 3.0, num_iter=50, blocks=b,
+                             order=np.arange(n)[::-1])
+    assert fixed.rho.shape == (25, n)
+    with pytest.raises(ValueError, match="order"):
+        pm.fit_augmented(jax.random.key(5), R0, 3.0, num_iter=50, blocks=b, order=[0, 0])
     res = mm.run_mallows_mcmc(jax.random.key(2), np.asarray(R0), alpha=3.0, blocks=b,
                               num_chains=2, num_samples=100, num_warmup=50)
     assert res.user_rank_probs.shape == (N, n, n)
