@@ -50,6 +50,19 @@ What runs where:
   ``triangular_solve`` instead of forward substitution): an independent check of the
   hand-written reverse, and a fallback.
 
+* decode: ``momentum_delta_rule_step_pallas`` is one kernel for a single token against the
+  cached (S, M) (forward only).
+
+Memory: the forward keeps Vt [B, T, H, V] and the states entering every chunk,
+2 x [B, H, T/C, K, V] float32, for the backward; everything else is recomputed.
+
+Limits (as of this version): the Pallas Triton backend is deprecated from JAX 0.11 on (a
+DeprecationWarning at lowering); no Mosaic GPU variant yet; ``jax.vmap`` of the op adds a grid
+axis, which the Triton lowering refuses beyond three axes (fold batch dims into B instead);
+no sharding rule (wrap in ``shard_map`` over batch/heads). Checked on CPU with JAX 0.12.0.1 and
+0.11.2 in interpret mode, and lowered through the Triton lowering for an abstract H200; not yet
+compiled or timed on a GPU.
+
 Triton constraints honoured by the wrapper (interpret mode does not enforce them): every block
 dimension is a power of two and >= 16 (K and V are zero-padded to ``max(16, next_pow2)``, the
 chunk size is a power of two >= 16), grids have at most three axes, dots are 2-D.
