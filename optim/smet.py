@@ -287,44 +287,11 @@ def _validate(b1, b2, eps, density, total_steps, update_every, prune_rate, final
     return float(density), block_size
 
 
-def scale_by_smet(
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    *,
-    density: float,
-    total_steps: int,
-    update_every: int = 100,
-    prune_rate: float = 0.2,
-    final_prune_rate: float = 0.005,
-    optimizer_warmup_steps: int = 100,
-    lr_density_power: float = 1.0,
-    block_size: int = 1,
-    warmup_mode: str = "code",
-    sparse_mask: Any = None,
-    key: jax.Array,
-) -> optax.GradientTransformation:
-    r"""SMET's sparse Adam direction and topology controller, without the learning rate.
-
-    Returns :math:`u` of the module docstring at the active entries and 0 at inactive ones; the
-    topology update runs inside ``update`` every ``update_every`` steps (``lax.cond``) and needs
-    ``params``. This transform does not zero pruned weights (it has no learning rate to cancel);
-    :func:`smet` does, and is what you normally want. See :mod:`jaxlib_ext.optim.smet`.
-
-    Args:
-      b1, b2, eps: Adam hyperparameters (PyTorch/optax eps placement).
-      density: fraction :math:`d \in (0, 1]` of active blocks per sparse tensor (static).
-      total_steps: horizon of the cosine prune-rate decay.
-      update_every: steps between topology updates.
-      prune_rate, final_prune_rate: start and end of the cosine-decayed prune fraction.
-      optimizer_warmup_steps: :math:`T_w` of the per-slot warm-up (``warmup_mode="code"``).
-      lr_density_power: :math:`p` in the density-aware scale :math:`d^{-p}` (sparse leaves only).
-      block_size: entries per block (row-major consecutive); 1 is unstructured.
-      warmup_mode: ``"code"`` (released code), ``"reset"`` (paper text) or ``"none"`` (naive DST).
-      sparse_mask: tree of bools / callable choosing sparse leaves; default: ``SparseLinear``
-        values and every ``ndim >= 2`` leaf that is not an embedding or LM head.
-      key: PRNG key for the initial masks and the random regrowth.
-    """
+def _smet_core(
+    b1, b2, eps, *, density, total_steps, update_every, prune_rate, final_prune_rate,
+    optimizer_warmup_steps, lr_density_power, block_size, warmup_mode, sparse_mask, key,
+):
+    """Validated ``(init_fn, slot_update_fn)`` shared by :func:`scale_by_smet` and :func:`smet`."""
     density, block_size = _validate(b1, b2, eps, density, total_steps, update_every, prune_rate,
                                     final_prune_rate, optimizer_warmup_steps, lr_density_power,
                                     block_size, warmup_mode)
@@ -349,7 +316,8 @@ def scale_by_smet(
             slots.append(SparseSlots(jnp.sort(idx).astype(jnp.int32), step, zeros, zeros))
         return ScaleBySmetState(jnp.zeros([], jnp.int32), key_data, tuple(slots))
 
-    def update_fn(updates, state, params=None):
+    def slot_update_fn(updates, state, params):
+        """Core step: dense-shaped updates for dense/compact leaves, ``[K, bs]`` for sparse."""
         if params is None:
             raise ValueError("smet: update(updates, state, params) needs `params`")
         infos = _leaf_infos(updates, sparse_mask, density, block_size)
@@ -411,13 +379,74 @@ def scale_by_smet(
                 new_slots.append(CompactSlots(step, mu.astype(s.mu.dtype),
                                               nu.astype(s.nu.dtype), s.regrown))
             else:
-                dense = jnp.zeros((info.num_blocks, block_size), g.dtype).at[s.idx].set(
-                    u.astype(g.dtype)
-                )
-                out.append(dense.reshape(g.shape))
+                out.append(u.astype(g.dtype))
                 new_slots.append(SparseSlots(s.idx, step, mu.astype(s.mu.dtype),
                                              nu.astype(s.nu.dtype)))
-        return treedef.unflatten(out), ScaleBySmetState(new_count, state.key, tuple(new_slots))
+        return out, ScaleBySmetState(new_count, state.key, tuple(new_slots)), treedef
+
+    return init_fn, slot_update_fn
+
+
+def _scatter_slots(base, slot_values, idx):
+    """``base`` (param-shaped) with the active blocks ``idx`` replaced by ``slot_values``."""
+    k, bs = slot_values.shape
+    flat = base.reshape(-1, bs).at[idx].set(slot_values, unique_indices=True)
+    return flat.reshape(base.shape)
+
+
+def scale_by_smet(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    *,
+    density: float,
+    total_steps: int,
+    update_every: int = 100,
+    prune_rate: float = 0.2,
+    final_prune_rate: float = 0.005,
+    optimizer_warmup_steps: int = 100,
+    lr_density_power: float = 1.0,
+    block_size: int = 1,
+    warmup_mode: str = "code",
+    sparse_mask: Any = None,
+    key: jax.Array,
+) -> optax.GradientTransformation:
+    r"""SMET's sparse Adam direction and topology controller, without the learning rate.
+
+    Returns :math:`u` of the module docstring at the active entries and 0 at inactive ones; the
+    topology update runs inside ``update`` every ``update_every`` steps (``lax.cond``) and needs
+    ``params``. This transform does not zero pruned weights (it has no learning rate to cancel);
+    :func:`smet` does, and is what you normally want. See :mod:`jaxlib_ext.optim.smet`.
+
+    Args:
+      b1, b2, eps: Adam hyperparameters (PyTorch/optax eps placement).
+      density: fraction :math:`d \in (0, 1]` of active blocks per sparse tensor (static).
+      total_steps: horizon of the cosine prune-rate decay.
+      update_every: steps between topology updates.
+      prune_rate, final_prune_rate: start and end of the cosine-decayed prune fraction.
+      optimizer_warmup_steps: :math:`T_w` of the per-slot warm-up (``warmup_mode="code"``).
+      lr_density_power: :math:`p` in the density-aware scale :math:`d^{-p}` (sparse leaves only).
+      block_size: entries per block (row-major consecutive); 1 is unstructured.
+      warmup_mode: ``"code"`` (released code), ``"reset"`` (paper text) or ``"none"`` (naive DST).
+      sparse_mask: tree of bools / callable choosing sparse leaves; default: ``SparseLinear``
+        values and every ``ndim >= 2`` leaf that is not an embedding or LM head.
+      key: PRNG key for the initial masks and the random regrowth.
+    """
+    init_fn, slot_update_fn = _smet_core(
+        b1, b2, eps, density=density, total_steps=total_steps, update_every=update_every,
+        prune_rate=prune_rate, final_prune_rate=final_prune_rate,
+        optimizer_warmup_steps=optimizer_warmup_steps, lr_density_power=lr_density_power,
+        block_size=block_size, warmup_mode=warmup_mode, sparse_mask=sparse_mask, key=key,
+    )
+
+    def update_fn(updates, state, params=None):
+        out, new_state, treedef = slot_update_fn(updates, state, params)
+        g_leaves = treedef.flatten_up_to(updates)
+        out = [
+            _scatter_slots(jnp.zeros_like(g), u, s.idx) if isinstance(s, SparseSlots) else u
+            for u, g, s in zip(out, g_leaves, new_state.slots, strict=True)
+        ]
+        return treedef.unflatten(out), new_state
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -498,7 +527,7 @@ def smet(
       (24, 1)
     """
     _common.check_learning_rate(learning_rate)
-    inner = scale_by_smet(
+    core_init, slot_update_fn = _smet_core(
         b1, b2, eps, density=density, total_steps=total_steps, update_every=update_every,
         prune_rate=prune_rate, final_prune_rate=final_prune_rate,
         optimizer_warmup_steps=optimizer_warmup_steps, lr_density_power=lr_density_power,
@@ -506,26 +535,23 @@ def smet(
     )
 
     def init_fn(params):
-        return SmetState(inner.init(params))
+        return SmetState(core_init(params))
 
     def update_fn(updates, state, params=None):
         if params is None:
             raise ValueError("smet: update(updates, state, params) needs `params`")
         lr = _common.lr_at(learning_rate, state.inner.count)
-        u, new_inner = inner.update(updates, state.inner, params)
-        treedef = jax.tree.structure(updates)
-        out = []
-        for du, p, s in zip(treedef.flatten_up_to(u), treedef.flatten_up_to(params),
-                            new_inner.slots, strict=True):
+        out, new_inner, treedef = slot_update_fn(updates, state.inner, params)
+        new = []
+        for du, p, s in zip(out, treedef.flatten_up_to(params), new_inner.slots, strict=True):
             step = (-jnp.asarray(lr, du.dtype)) * du
             if isinstance(s, SparseSlots):
-                nb, bs = math.prod(p.shape) // s.mu.shape[1], s.mu.shape[1]
-                act = jnp.zeros((nb,), bool).at[s.idx].set(True)
-                act = jnp.broadcast_to(act[:, None], (nb, bs)).reshape(p.shape)
-                step = jnp.where(act, step, -p.astype(du.dtype))
+                # -p everywhere (inactive and just-pruned entries become exactly 0), the Adam
+                # step at the active blocks: a single scatter.
+                step = _scatter_slots(-p.astype(du.dtype), step, s.idx)
             elif isinstance(s, CompactSlots):
                 step = jnp.where(s.regrown[:, None], -p.astype(du.dtype), step)
-            out.append(step)
-        return treedef.unflatten(out), SmetState(new_inner)
+            new.append(step)
+        return treedef.unflatten(new), SmetState(new_inner)
 
     return optax.GradientTransformation(init_fn, update_fn)
