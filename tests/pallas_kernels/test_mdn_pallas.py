@@ -216,6 +216,7 @@ def test_bad_arguments():
         momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, backward="torch")
 
 
+@pytest.mark.slow
 def test_gpu_check_cpu_half_runs():
     """The CPU half of benchmarks/gpu_check.sh (interpret mode, tiny shapes) runs cleanly."""
     env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu")
