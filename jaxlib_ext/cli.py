@@ -65,7 +65,8 @@ def _foam(lr, *, steps, seed, weight_decay):
 
     from jaxlib_ext.optim import foam
 
-    return optax.chain(optax.clip_by_global_norm(1.0), foam(lr, weight_decay=weight_decay))
+    tx = foam(lr, b1=0.9, b2=0.95, weight_decay=weight_decay, level=2)
+    return optax.chain(optax.clip_by_global_norm(1.0), tx)
 
 
 def _smet(lr, *, steps, seed, weight_decay):
@@ -74,8 +75,13 @@ def _smet(lr, *, steps, seed, weight_decay):
 
     from jaxlib_ext.optim import smet
 
-    tx = smet(lr, density=0.5, total_steps=steps, key=jax.random.PRNGKey(seed))
-    return optax.chain(optax.clip_by_global_norm(1.0), tx)
+    # Topology updates about 6 times a run (every 100 steps at most), each followed by the
+    # optimizer warm-up of the same length, as in the authors' configs.
+    every = max(1, min(100, steps // 6))
+    tx = smet(lr, density=0.5, total_steps=steps, update_every=every,
+              optimizer_warmup_steps=every, key=jax.random.PRNGKey(seed))
+    decay = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    return optax.chain(optax.clip_by_global_norm(1.0), *decay, tx)
 
 
 def build_optimizer(name: str, lr: float, *, steps: int, seed: int = 0, weight_decay=0.0):

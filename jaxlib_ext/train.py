@@ -198,6 +198,23 @@ def init_state(model: nnx.Module, tx, seed: int):
     return graphdef, rest, state
 
 
+def _distinct_buffers(tree):
+    """Copies leaves that are the same array object as an earlier leaf.
+
+    An optimizer's ``init`` may legitimately return one zeros array for two moments; a
+    donated step would then donate that buffer twice, which XLA rejects.
+    """
+    seen: set[int] = set()
+
+    def one(x):
+        if id(x) in seen:
+            return jnp.copy(x)
+        seen.add(id(x))
+        return x
+
+    return jax.tree.map(one, tree)
+
+
 def train_state_shardings(state: TrainState, mesh) -> TrainState:
     """Shardings of a :class:`TrainState`: params by their logical axes, optimizer state
     following the params, step and key replicated."""
@@ -316,7 +333,7 @@ def fit(
         state, _ = ckpt.restore(start, abstract_like(host_state, state_sh))
     else:
         # Place the freshly initialised state; every leaf becomes a global array.
-        state = jax.device_put(host_state, state_sh)
+        state = jax.device_put(_distinct_buffers(host_state), state_sh)
     del host_state
     start = int(start or 0)
 

@@ -65,6 +65,15 @@ def test_outputs_and_exact_resume(tmp_path, corpus):
     assert kernel.get_value().sharding.spec == jax.P("fsdp", None)
 
 
+def test_optimizer_state_sharing_one_array_between_leaves_is_donated_safely(tmp_path, corpus):
+    zeros = jnp.zeros([])
+    shared = optax.GradientTransformation(
+        lambda p: (zeros, zeros), lambda u, s, p=None: (u, (s[0] + 1, s[1] + 1))
+    )
+    result = _fit(tmp_path, corpus, steps=2, tx=optax.chain(optax.adamw(1e-3), shared))
+    assert int(result.state.step) == 2
+
+
 def _nan_after(step):
     def update(updates, count, params=None):
         poison = jnp.where(count + 1 >= step, jnp.nan, 0.0)
@@ -108,3 +117,18 @@ def test_cli_trains_and_reports(tmp_path, capsys):
     assert code == 0
     assert "done: step 4" in capsys.readouterr().out
     assert (tmp_path / "loss.png").exists() and (tmp_path / "checkpoints" / "4").exists()
+
+
+@pytest.mark.parametrize(
+    "model, optimizer",
+    [("transformer", "foam"), ("transformer", "smet"), ("mdn", "adamw"), ("gdn", "adamw")],
+)
+def test_every_registered_model_and_optimizer_trains(tmp_path, model, optimizer):
+    code = cli.main([
+        "train", "--model", model, "--optimizer", optimizer, "--steps", "2", "--batch-size", "8",
+        "--seq-len", "16", "--eval-every", "2", "--eval-batches", "1", "--checkpoint-every", "2",
+        "--out-dir", str(tmp_path), "--no-progress", "--mesh", "data=2,fsdp=4",
+    ])
+    assert code == 0
+    rows = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r.get("loss", r.get("eval_loss"))) for r in rows)
