@@ -350,7 +350,7 @@ def _smet_core(
                 g_slots = g
                 dscale = jnp.asarray(density, g.dtype) ** (-lr_density_power)
             else:
-                blocks = p.reshape(info.num_blocks, block_size)
+                blocks = jnp.asarray(p).reshape(info.num_blocks, block_size)
                 leaf_key = jax.random.fold_in(topo_key, i)
                 s = jax.lax.cond(
                     do_topo,
@@ -360,7 +360,7 @@ def _smet_core(
                     lambda s: s,
                     s,
                 )
-                g_slots = g.reshape(info.num_blocks, block_size)[s.idx]
+                g_slots = jnp.asarray(g).reshape(info.num_blocks, block_size)[s.idx]
                 d_leaf = info.k / info.num_blocks
                 dscale = jnp.asarray(d_leaf ** (-lr_density_power), g.dtype)
             step = jnp.minimum(s.step, STEP_MAX - 1) + jnp.ones((), _STEP_DTYPE)
@@ -390,7 +390,7 @@ def _smet_core(
 def _scatter_slots(base, slot_values, idx):
     """``base`` (param-shaped) with the active blocks ``idx`` replaced by ``slot_values``."""
     k, bs = slot_values.shape
-    flat = base.reshape(-1, bs).at[idx].set(slot_values, unique_indices=True)
+    flat = jnp.asarray(base).reshape(-1, bs).at[idx].set(slot_values, unique_indices=True)
     return flat.reshape(base.shape)
 
 

@@ -307,3 +307,14 @@ def test_bad_block_size_and_mask():
     with pytest.raises(ValueError, match="params"):
         opt = smet(1e-3, density=0.5, total_steps=10, key=jax.random.key(0))
         opt.update(params, opt.init(params))
+
+
+def test_numpy_params_are_accepted_like_optax():
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((8, 6)).astype(np.float32)}
+    tx = smet(1e-2, density=0.5, total_steps=10, key=jax.random.key(0))
+    state = tx.init(params)
+    grads = {"w": rng.standard_normal((8, 6)).astype(np.float32)}
+    updates, _ = tx.update(grads, state, params)
+    new = optax.apply_updates(params, updates)
+    assert int(np.sum(np.asarray(new["w"]) != 0)) == 24  # exactly K = density * size active
