@@ -33,8 +33,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# A fresh run each time; continue it with
+#   .venv/bin/python -m jaxlib_ext train --out-dir runs/demo --steps 400 --resume
 demo: venv
-	$(BIN)/python -m jaxlib_ext train
+	rm -rf runs/demo
+	$(BIN)/python -m jaxlib_ext train --out-dir runs/demo
 
 lint: venv
 	$(BIN)/ruff check .

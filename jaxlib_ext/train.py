@@ -253,6 +253,12 @@ def _validate(cfg: TrainConfig, model, mesh, corpus: data_lib.Corpus) -> None:
             f"--seq-len {cfg.seq_len} exceeds the model's maximum sequence length {max_len}; "
             f"use --seq-len <= {max_len}"
         )
+    ckpt_dir = cfg.ckpt_dir
+    if not cfg.resume and ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
+        raise ValueError(
+            f"--checkpoint-dir {ckpt_dir} already holds checkpoints; pass --resume to continue "
+            "that run, or choose another --out-dir/--checkpoint-dir for a new one"
+        )
     if len(corpus.train) <= cfg.seq_len + 1 or len(corpus.eval) <= cfg.seq_len + 1:
         raise ValueError(
             f"--seq-len {cfg.seq_len} is too long for the corpus ({len(corpus.train)} train / "

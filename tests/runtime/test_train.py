@@ -60,6 +60,8 @@ def test_outputs_and_exact_resume(tmp_path, corpus):
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
     assert (out / "loss.png").stat().st_size > 1000
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()) == [3, 6]
+    with pytest.raises(ValueError, match="--resume"):  # never silently mixes two runs
+        _fit(out, corpus, steps=6)
     # The sharded state: params over fsdp where the logical axis is "embed".
     kernel = resumed.state.params["blocks"][0]["mlp"]["gate"]["kernel"]
     assert kernel.get_value().sharding.spec == jax.P("fsdp", None)
