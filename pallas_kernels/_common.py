@@ -45,6 +45,36 @@ def check_shape(name: str, x, expected: Sequence[int], layout: str) -> None:
         )
 
 
+def check_token_layout(q, v, keys: dict, gates: dict, state=None, state_layout=None):
+    """Checks the shared layout of the linear-attention ops; returns ``(B, T, H, K, V)``.
+
+    ``q`` and every array in ``keys`` are ``[B, T, H, K]``, ``v`` is ``[B, T, H, V]``, every
+    array in ``gates`` is ``[B, T, H]``; ``state`` (if given) has ``state_layout``, a tuple of
+    axis names over ``{"2", "B", "H", "K", "V"}``.
+    """
+    check_array("q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    for name, x in keys.items():
+        check_array(name, x, 4, "[B, T, H, K]")
+        check_shape(name, x, (B, T, H, K), "[B, T, H, K]")
+    check_array("v", v, 4, "[B, T, H, V]")
+    if tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(
+            f"v must have shape [B, T, H, V] with (B, T, H) = {(B, T, H)} from q, "
+            f"got {tuple(v.shape)}"
+        )
+    V = v.shape[3]
+    for name, x in gates.items():
+        check_array(name, x, 3, "[B, T, H]")
+        check_shape(name, x, (B, T, H), "[B, T, H]")
+    if state is not None:
+        sizes = {"2": 2, "B": B, "H": H, "K": K, "V": V}
+        layout = "[" + ", ".join(state_layout) + "]"
+        check_array("initial_state", state, len(state_layout), layout)
+        check_shape("initial_state", state, tuple(sizes[a] for a in state_layout), layout)
+    return B, T, H, K, V
+
+
 def is_concrete(x) -> bool:
     """True when ``x`` holds values now (not a tracer inside jit/grad/vmap)."""
     return not isinstance(x, jax.core.Tracer)

@@ -11,11 +11,10 @@ from __future__ import annotations
 import jax
 
 from jaxlib_ext.pallas_kernels._common import (
-    check_array,
     check_chunk_size,
     check_method,
     check_nonnegative,
-    check_shape,
+    check_token_layout,
     resolve_auto,
     resolve_scale,
 )
@@ -32,23 +31,10 @@ _chunk_jit = jax.jit(gated_delta_rule_chunk, static_argnames=("output_final_stat
 
 
 def _validate(q, k, v, g, beta, initial_state):
-    check_array("q", q, 4, "[B, T, H, K]")
-    B, T, H, K = q.shape
-    check_array("k", k, 4, "[B, T, H, K]")
-    check_shape("k", k, (B, T, H, K), "[B, T, H, K]")
-    check_array("v", v, 4, "[B, T, H, V]")
-    if tuple(v.shape[:3]) != (B, T, H):
-        raise ValueError(
-            f"v must have shape [B, T, H, V] with (B, T, H) = {(B, T, H)} from q, "
-            f"got {tuple(v.shape)}"
-        )
-    V = v.shape[3]
-    for name, x in (("g", g), ("beta", beta)):
-        check_array(name, x, 3, "[B, T, H]")
-        check_shape(name, x, (B, T, H), "[B, T, H]")
-    if initial_state is not None:
-        check_array("initial_state", initial_state, 4, "[B, H, K, V]")
-        check_shape("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+    gates = {"g": g, "beta": beta}
+    _, _, _, K, _ = check_token_layout(
+        q, v, {"k": k}, gates, initial_state, ("B", "H", "K", "V")
+    )
     check_nonnegative("beta", beta)
     return K
 

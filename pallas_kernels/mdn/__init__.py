@@ -17,11 +17,10 @@ from __future__ import annotations
 import jax
 
 from jaxlib_ext.pallas_kernels._common import (
-    check_array,
     check_chunk_size,
     check_method,
     check_nonnegative,
-    check_shape,
+    check_token_layout,
     resolve_auto,
     resolve_scale,
 )
@@ -44,25 +43,10 @@ _chunk_jit = jax.jit(
 
 
 def _validate(q, k, v, p, log_alpha, log_mu, beta, eta, initial_state):
-    check_array("q", q, 4, "[B, T, H, K]")
-    B, T, H, K = q.shape
-    check_array("k", k, 4, "[B, T, H, K]")
-    check_shape("k", k, (B, T, H, K), "[B, T, H, K]")
-    check_array("p", p, 4, "[B, T, H, K]")
-    check_shape("p", p, (B, T, H, K), "[B, T, H, K]")
-    check_array("v", v, 4, "[B, T, H, V]")
-    if tuple(v.shape[:3]) != (B, T, H):
-        raise ValueError(
-            f"v must have shape [B, T, H, V] with (B, T, H) = {(B, T, H)} from q, "
-            f"got {tuple(v.shape)}"
-        )
-    V = v.shape[3]
-    for name, x in (("log_alpha", log_alpha), ("log_mu", log_mu), ("beta", beta), ("eta", eta)):
-        check_array(name, x, 3, "[B, T, H]")
-        check_shape(name, x, (B, T, H), "[B, T, H]")
-    if initial_state is not None:
-        check_array("initial_state", initial_state, 5, "[2, B, H, K, V]")
-        check_shape("initial_state", initial_state, (2, B, H, K, V), "[2, B, H, K, V]")
+    gates = {"log_alpha": log_alpha, "log_mu": log_mu, "beta": beta, "eta": eta}
+    _, _, _, K, _ = check_token_layout(
+        q, v, {"k": k, "p": p}, gates, initial_state, ("2", "B", "H", "K", "V")
+    )
     check_nonnegative("beta", beta)
     return K
 
