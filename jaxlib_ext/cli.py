@@ -54,10 +54,28 @@ def schedule(lr: float, steps: int, warmup: int | None = None):
     return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.1)
 
 
+def decay_mask(params):
+    """Which parameters take weight decay: matrices, unless their variable's metadata says
+    ``weight_decay=False`` (gate vectors, norms and biases are left alone)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    def one(x):
+        if isinstance(x, nnx.Variable):
+            if x.get_metadata().get("weight_decay", True) is False:
+                return False
+            x = x.get_value()
+        return np.ndim(x) >= 2
+
+    return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
 def _adamw(lr, *, steps, seed, weight_decay):
     import optax
 
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=weight_decay))
+    tx = optax.adamw(lr, weight_decay=weight_decay, mask=decay_mask)
+    return optax.chain(optax.clip_by_global_norm(1.0), tx)
 
 
 def _foam(lr, *, steps, seed, weight_decay):

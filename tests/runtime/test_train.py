@@ -134,3 +134,23 @@ def test_every_registered_model_and_optimizer_trains(tmp_path, model, optimizer)
     assert code == 0
     rows = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(np.isfinite(r.get("loss", r.get("eval_loss"))) for r in rows)
+
+
+def test_weight_decay_skips_vectors_and_flagged_parameters():
+    from flax import nnx
+
+    from jaxlib_ext.models.mdn import build_mdn
+
+    params = nnx.state(build_mdn("tiny", vocab_size=64, rngs=nnx.Rngs(0)), nnx.Param)
+    mask = cli.decay_mask(params)
+    flat = dict(jax.tree_util.tree_flatten_with_path(mask)[0])
+    names = {jax.tree_util.keystr(k): v for k, v in flat.items()}
+    assert any(v for k, v in names.items() if "kernel" in k)
+    assert not any(v for k, v in names.items() if "A_log" in k or "scale" in k)
+    tx = optax.adamw(1e-2, weight_decay=0.5, mask=cli.decay_mask)  # as the CLI's adamw
+    state = tx.init(params)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zero, state, params)
+    moved = {jax.tree_util.keystr(k).removesuffix(".value"): bool(jnp.any(u != 0))
+             for k, u in jax.tree_util.tree_flatten_with_path(updates)[0]}
+    assert moved == names  # with zero gradients only decayed parameters move
