@@ -34,6 +34,7 @@ import optax
 from flax import nnx
 
 from jaxlib_ext import data as data_lib
+from jaxlib_ext.models.mdn import build_mdn
 from jaxlib_ext.models.transformer import build_transformer
 from jaxlib_ext.optim import foam, smet
 
@@ -60,10 +61,11 @@ def make_optimizer(name: str, lr, steps: int, update_every: int, seed: int):
 
 
 def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50, seed=0,
-          corpus=None, n_eval=8):
+          corpus=None, n_eval=8, model="transformer"):
     """Returns a dict with per-step train loss, fixed-batch loss, final eval loss and topo steps."""
     corpus = corpus or data_lib.load_corpus()
-    model = build_transformer("tiny", vocab_size=corpus.vocab_size, rngs=nnx.Rngs(seed))
+    build = {"transformer": build_transformer, "mdn": build_mdn}[model]
+    model = build("tiny", vocab_size=corpus.vocab_size, rngs=nnx.Rngs(seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 20), steps, lr * 0.1)
     tx = make_optimizer(name, sched, steps, update_every, seed)
@@ -121,6 +123,7 @@ def max_spike(fixed_losses, topo, window=10):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("transformer", "mdn"), default="transformer")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=64)
@@ -138,7 +141,7 @@ def main(argv=None):
     for name in args.optimizers.split(","):
         runs[name] = train(name, steps=args.steps, batch=args.batch, seq_len=args.seq_len,
                            lr=args.lr, update_every=args.update_every, seed=args.seed,
-                           corpus=corpus)
+                           corpus=corpus, model=args.model)
     first = next(iter(runs))
     base = runs[first]["eval_loss"]
     labels = {"adamw": "optax.adamw", "foam": "foam level=2",
