@@ -1,4 +1,4 @@
-"""Train the tiny Transformer with AdamW, FOAM and SMET; loss spikes of naive DST vs SMET.
+"""Train the tiny Transformer (or MDN) with AdamW, FOAM and SMET; loss spikes of DST vs SMET.
 
 Same model init, data order and learning-rate schedule (linear warm-up 5%, cosine to 0.1x) for
 every optimizer, byte-level tokens of the embedded corpus (``jaxlib_ext.data.load_corpus``),
@@ -135,7 +135,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     corpus = data_lib.load_corpus()
     print(f"jax {jax.__version__}, optax {optax.__version__}, {platform.processor() or 'cpu'}; "
-          f"tiny Transformer, {corpus.source}, byte tokens, {args.steps} steps, batch "
+          f"tiny {args.model}, {corpus.source}, byte tokens, {args.steps} steps, batch "
           f"{args.batch}x{args.seq_len}, peak lr {args.lr}, warmup 5% + cosine to 0.1x")
     runs = {}
     for name in args.optimizers.split(","):
