@@ -6,6 +6,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOLDERS = {"models", "optim", "samplers", "pallas_kernels"}
 
@@ -61,3 +63,22 @@ def test_import_does_no_heavy_work():
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_wheel_installs_one_namespace_with_its_data(tmp_path):
+    import zipfile
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp_path)],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    (wheel,) = tmp_path.glob("jaxlib_ext-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"jaxlib_ext"}
+    for module in ("jaxlib_ext/models/mdn.py", "jaxlib_ext/optim/foam.py",
+                   "jaxlib_ext/pallas_kernels/mdn/kernel.py",
+                   "jaxlib_ext/samplers/data/potato_visual.csv"):
+        assert module in names, module
