@@ -144,6 +144,13 @@ def to_chunks(x: jax.Array, chunk_size: int) -> jax.Array:
     return jnp.transpose(x, (1, 0, 3, 2, *range(4, x.ndim)))
 
 
+def chunk_inputs(dtype, chunk_size: int, *arrays):
+    """Each ``[B, T, H, ...]`` array cast to ``dtype``, time-padded and put in chunk layout."""
+    return tuple(
+        to_chunks(pad_time(jnp.asarray(x).astype(dtype), chunk_size), chunk_size) for x in arrays
+    )
+
+
 def from_chunks(o: jax.Array, length: int) -> jax.Array:
     """Scan output ``[N, B, H, C, V]`` -> ``[B, length, H, V]`` (drops the time padding)."""
     N, B, H, C, V = o.shape

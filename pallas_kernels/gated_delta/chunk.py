@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxlib_ext.pallas_kernels._common import (
+    chunk_inputs,
     compute_dtype,
     from_chunks,
-    pad_time,
+    resolve_scale,
     segsum,
-    to_chunks,
     unit_lower_inverse,
 )
 
@@ -73,13 +73,9 @@ def gated_delta_rule_chunk(
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = int(chunk_size)
-    if scale is None:
-        scale = K**-0.5
-
-    def prep(x):
-        return to_chunks(pad_time(jnp.asarray(x).astype(dt), C), C)
-
-    x = _prepare(prep(q) * jnp.asarray(scale, dt), prep(k), prep(v), prep(g), prep(beta))
+    scale = resolve_scale(scale, K)
+    qc, kc, vc, gc, bc = chunk_inputs(dt, C, q, k, v, g, beta)
+    x = _prepare(qc * jnp.asarray(scale, dt), kc, vc, gc, bc)
     S0 = jnp.zeros((B, H, K, V), dt) if initial_state is None else initial_state.astype(dt)
     S, o = jax.lax.scan(jax.checkpoint(_chunk_step), S0, x)
     o = from_chunks(o, T)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.pallas_kernels._common import compute_dtype
+from jaxlib_ext.pallas_kernels._common import compute_dtype, resolve_scale
 
 
 def gated_delta_rule_recurrent(
@@ -38,8 +38,7 @@ def gated_delta_rule_recurrent(
     dt = compute_dtype(q, k, v, g, beta, initial_state)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if scale is None:
-        scale = K**-0.5
+    scale = resolve_scale(scale, K)
 
     def time_major(x):
         return jnp.moveaxis(jnp.asarray(x).astype(dt), 1, 0)

@@ -52,11 +52,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxlib_ext.pallas_kernels._common import (
+    chunk_inputs,
     compute_dtype,
     from_chunks,
-    pad_time,
+    resolve_scale,
     segsum,
-    to_chunks,
     unit_lower_inverse,
 )
 
@@ -157,15 +157,11 @@ def momentum_delta_rule_chunk(
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = int(chunk_size)
-    if scale is None:
-        scale = K**-0.5
-
-    def prep(x):
-        return to_chunks(pad_time(jnp.asarray(x).astype(dt), C), C)
-
-    qs = prep(q) * jnp.asarray(scale, dt)
-    kt = prep(k) * prep(eta)[..., None]
-    x = _prepare(qs, kt, prep(v), prep(p), prep(log_alpha), prep(log_mu), prep(beta))
+    scale = resolve_scale(scale, K)
+    qc, kc, vc, pc, lac, lmc, bc, ec = chunk_inputs(
+        dt, C, q, k, v, p, log_alpha, log_mu, beta, eta
+    )
+    x = _prepare(qc * jnp.asarray(scale, dt), kc * ec[..., None], vc, pc, lac, lmc, bc)
 
     if initial_state is None:
         S0 = jnp.zeros((B, H, K, V), dt)
