@@ -700,26 +700,41 @@ def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, interp
     )
 
 
-def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poison):
-    uv, y, z, kgs, kgm, _, _, _, av, bv, uvec = prep
-    b, tp, h, kp = y.shape
-    vp = uv.shape[-1]
-    n = tp // chunk
-    nv = vp // block_v
+def _sequence_specs(tp, kp, chunk, block_v, n):
+    """BlockSpecs of the state-recurrence kernels, grid ``(B, H, V-blocks)``: whole sequences
+    per (batch, head), the V-block of value-like tensors, one state tile and all chunk states.
+    Returns ``(full_k, full_c, full_v, gate, state, states)``."""
     full_k = pl.BlockSpec((None, tp, None, kp), lambda i, j, l: (i, 0, j, 0))
+    full_c = pl.BlockSpec((None, tp, None, chunk), lambda i, j, l: (i, 0, j, 0))
     full_v = pl.BlockSpec((None, tp, None, block_v), lambda i, j, l: (i, 0, j, l))
     gate = pl.BlockSpec((None, tp, None), lambda i, j, l: (i, 0, j))
     state = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
     states = pl.BlockSpec((None, None, n * kp, block_v), lambda i, j, l: (i, j, 0, l))
-    in_specs = [full_v, full_k, full_k, full_k, full_k, gate, gate, gate, state, state]
-    out_specs = [full_v, states, states, state, state]
-    out_shape = [
+    return full_k, full_c, full_v, gate, state, states
+
+
+def _sequence_out_shapes(b, tp, h, kp, vp, n):
+    """Outputs of both state kernels: a value-like sequence, the per-chunk (S, M) (or their
+    cotangents) and the final pair."""
+    return [
         _sds((b, tp, h, vp)),
         _sds((b, h, n * kp, vp)),
         _sds((b, h, n * kp, vp)),
         _sds((b, h, kp, vp)),
         _sds((b, h, kp, vp)),
     ]
+
+
+def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poison):
+    uv, y, z, kgs, kgm, _, _, _, av, bv, uvec = prep
+    b, tp, h, kp = y.shape
+    vp = uv.shape[-1]
+    n = tp // chunk
+    nv = vp // block_v
+    full_k, _, full_v, gate, state, states = _sequence_specs(tp, kp, chunk, block_v, n)
+    in_specs = [full_v, full_k, full_k, full_k, full_k, gate, gate, gate, state, state]
+    out_specs = [full_v, states, states, state, state]
+    out_shape = _sequence_out_shapes(b, tp, h, kp, vp, n)
     kernel = functools.partial(
         _state_fwd_kernel, chunk=chunk, n_chunks=n, kp=kp, precision=precision
     )
@@ -770,21 +785,10 @@ def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret,
     vp = do.shape[-1]
     n = tp // chunk
     nv = vp // block_v
-    full_k = pl.BlockSpec((None, tp, None, kp), lambda i, j, l: (i, 0, j, 0))
-    full_c = pl.BlockSpec((None, tp, None, chunk), lambda i, j, l: (i, 0, j, 0))
-    full_v = pl.BlockSpec((None, tp, None, block_v), lambda i, j, l: (i, 0, j, l))
-    gate = pl.BlockSpec((None, tp, None), lambda i, j, l: (i, 0, j))
-    state = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
-    states = pl.BlockSpec((None, None, n * kp, block_v), lambda i, j, l: (i, j, 0, l))
+    full_k, full_c, full_v, gate, state, states = _sequence_specs(tp, kp, chunk, block_v, n)
     in_specs = [full_v, full_k, full_k, full_c] + [full_k] * 4 + [gate] * 3 + [state, state]
     out_specs = [full_v, states, states, state, state]
-    out_shape = [
-        _sds((b, tp, h, vp)),
-        _sds((b, h, n * kp, vp)),
-        _sds((b, h, n * kp, vp)),
-        _sds((b, h, kp, vp)),
-        _sds((b, h, kp, vp)),
-    ]
+    out_shape = _sequence_out_shapes(b, tp, h, kp, vp, n)
     kernel = functools.partial(
         _state_bwd_kernel, chunk=chunk, n_chunks=n, kp=kp, precision=precision
     )
