@@ -24,7 +24,8 @@ Two stages in one file, because jax and triton usually live in different environ
     .venv/bin/python benchmarks/triton_resources.py dump --out /tmp/mdn_ttir \\
         [--shape 8,4096,6,128,256] [--dtype bfloat16] [--block-v N] [--chunk 64]
     # with any python that has triton (does not import jax):
-    /tmp/tri/bin/python benchmarks/triton_resources.py compile --dir /tmp/mdn_ttir [--sweep]
+    /tmp/tri/bin/python benchmarks/triton_resources.py compile --dir /tmp/mdn_ttir \\
+        [--sweep] [--json results.json]
     # both at once; the compile stage runs under $TRITON_PYTHON (default: this interpreter):
     TRITON_PYTHON=/tmp/tri/bin/python .venv/bin/python benchmarks/triton_resources.py all
 
