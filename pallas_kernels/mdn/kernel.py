@@ -89,10 +89,23 @@ def _pow2(n: int, minimum: int = 16) -> int:
 
 
 def _mm(a, b, *, ta=False, tb=False, precision=None):
-    """Matrix product over the last two axes (leading axes batched), float32 accumulation."""
+    """Matrix product over the last two axes (leading axes batched), float32 accumulation.
+
+    ``Precision.DEFAULT`` (the bfloat16-input path) rounds both operands to bfloat16 first, so
+    the tensor cores run bf16 MMAs with float32 accumulation and the operands take half the
+    shared memory of TF32 ones; ``HIGHEST`` (float32 inputs) keeps float32 operands (IEEE).
+    Choice: this is what fla's Triton kernels do for bf16 (states and the triangular inverse
+    cast to the input dtype before ``tl.dot``); it doubles the bf16 error against the float32
+    recurrence (2e-3 to 5e-3 relative RMS at T = 130, K = 64, V = 128, against 1e-3 to 3e-3
+    with float32 operands; CPU, interpret mode), well inside the 1e-2 bound. With TF32
+    operands the fused backward kernel needed 250-400 KB of shared memory at K = 128 (pip
+    Triton 3.9 for sm_90a), beyond the H200's 227 KB per block.
+    """
     ca = a.ndim - 2 if ta else a.ndim - 1
     cb = b.ndim - 1 if tb else b.ndim - 2
     batch = tuple(range(a.ndim - 2))
+    if precision == lax.Precision.DEFAULT:
+        a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
     return lax.dot_general(
         a, b, (((ca,), (cb,)), (batch, batch)), precision=precision, preferred_element_type=_F32
     )
@@ -633,10 +646,45 @@ def _chunk_bwd_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, interpret, poison, name, warps):
+def _default_block_v(kp: int) -> int:
+    """V-tile of the sequence kernels for a padded K: two float32 [K, block_v] states plus the
+    dot operands fit 8 warps' registers (K = 128: 32 has no spills, 64 spills; see
+    ``_launch_params``)."""
+    return 64 if kp <= 64 else 32 if kp <= 128 else 16
+
+
+def _launch_params(name: str, kp: int) -> tuple[int, int]:
+    """(num_warps, num_stages) of each kernel on Hopper, chosen from an offline compile for
+    sm_90a (``benchmarks/triton_resources.py --sweep``; pip Triton 3.9, bfloat16, C = 64, V = 256).
+
+    Shared memory must stay under the H200's 227 KB per block (XLA refuses to launch beyond
+    it) and register spills low. What the sweep showed at K = 128, block_v = 32:
+
+    =============  =========================  ==============================================
+    kernel         chosen                     why
+    =============  =========================  ==============================================
+    mdn_prep       8 warps, 1 stage           4 warps spill 2.7 KB/thread, 8 warps 0.3 KB
+    mdn_state_fwd  8 warps, 2 stages (K<=128) 152 KB, no spills; 3 stages: 288 KB, over
+    mdn_out        4 warps, 1 stage           32 KB, 123 registers, no loop to pipeline
+    mdn_state_bwd  8 warps, 1 stage           2 stages: 232 KB, over the limit
+    mdn_chunk_bwd  8 warps, 1 stage           104 KB; still spills ~4 KB (21 C x C / C x K
+                                              tiles live): the weakest kernel
+    mdn_step       4 warps, 1 stage           no loop
+    =============  =========================  ==============================================
+
+    At K = 256 (block_v 16) two stages put mdn_state_fwd over the limit (276 KB), so it drops
+    to one; mdn_chunk_bwd then needs 200 KB and spills ~9 KB.
+    """
+    if name == "mdn_state_fwd":
+        return 8, 2 if kp <= 128 else 1
+    return {"mdn_out": (4, 1), "mdn_step": (4, 1)}.get(name, (8, 1))
+
+
+def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, interpret, poison, name, kp):
     """pallas_call; with ``poison`` every output buffer starts as NaN (aliased input), so an
-    element the kernel never writes stays NaN and a test can see it."""
-    compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=2)
+    element the kernel never writes stays NaN and a test can see it. ``kp``: the padded K."""
+    warps, stages = _launch_params(name, kp)
+    compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
     if not poison:
         return pl.pallas_call(
             kernel,
@@ -696,7 +744,7 @@ def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, interp
         interpret=interpret,
         poison=poison,
         name="mdn_prep",
-        warps=4,
+        kp=kp,
     )
 
 
@@ -748,7 +796,7 @@ def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poiso
         interpret=interpret,
         poison=poison,
         name="mdn_state_fwd",
-        warps=4,
+        kp=kp,
     )
 
 
@@ -774,7 +822,7 @@ def _out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, interpr
         interpret=interpret,
         poison=poison,
         name="mdn_out",
-        warps=4,
+        kp=kp,
     )
     return o
 
@@ -802,7 +850,7 @@ def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret,
         interpret=interpret,
         poison=poison,
         name="mdn_state_bwd",
-        warps=4,
+        kp=kp,
     )
 
 
@@ -832,7 +880,7 @@ def _chunk_bwd_call(args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scal
         interpret=interpret,
         poison=poison,
         name="mdn_chunk_bwd",
-        warps=8,
+        kp=kp,
     )
 
 
@@ -967,8 +1015,9 @@ def momentum_delta_rule_pallas(
       output_final_state: also return the final (S, M) as float32 [2, B, H, K, V].
       chunk_size: chunk length, a power of two >= 16 (Triton dot tiles).
       interpret: run the kernels with the Pallas interpreter (the only option on CPU).
-      block_v: V-tile of the state kernels (power of two); default ``min(Vp, 64)`` and 32 when
-        the padded K exceeds 128, to keep the two [K, block_v] float32 states in registers.
+      block_v: V-tile of the state kernels (power of two); default 64 for padded K <= 64, 32
+        up to 128, 16 beyond (``_default_block_v``): the two [K, block_v] float32 states stay
+        in registers without spilling on Hopper.
       poison_outputs: testing aid: every kernel output buffer starts as NaN.
       backward: ``"pallas"`` (default): the backward is two kernels, the reverse state
         recurrence and the fused chunk-parallel gradient kernel; ``"xla"``: the reverse state
@@ -1007,7 +1056,7 @@ def momentum_delta_rule_pallas(
     kp, vp = _pow2(kdim), _pow2(vdim)
     tp = -(-t // chunk_size) * chunk_size
     if block_v is None:
-        block_v = min(vp, 64 if kp <= 128 else 32)
+        block_v = min(vp, _default_block_v(kp))
     if block_v & (block_v - 1) or vp % block_v:
         raise ValueError(f"block_v: expected a power of two dividing {vp}, got {block_v}")
     if backward not in ("pallas", "xla"):
@@ -1121,13 +1170,14 @@ def momentum_delta_rule_step_pallas(
     vec_v = pl.BlockSpec((None, None, block_v), lambda i, j, l: (i, j, l))
     vec_g = pl.BlockSpec((None, None, 16), lambda i, j, l: (i, j, 0))
     blk = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
+    warps, stages = _launch_params("mdn_step", kp)
     o, s, m = pl.pallas_call(
         functools.partial(_step_kernel, scale=float(scale)),
         out_shape=[_sds((b, h, vp), q.dtype), _sds((b, h, kp, vp)), _sds((b, h, kp, vp))],
         grid=(b, h, vp // block_v),
         in_specs=[vec_k, vec_k, vec_v, vec_k, vec_g, blk, blk],
         out_specs=[vec_v, blk, blk],
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
         interpret=interpret,
         name="mdn_step",
     )(

@@ -198,7 +198,7 @@ def test_poison_detects_unwritten_elements():
         interpret=True,
         poison=True,
         name="half",
-        warps=4,
+        kp=16,
     )
     assert int(jnp.isnan(out).sum()) == 8 * 16
 
