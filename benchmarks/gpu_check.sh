@@ -8,9 +8,13 @@
 #
 # Steps (GPU): 1) pytest -m gpu tests/pallas_kernels/test_mdn_pallas.py (compiled kernels vs the
 # recurrent reference, float32 at precision highest and bfloat16, gradients included);
-# 2) benchmarks/mdn_gpu.py --check at B=8 T=4096 H=6 K=128 V=256 bfloat16: forward vs the
-# recurrence at that shape and forward+gradients at a small one, then medians after warm-up of
-# pallas fwd / fwd+bwd, the XLA chunk path, and fla-core's chunk_gated_delta_rule when present.
+# 2) benchmarks/mdn_gpu.py --check --tune at B=8 T=4096 H=6 K=128 V=256 bfloat16: forward vs
+# the recurrence at that shape and forward+gradients at a small one; fwd+bwd of a few kernel
+# tilings/launch configs (TUNE_CANDIDATES, at most ~150 s), keeping the fastest; then medians
+# after warm-up of pallas fwd / fwd+bwd, the XLA chunk path, and fla-core's
+# chunk_gated_delta_rule when present.
+# Before spending GPU time, check on any machine that every kernel fits the H200's shared
+# memory: TRITON_PYTHON=<python with triton> python benchmarks/triton_resources.py all
 #
 # The peer (fla-core, pure Python) travels as a wheel in .whl/. Fetch it once, in the repo root,
 # on a machine with network access:
@@ -56,11 +60,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 status=0
 echo "== 1/2 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
-timeout 200 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
+timeout 170 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
   -p no:cacheprovider -W ignore::DeprecationWarning || status=1
 
-echo "== 2/2 timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
-timeout 350 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check || status=1
+echo "== 2/2 tuning, then timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
+timeout 400 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check --tune || status=1
 
 echo "== gpu_check exit status: $status"
 exit $status

@@ -53,15 +53,27 @@ What runs where:
 * decode: ``momentum_delta_rule_step_pallas`` is one kernel for a single token against the
   cached (S, M) (forward only).
 
+Precision and storage: with bfloat16 inputs every in-kernel dot takes bfloat16 operands and
+accumulates in float32 (``_mm``), and the intermediates that only feed dots (Y, Z, the chunk-end
+key products, the query coefficients, the intra-chunk attention, Vt, the per-chunk states and
+their cotangents) are stored in bfloat16; the running (S, M) and (dS, dM), Uv, the gates and
+the final state stay float32. With float32 inputs everything is float32 and the dots are IEEE.
+
 Memory: the forward keeps Vt [B, T, H, V] and the states entering every chunk,
-2 x [B, H, T/C, K, V] float32, for the backward; everything else is recomputed.
+2 x [B, H, T/C, K, V] (bfloat16 for bfloat16 inputs), for the backward; everything else is
+recomputed.
+
+Launch parameters (warps, stages, the V-tile) come from an offline compile of the lowered
+Triton IR for sm_90a with pip Triton (``benchmarks/triton_resources.py``): every kernel stays
+under the H200's 227 KB of shared memory per block; see ``_launch_params``.
 
 Limits (as of this version): the Pallas Triton backend is deprecated from JAX 0.11 on (a
 DeprecationWarning at lowering); no Mosaic GPU variant yet; ``jax.vmap`` of the op adds a grid
 axis, which the Triton lowering refuses beyond three axes (fold batch dims into B instead);
 no sharding rule (wrap in ``shard_map`` over batch/heads). Checked on CPU with JAX 0.12.0.1 and
-0.11.2 in interpret mode, and lowered through the Triton lowering for an abstract H200; not yet
-compiled or timed on a GPU.
+0.11.2 in interpret mode, lowered through the Triton lowering for an abstract H200 and
+compiled from that IR to sm_90a with pip Triton 3.9 (XLA compiles with its own bundled Triton,
+whose numbers may differ a little); not yet run or timed on a GPU.
 
 Triton constraints honoured by the wrapper (interpret mode does not enforce them): every block
 dimension is a power of two and >= 16 (K and V are zero-padded to ``max(16, next_pow2)``, the
@@ -88,6 +100,12 @@ def _pow2(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << (int(n) - 1).bit_length())
 
 
+def _dot_dtype(precision):
+    """Operand dtype of the in-kernel dots (see ``_mm``); intermediates that only feed dots are
+    stored in it, which halves their HBM traffic on the bfloat16 path at no cost in accuracy."""
+    return jnp.bfloat16 if precision == lax.Precision.DEFAULT else _F32
+
+
 def _mm(a, b, *, ta=False, tb=False, precision=None):
     """Matrix product over the last two axes (leading axes batched), float32 accumulation.
 
@@ -104,8 +122,8 @@ def _mm(a, b, *, ta=False, tb=False, precision=None):
     ca = a.ndim - 2 if ta else a.ndim - 1
     cb = b.ndim - 1 if tb else b.ndim - 2
     batch = tuple(range(a.ndim - 2))
-    if precision == lax.Precision.DEFAULT:
-        a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    dot = _dot_dtype(precision)
+    a, b = a.astype(dot), b.astype(dot)
     return lax.dot_general(
         a, b, (((ca,), (cb,)), (batch, batch)), precision=precision, preferred_element_type=_F32
     )
@@ -434,14 +452,14 @@ def _state_fwd_kernel(
         s, m = carry
         sl = pl.ds(n * chunk, chunk)
         hsl = pl.ds(n * kp, kp)
-        hs_ref[hsl, :] = s
-        hm_ref[hsl, :] = m
+        hs_ref[hsl, :] = s.astype(hs_ref.dtype)
+        hm_ref[hsl, :] = m.astype(hm_ref.dtype)
         vt = (
             uv_ref[sl, :]
             - _mm(y_ref[sl, :], s, precision=precision)
             + _mm(z_ref[sl, :], m, precision=precision)
         )  # (11)
-        vt_ref[sl, :] = vt
+        vt_ref[sl, :] = vt.astype(vt_ref.dtype)
         a = _last(av_ref, sl, chunk)
         bb = _last(bv_ref, sl, chunk)
         u = _last(uvec_ref, sl, chunk)
@@ -499,15 +517,15 @@ def _state_bwd_kernel(
         n = n_chunks - 1 - i
         sl = pl.ds(n * chunk, chunk)
         hsl = pl.ds(n * kp, kp)
-        dhs_ref[hsl, :] = ds
-        dhm_ref[hsl, :] = dm
+        dhs_ref[hsl, :] = ds.astype(dhs_ref.dtype)
+        dhm_ref[hsl, :] = dm.astype(dhm_ref.dtype)
         do = do_ref[sl, :].astype(_F32)
         dvt = (
             _mm(attn_ref[sl, :], do, ta=True, precision=precision)
             + _mm(kgs_ref[sl, :], ds, precision=precision)
             - _mm(kgm_ref[sl, :], dm, precision=precision)
         )
-        dvt_ref[sl, :] = dvt
+        dvt_ref[sl, :] = dvt.astype(dvt_ref.dtype)
         a = _last(av_ref, sl, chunk)
         bb = _last(bv_ref, sl, chunk)
         u = _last(uvec_ref, sl, chunk)
@@ -653,7 +671,7 @@ def _default_block_v(kp: int) -> int:
     return 64 if kp <= 64 else 32 if kp <= 128 else 16
 
 
-def _launch_params(name: str, kp: int) -> tuple[int, int]:
+def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     """(num_warps, num_stages) of each kernel on Hopper, chosen from an offline compile for
     sm_90a (``benchmarks/triton_resources.py --sweep``; pip Triton 3.9, bfloat16, C = 64, V = 256).
 
@@ -675,15 +693,20 @@ def _launch_params(name: str, kp: int) -> tuple[int, int]:
     At K = 256 (block_v 16) two stages put mdn_state_fwd over the limit (276 KB), so it drops
     to one; mdn_chunk_bwd then needs 200 KB and spills ~9 KB.
     """
-    if name == "mdn_state_fwd":
-        return 8, 2 if kp <= 128 else 1
+    for kernel, warps, stages in launch:  # caller's overrides, e.g. from a tuning run
+        if kernel == name:
+            return warps, stages
+    if name in ("mdn_state_fwd", "mdn_state_bwd"):
+        return (4, 1) if kp <= 128 else (8, 1)
     return {"mdn_out": (4, 1), "mdn_step": (4, 1)}.get(name, (8, 1))
 
 
-def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, interpret, poison, name, kp):
+def _launch(
+    kernel, args, in_specs, out_specs, out_shape, *, grid, interpret, poison, name, kp, launch
+):
     """pallas_call; with ``poison`` every output buffer starts as NaN (aliased input), so an
     element the kernel never writes stays NaN and a test can see it. ``kp``: the padded K."""
-    warps, stages = _launch_params(name, kp)
+    warps, stages = _launch_params(name, kp, launch)
     compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
     if not poison:
         return pl.pallas_call(
@@ -715,11 +738,34 @@ def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, interpret, po
     )(*args, *bufs)
 
 
+_KERNELS = ("mdn_prep", "mdn_state_fwd", "mdn_out", "mdn_state_bwd", "mdn_chunk_bwd")
+
+
+def _check_launch(launch):
+    """Validate the ``launch`` overrides; returns them as a hashable tuple of triples."""
+    out = []
+    for entry in launch:
+        if (
+            not isinstance(entry, tuple | list)
+            or len(entry) != 3
+            or entry[0] not in _KERNELS
+            or not all(isinstance(x, int) and x >= 1 for x in entry[1:])
+        ):
+            raise ValueError(
+                "launch: expected ((kernel_name, num_warps, num_stages), ...) with kernel_name "
+                f"in {_KERNELS} and positive ints, got entry {entry!r}"
+            )
+        out.append((entry[0], int(entry[1]), int(entry[2])))
+    return tuple(out)
+
+
 def _sds(shape, dtype=_F32):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, interpret, poison):
+def _prep_call(
+    q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, interpret, poison, launch
+):
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
     n = tp // chunk
@@ -727,10 +773,11 @@ def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, interp
     gate = pl.BlockSpec((None, chunk, None), lambda i, j, l: (j, i, l))
     in_specs = [tok(kp), tok(kp), tok(vp), tok(kp), gate, gate, gate, gate]
     out_specs = [tok(vp)] + [tok(kp)] * 6 + [tok(chunk), gate, gate, gate]
+    dot = _dot_dtype(precision)  # y, z, kgs, kgm, qa, qb, attn only ever feed dots
     out_shape = (
         [_sds((b, tp, h, vp))]
-        + [_sds((b, tp, h, kp))] * 6
-        + [_sds((b, tp, h, chunk))]
+        + [_sds((b, tp, h, kp), dot)] * 6
+        + [_sds((b, tp, h, chunk), dot)]
         + [_sds((b, tp, h))] * 3
     )
     kernel = functools.partial(_prep_kernel, scale=scale, precision=precision)
@@ -743,6 +790,7 @@ def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, interp
         grid=(n, b, h),
         interpret=interpret,
         poison=poison,
+        launch=launch,
         name="mdn_prep",
         kp=kp,
     )
@@ -761,19 +809,20 @@ def _sequence_specs(tp, kp, chunk, block_v, n):
     return full_k, full_c, full_v, gate, state, states
 
 
-def _sequence_out_shapes(b, tp, h, kp, vp, n):
+def _sequence_out_shapes(b, tp, h, kp, vp, n, dot):
     """Outputs of both state kernels: a value-like sequence, the per-chunk (S, M) (or their
-    cotangents) and the final pair."""
+    cotangents), all three stored in the dot dtype ``dot`` (they only feed dots and the
+    chunk-end decay sums), and the final pair in float32."""
     return [
-        _sds((b, tp, h, vp)),
-        _sds((b, h, n * kp, vp)),
-        _sds((b, h, n * kp, vp)),
+        _sds((b, tp, h, vp), dot),
+        _sds((b, h, n * kp, vp), dot),
+        _sds((b, h, n * kp, vp), dot),
         _sds((b, h, kp, vp)),
         _sds((b, h, kp, vp)),
     ]
 
 
-def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poison):
+def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poison, launch):
     uv, y, z, kgs, kgm, _, _, _, av, bv, uvec = prep
     b, tp, h, kp = y.shape
     vp = uv.shape[-1]
@@ -782,7 +831,7 @@ def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poiso
     full_k, _, full_v, gate, state, states = _sequence_specs(tp, kp, chunk, block_v, n)
     in_specs = [full_v, full_k, full_k, full_k, full_k, gate, gate, gate, state, state]
     out_specs = [full_v, states, states, state, state]
-    out_shape = _sequence_out_shapes(b, tp, h, kp, vp, n)
+    out_shape = _sequence_out_shapes(b, tp, h, kp, vp, n, _dot_dtype(precision))
     kernel = functools.partial(
         _state_fwd_kernel, chunk=chunk, n_chunks=n, kp=kp, precision=precision
     )
@@ -795,12 +844,13 @@ def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poiso
         grid=(b, h, nv),
         interpret=interpret,
         poison=poison,
+        launch=launch,
         name="mdn_state_fwd",
         kp=kp,
     )
 
 
-def _out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, interpret, poison):
+def _out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, interpret, poison, launch):
     _, _, _, _, _, qa, qb, attn, _, _, _ = prep
     b, tp, h, kp = qa.shape
     vp = vt.shape[-1]
@@ -821,13 +871,14 @@ def _out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, interpr
         grid=(n, b * h, nv),
         interpret=interpret,
         poison=poison,
+        launch=launch,
         name="mdn_out",
         kp=kp,
     )
     return o
 
 
-def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret, poison):
+def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret, poison, launch):
     _, y, z, kgs, kgm, qa, qb, attn, av, bv, uvec = prep
     b, tp, h, kp = y.shape
     vp = do.shape[-1]
@@ -836,7 +887,7 @@ def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret,
     full_k, full_c, full_v, gate, state, states = _sequence_specs(tp, kp, chunk, block_v, n)
     in_specs = [full_v, full_k, full_k, full_c] + [full_k] * 4 + [gate] * 3 + [state, state]
     out_specs = [full_v, states, states, state, state]
-    out_shape = _sequence_out_shapes(b, tp, h, kp, vp, n)
+    out_shape = _sequence_out_shapes(b, tp, h, kp, vp, n, _dot_dtype(precision))
     kernel = functools.partial(
         _state_bwd_kernel, chunk=chunk, n_chunks=n, kp=kp, precision=precision
     )
@@ -849,13 +900,16 @@ def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret,
         grid=(b, h, nv),
         interpret=interpret,
         poison=poison,
+        launch=launch,
         name="mdn_state_bwd",
         kp=kp,
     )
 
 
-def _chunk_bwd_call(args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision,
-                    interpret, poison):
+def _chunk_bwd_call(
+    args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, interpret, poison,
+    launch,
+):
     q, k, v, p, la, lm, beta, eta = args
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
@@ -879,6 +933,7 @@ def _chunk_bwd_call(args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scal
         grid=(n, b, h),
         interpret=interpret,
         poison=poison,
+        launch=launch,
         name="mdn_chunk_bwd",
         kp=kp,
     )
@@ -891,8 +946,8 @@ def _chunk_bwd_call(args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scal
 
 def _forward(args, cfg):
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
-    chunk, block_v, scale, precision, interpret, poison, _ = cfg
-    kw = dict(precision=precision, interpret=interpret, poison=poison)
+    chunk, block_v, scale, precision, interpret, poison, _, launch = cfg
+    kw = dict(precision=precision, interpret=interpret, poison=poison, launch=launch)
     prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
     vt, hs, hm, st, mt = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
     o = _out_call(prep, hs, hm, vt, q.dtype, chunk=chunk, block_v=block_v, **kw)
@@ -910,11 +965,11 @@ def _mdn_core_fwd(args, cfg):
 
 
 def _mdn_core_bwd(cfg, residuals, cotangents):
-    chunk, block_v, scale, precision, interpret, poison, backward = cfg
+    chunk, block_v, scale, precision, interpret, poison, backward, launch = cfg
     args, (vt, hs, hm) = residuals
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
     do, dst, dmt = cotangents
-    kw = dict(precision=precision, interpret=interpret, poison=poison)
+    kw = dict(precision=precision, interpret=interpret, poison=poison, launch=launch)
     if backward == "pallas":
         prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
     else:
@@ -983,6 +1038,7 @@ _mdn_core.defvjp(_mdn_core_fwd, _mdn_core_bwd)
         "block_v",
         "poison_outputs",
         "backward",
+        "launch",
     ),
 )
 def momentum_delta_rule_pallas(
@@ -1003,6 +1059,7 @@ def momentum_delta_rule_pallas(
     block_v=None,
     poison_outputs=False,
     backward="pallas",
+    launch=(),
 ):
     """Momentum delta rule, chunkwise, in Pallas kernels (see the module docstring).
 
@@ -1019,6 +1076,10 @@ def momentum_delta_rule_pallas(
         up to 128, 16 beyond (``_default_block_v``): the two [K, block_v] float32 states stay
         in registers without spilling on Hopper.
       poison_outputs: testing aid: every kernel output buffer starts as NaN.
+      launch: ``((kernel_name, num_warps, num_stages), ...)`` overriding the tuned defaults of
+        ``_launch_params`` for the named kernels (``mdn_prep``, ``mdn_state_fwd``, ``mdn_out``,
+        ``mdn_state_bwd``, ``mdn_chunk_bwd``); for tuning on a GPU
+        (``benchmarks/mdn_gpu.py --tune``). No effect in interpret mode.
       backward: ``"pallas"`` (default): the backward is two kernels, the reverse state
         recurrence and the fused chunk-parallel gradient kernel; ``"xla"``: the reverse state
         recurrence kernel, then XLA einsums and ``jax.vjp`` of the jnp mirror of the preparation.
@@ -1029,7 +1090,7 @@ def momentum_delta_rule_pallas(
     Inputs are zero-padded to ``T % chunk_size == 0`` with gates ``log_alpha = log_mu = 0``,
     ``beta = eta = 0`` (the padded steps leave (S, M) unchanged) and to power-of-two K, V.
     Accumulation is float32 throughout; with float32 inputs the in-kernel dots use
-    ``Precision.HIGHEST`` (IEEE on Triton), with bfloat16 inputs the default (TF32).
+    ``Precision.HIGHEST`` (IEEE on Triton), with bfloat16 inputs bfloat16 operands (bf16 MMA).
     """
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size: expected a power of two >= 16, got {chunk_size}")
@@ -1089,7 +1150,10 @@ def momentum_delta_rule_pallas(
         s0,
         m0,
     )
-    cfg = (chunk_size, block_v, float(scale), precision, interpret, poison_outputs, backward)
+    launch = _check_launch(launch)
+    cfg = (
+        chunk_size, block_v, float(scale), precision, interpret, poison_outputs, backward, launch
+    )
     o, st, mt = _mdn_core(args, cfg)
     o = o[:, :t, :, :vdim]
     if not output_final_state:

@@ -199,6 +199,7 @@ def test_poison_detects_unwritten_elements():
         poison=True,
         name="half",
         kp=16,
+        launch=(),
     )
     assert int(jnp.isnan(out).sum()) == 8 * 16
 
@@ -214,6 +215,26 @@ def test_bad_arguments():
         momentum_delta_rule_pallas(*args, scale=0.25, initial_state=s0[:, :, :, :8], interpret=True)
     with pytest.raises(ValueError, match="backward"):
         momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, backward="torch")
+    with pytest.raises(ValueError, match="launch"):
+        momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, launch=(("mdn_x", 4, 1),))
+    with pytest.raises(ValueError, match="launch"):
+        momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, launch=(("mdn_out", 0, 1),))
+
+
+def test_launch_overrides_change_only_the_schedule():
+    """Overriding warps/stages (what the GPU tuner does) leaves the interpret-mode result
+    bitwise unchanged, and the overrides reach the Triton compiler params of that kernel."""
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _launch_params
+
+    args, s0 = make_inputs(6, 1, 20, 1, 16, 16)
+    launch = (("mdn_state_fwd", 8, 2), ("mdn_chunk_bwd", 4, 1))
+    o1, _ = momentum_delta_rule_pallas(*args, scale=0.25, chunk_size=16, interpret=True)
+    o2, _ = momentum_delta_rule_pallas(
+        *args, scale=0.25, chunk_size=16, interpret=True, launch=launch
+    )
+    assert bool(jnp.all(o1 == o2))
+    assert _launch_params("mdn_state_fwd", 128, launch) == (8, 2)
+    assert _launch_params("mdn_state_bwd", 128, launch) == _launch_params("mdn_state_bwd", 128)
 
 
 @pytest.mark.slow
