@@ -7,7 +7,7 @@
 
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS ?= test,lint
+EXTRAS ?= test,lint,kernel-check
 PYTEST_ARGS ?=
 
 define FIND_PYTHON

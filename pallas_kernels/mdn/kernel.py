@@ -57,7 +57,8 @@ Precision and storage: with bfloat16 inputs every in-kernel dot takes bfloat16 o
 accumulates in float32 (``_mm``), and the intermediates that only feed dots (Y, Z, the chunk-end
 key products, the query coefficients, the intra-chunk attention, Vt, the per-chunk states and
 their cotangents) are stored in bfloat16; the running (S, M) and (dS, dM), Uv, the gates and
-the final state stay float32. With float32 inputs everything is float32 and the dots are IEEE.
+the final state stay float32. With float32 inputs everything is float32 and the dots run
+3xTF32 when compiled (IEEE in interpret mode).
 
 Memory: the forward keeps Vt [B, T, H, V] and the states entering every chunk,
 2 x [B, H, T/C, K, V] (bfloat16 for bfloat16 inputs), for the backward; everything else is
@@ -111,7 +112,7 @@ def _mm(a, b, *, ta=False, tb=False, precision=None):
 
     ``Precision.DEFAULT`` (the bfloat16-input path) rounds both operands to bfloat16 first, so
     the tensor cores run bf16 MMAs with float32 accumulation and the operands take half the
-    shared memory of TF32 ones; ``HIGHEST`` (float32 inputs) keeps float32 operands (IEEE).
+    shared memory of TF32 ones; any other precision (float32 inputs) keeps float32 operands.
     Choice: this is what fla's Triton kernels do for bf16 (states and the triangular inverse
     cast to the input dtype before ``tl.dot``); it doubles the bf16 error against the float32
     recurrence (2e-3 to 5e-3 relative RMS at T = 130, K = 64, V = 128, against 1e-3 to 3e-3
@@ -673,25 +674,31 @@ def _default_block_v(kp: int) -> int:
 
 def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     """(num_warps, num_stages) of each kernel on Hopper, chosen from an offline compile for
-    sm_90a (``benchmarks/triton_resources.py --sweep``; pip Triton 3.9, bfloat16, C = 64, V = 256).
+    sm_90a (``benchmarks/triton_resources.py --sweep``; pip Triton 3.9), not from GPU timings
+    (none yet; ``benchmarks/mdn_gpu.py --tune`` times alternatives). ``launch`` entries
+    ``(name, warps, stages)`` override these.
 
-    Shared memory must stay under the H200's 227 KB per block (XLA refuses to launch beyond
-    it) and register spills low. What the sweep showed at K = 128, block_v = 32:
+    Constraints: at most 227 KB of shared memory per block (XLA refuses to launch more), no
+    register spills where avoidable, and for the latency-bound sequential state kernels as
+    many programs resident per SM as registers allow. At B=8 T=4096 H=6 K=128 V=256 bfloat16,
+    block_v 32 (shared KB / registers / spill bytes per thread):
 
-    =============  =========================  ==============================================
-    kernel         chosen                     why
-    =============  =========================  ==============================================
-    mdn_prep       8 warps, 1 stage           4 warps spill 2.7 KB/thread, 8 warps 0.3 KB
-    mdn_state_fwd  8 warps, 2 stages (K<=128) 152 KB, no spills; 3 stages: 288 KB, over
-    mdn_out        4 warps, 1 stage           32 KB, 123 registers, no loop to pipeline
-    mdn_state_bwd  8 warps, 1 stage           2 stages: 232 KB, over the limit
-    mdn_chunk_bwd  8 warps, 1 stage           104 KB; still spills ~4 KB (21 C x C / C x K
-                                              tiles live): the weakest kernel
-    mdn_step       4 warps, 1 stage           no loop
-    =============  =========================  ==============================================
+    =============  ===========  ======================================================
+    kernel         chosen       measured, and why
+    =============  ===========  ======================================================
+    mdn_prep       8 w, 1 st    64 / 255 / 116; 4 warps spill 2.7 KB
+    mdn_state_fwd  4 w, 1 st    24 / 214 / 0: two programs per SM; 2 stages cost
+                                144 KB of shared memory (one program per SM)
+    mdn_out        4 w, 1 st    24 / 80 / 0; no loop to pipeline
+    mdn_state_bwd  4 w, 1 st    28 / 234 / 0; 2 stages: 224-232 KB, at or over the limit
+    mdn_chunk_bwd  8 w, 1 st    120 / 255 / 3756: 21 C x C and C x K float32 tiles are
+                                live at once; the weakest kernel (4 warps: 10 KB spills)
+    mdn_step       4 w, 1 st    1 / 191 / 0
+    =============  ===========  ======================================================
 
-    At K = 256 (block_v 16) two stages put mdn_state_fwd over the limit (276 KB), so it drops
-    to one; mdn_chunk_bwd then needs 200 KB and spills ~9 KB.
+    K = 256 (block_v 16): the state kernels take 8 warps (200 and 247 registers, no spills);
+    mdn_chunk_bwd needs 216 KB, near the limit, and spills 7.6 KB. Float32 inputs (3xTF32
+    dots, chunks capped at 32 for K > 64) fit too, with spills (performance is not a target).
     """
     for kernel, warps, stages in launch:  # caller's overrides, e.g. from a tuning run
         if kernel == name:
@@ -1070,7 +1077,9 @@ def momentum_delta_rule_pallas(
       scale: query scale (a Python float; the public op fills in ``K**-0.5``).
       initial_state: [2, B, H, K, V] holding (S, M), or None for zeros.
       output_final_state: also return the final (S, M) as float32 [2, B, H, K, V].
-      chunk_size: chunk length, a power of two >= 16 (Triton dot tiles).
+      chunk_size: chunk length, a power of two >= 16 (Triton dot tiles). Compiled with float32
+        inputs and padded K > 64, chunks are capped at 32 (same algorithm, other rounding): at
+        64 the fused backward kernel would need 352 KB of shared memory, beyond the H200's 227.
       interpret: run the kernels with the Pallas interpreter (the only option on CPU).
       block_v: V-tile of the state kernels (power of two); default 64 for padded K <= 64, 32
         up to 128, 16 beyond (``_default_block_v``): the two [K, block_v] float32 states stay
@@ -1089,8 +1098,11 @@ def momentum_delta_rule_pallas(
 
     Inputs are zero-padded to ``T % chunk_size == 0`` with gates ``log_alpha = log_mu = 0``,
     ``beta = eta = 0`` (the padded steps leave (S, M) unchanged) and to power-of-two K, V.
-    Accumulation is float32 throughout; with float32 inputs the in-kernel dots use
-    ``Precision.HIGHEST`` (IEEE on Triton), with bfloat16 inputs bfloat16 operands (bf16 MMA).
+    Accumulation is float32 throughout. In-kernel dots: bfloat16 inputs use bfloat16 operands
+    (bf16 MMA); float32 inputs use 3xTF32 (``DotAlgorithmPreset.TF32_TF32_F32_X3``, about
+    float32 accuracy on the tensor cores) when compiled, ``Precision.HIGHEST`` in interpret
+    mode. IEEE float32 dots compile to FMA loops that spill 17-118 KB per thread (ptxas for
+    sm_90a) and take minutes to compile.
     """
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size: expected a power of two >= 16, got {chunk_size}")
@@ -1115,6 +1127,15 @@ def momentum_delta_rule_pallas(
         )
     vdim = v.shape[-1]
     kp, vp = _pow2(kdim), _pow2(vdim)
+    if q.dtype != jnp.float32:
+        precision = lax.Precision.DEFAULT  # bf16 operands, f32 accumulation (see _mm)
+    elif interpret:
+        precision = lax.Precision.HIGHEST
+    else:  # 3xTF32 on the tensor cores: ~fp32 accuracy; IEEE f32 dots become FMA loops that
+        # spill 30-120 KB per thread and take minutes in ptxas (triton_resources.py)
+        precision = lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+        if kp > 64:  # at C = 64 the fused backward kernel needs 352 KB of shared memory
+            chunk_size = min(chunk_size, 32)
     tp = -(-t // chunk_size) * chunk_size
     if block_v is None:
         block_v = min(vp, _default_block_v(kp))
@@ -1122,7 +1143,6 @@ def momentum_delta_rule_pallas(
         raise ValueError(f"block_v: expected a power of two dividing {vp}, got {block_v}")
     if backward not in ("pallas", "xla"):
         raise ValueError(f"backward: expected 'pallas' or 'xla', got {backward!r}")
-    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else lax.Precision.DEFAULT
 
     def pad_tok(x, d):
         return jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, d - x.shape[-1])))

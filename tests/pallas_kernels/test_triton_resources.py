@@ -86,15 +86,17 @@ def test_compile_stage_needs_no_jax(tmp_path):
 
 
 @pytest.mark.slow
-def test_kernels_fit_h200_shared_memory(tmp_path):
-    """Default benchmark shape (B=8, T=4096, H=6, K=128, V=256, bfloat16): every kernel, compiled
-    for sm_90a with its own warps/stages, fits in the H200's shared memory per block."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_kernels_fit_h200_shared_memory(tmp_path, dtype):
+    """Default benchmark shape (B=8, T=4096, H=6, K=128, V=256; bfloat16, the timed case, and
+    float32, what the GPU correctness tests run): every kernel, compiled for sm_90a with its
+    own warps/stages, fits in the H200's shared memory per block."""
     python = triton_python()
     if python is None:
         pytest.skip("no python with triton (set TRITON_PYTHON)")
     need_abstract_device()
     tr = load_script()
-    tr.dump(tmp_path)
+    tr.dump(tmp_path, dtype=dtype)
     out = tmp_path / "resources.json"
     cmd = [python, str(SCRIPT), "compile", "--dir", str(tmp_path), "--json", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
