@@ -47,7 +47,7 @@ fi
 if [ "$MODE" = "cpu" ]; then
   export JAX_PLATFORMS=cpu
   echo "== CPU half: interpret mode, tiny shapes"
-  exec "$PY" benchmarks/mdn_gpu.py --cpu --check --dtype float32
+  exec "$PY" benchmarks/mdn_gpu.py --cpu --check --tune --dtype float32
 fi
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then

@@ -181,8 +181,9 @@ def main(argv=None):
             check(inputs, K, args.chunk, interpret, tol, grads=False)
         small = inputs if args.cpu else make_inputs(2, min(T, 301), 2, K, V, dtype, seed=1)
         check(small, K, args.chunk, interpret, tol, grads=True)
-    if args.tune and not interpret:
-        pallas = tune(pallas, inputs, args.warmup, args.iters)
+    if args.tune:  # on CPU only the first two candidates, to exercise the code path
+        cands = TUNE_CANDIDATES[:2] if interpret else TUNE_CANDIDATES
+        pallas = tune(pallas, inputs, args.warmup, args.iters, cands)
     rows = []
     ops = [("pallas", pallas, True)]
     if not args.cpu:  # the backward="xla" variant: kernel state recurrence + XLA chunk math
@@ -225,12 +226,12 @@ def main(argv=None):
     return 0
 
 
-def tune(pallas, inputs, warmup, iters):
-    """Time forward+backward of each of TUNE_CANDIDATES (a failure, e.g. a kernel over the
+def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES):
+    """Time forward+backward of each candidate (a failure, e.g. a kernel over the
     shared-memory limit, is a row, not an abort); print the table; return the fastest op."""
     rows, best, t_start = [], None, time.perf_counter()
     print("\nTuning (fwd+bwd median ms; block_v and launch overrides):\n", flush=True)
-    for label, block_v, launch in TUNE_CANDIDATES:
+    for label, block_v, launch in candidates:
         if time.perf_counter() - t_start > TUNE_BUDGET_S:
             rows.append((label, "skipped (tuning budget spent)"))
             continue
