@@ -708,12 +708,20 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     return {"mdn_out": (4, 1), "mdn_step": (4, 1)}.get(name, (8, 1))
 
 
-def _launch(
-    kernel, args, in_specs, out_specs, out_shape, *, grid, interpret, poison, name, kp, launch
-):
-    """pallas_call; with ``poison`` every output buffer starts as NaN (aliased input), so an
-    element the kernel never writes stays NaN and a test can see it. ``kp``: the padded K."""
-    warps, stages = _launch_params(name, kp, launch)
+class _Run(NamedTuple):
+    """How every kernel of one call runs: ``interpret`` (Pallas interpreter), ``poison``
+    (outputs start as NaN, a testing aid) and the ``launch`` overrides of ``_launch_params``."""
+
+    interpret: bool
+    poison: bool
+    launch: tuple = ()
+
+
+def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, name, kp, run):
+    """pallas_call; with ``run.poison`` every output buffer starts as NaN (aliased input), so
+    an element the kernel never writes stays NaN and a test can see it. ``kp``: the padded K."""
+    interpret, poison = run.interpret, run.poison
+    warps, stages = _launch_params(name, kp, run.launch)
     compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
     if not poison:
         return pl.pallas_call(
@@ -771,7 +779,7 @@ def _sds(shape, dtype=_F32):
 
 
 def _prep_call(
-    q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, interpret, poison, launch
+    q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, run
 ):
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
@@ -795,9 +803,7 @@ def _prep_call(
         out_specs,
         out_shape,
         grid=(n, b, h),
-        interpret=interpret,
-        poison=poison,
-        launch=launch,
+        run=run,
         name="mdn_prep",
         kp=kp,
     )
@@ -829,7 +835,7 @@ def _sequence_out_shapes(b, tp, h, kp, vp, n, dot):
     ]
 
 
-def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poison, launch):
+def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, run):
     uv, y, z, kgs, kgm, _, _, _, av, bv, uvec = prep
     b, tp, h, kp = y.shape
     vp = uv.shape[-1]
@@ -849,15 +855,13 @@ def _state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, interpret, poiso
         out_specs,
         out_shape,
         grid=(b, h, nv),
-        interpret=interpret,
-        poison=poison,
-        launch=launch,
+        run=run,
         name="mdn_state_fwd",
         kp=kp,
     )
 
 
-def _out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, interpret, poison, launch):
+def _out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, run):
     _, _, _, _, _, qa, qb, attn, _, _, _ = prep
     b, tp, h, kp = qa.shape
     vp = vt.shape[-1]
@@ -876,16 +880,14 @@ def _out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, interpr
         [tok_v],
         [_sds((b, tp, h, vp), out_dtype)],
         grid=(n, b * h, nv),
-        interpret=interpret,
-        poison=poison,
-        launch=launch,
+        run=run,
         name="mdn_out",
         kp=kp,
     )
     return o
 
 
-def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret, poison, launch):
+def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, run):
     _, y, z, kgs, kgm, qa, qb, attn, av, bv, uvec = prep
     b, tp, h, kp = y.shape
     vp = do.shape[-1]
@@ -905,17 +907,14 @@ def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, interpret,
         out_specs,
         out_shape,
         grid=(b, h, nv),
-        interpret=interpret,
-        poison=poison,
-        launch=launch,
+        run=run,
         name="mdn_state_bwd",
         kp=kp,
     )
 
 
 def _chunk_bwd_call(
-    args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, interpret, poison,
-    launch,
+    args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, run
 ):
     q, k, v, p, la, lm, beta, eta = args
     b, tp, h, kp = q.shape
@@ -938,9 +937,7 @@ def _chunk_bwd_call(
         out_specs,
         out_shape,
         grid=(n, b, h),
-        interpret=interpret,
-        poison=poison,
-        launch=launch,
+        run=run,
         name="mdn_chunk_bwd",
         kp=kp,
     )
@@ -953,8 +950,8 @@ def _chunk_bwd_call(
 
 def _forward(args, cfg):
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
-    chunk, block_v, scale, precision, interpret, poison, _, launch = cfg
-    kw = dict(precision=precision, interpret=interpret, poison=poison, launch=launch)
+    chunk, block_v, scale, precision, _, run = cfg
+    kw = dict(precision=precision, run=run)
     prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
     vt, hs, hm, st, mt = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
     o = _out_call(prep, hs, hm, vt, q.dtype, chunk=chunk, block_v=block_v, **kw)
@@ -972,11 +969,11 @@ def _mdn_core_fwd(args, cfg):
 
 
 def _mdn_core_bwd(cfg, residuals, cotangents):
-    chunk, block_v, scale, precision, interpret, poison, backward, launch = cfg
+    chunk, block_v, scale, precision, backward, run = cfg
     args, (vt, hs, hm) = residuals
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
     do, dst, dmt = cotangents
-    kw = dict(precision=precision, interpret=interpret, poison=poison, launch=launch)
+    kw = dict(precision=precision, run=run)
     if backward == "pallas":
         prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
     else:
@@ -1170,10 +1167,8 @@ def momentum_delta_rule_pallas(
         s0,
         m0,
     )
-    launch = _check_launch(launch)
-    cfg = (
-        chunk_size, block_v, float(scale), precision, interpret, poison_outputs, backward, launch
-    )
+    run = _Run(interpret, poison_outputs, _check_launch(launch))
+    cfg = (chunk_size, block_v, float(scale), precision, backward, run)
     o, st, mt = _mdn_core(args, cfg)
     o = o[:, :t, :, :vdim]
     if not output_final_state:

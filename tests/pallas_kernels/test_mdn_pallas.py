@@ -19,6 +19,7 @@ import pytest
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
 from jaxlib_ext.pallas_kernels.mdn.kernel import (
     _launch,
+    _Run,
     momentum_delta_rule_pallas,
     momentum_delta_rule_step_pallas,
 )
@@ -195,11 +196,9 @@ def test_poison_detects_unwritten_elements():
         [spec],
         [shape],
         grid=(1,),
-        interpret=True,
-        poison=True,
         name="half",
         kp=16,
-        launch=(),
+        run=_Run(interpret=True, poison=True),
     )
     assert int(jnp.isnan(out).sum()) == 8 * 16
 
