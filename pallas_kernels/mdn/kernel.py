@@ -778,9 +778,7 @@ def _sds(shape, dtype=_F32):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _prep_call(
-    q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, run
-):
+def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, run):
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
     n = tp // chunk
