@@ -6,13 +6,15 @@
 #   bash benchmarks/gpu_check.sh --cpu    # CPU half: interpret mode, tiny shapes (CI runs this
 #                                         # through tests/pallas_kernels/test_mdn_pallas.py)
 #
-# Steps (GPU): 1) pytest -m gpu tests/pallas_kernels/test_mdn_pallas.py (compiled kernels vs the
-# recurrent reference, float32 at precision highest and bfloat16, gradients included);
+# Steps (GPU), each under its own timeout (150 + 360 + 60 s):
+# 1) pytest -m gpu tests/pallas_kernels/test_mdn_pallas.py (compiled kernels vs the recurrent
+# reference, float32 at precision highest and bfloat16, gradients included);
 # 2) benchmarks/mdn_gpu.py --check --tune at B=8 T=4096 H=6 K=128 V=256 bfloat16: forward vs
 # the recurrence at that shape and forward+gradients at a small one; fwd+bwd of a few kernel
-# tilings/launch configs (TUNE_CANDIDATES, at most ~150 s), keeping the fastest; then medians
+# tilings/launch configs (TUNE_CANDIDATES, at most ~120 s), keeping the fastest; then medians
 # after warm-up of pallas fwd / fwd+bwd, the XLA chunk path, and fla-core's
-# chunk_gated_delta_rule when present.
+# chunk_gated_delta_rule when present; 3) registers and spills of the kernels in the PTX XLA
+# compiled (XLA dumps it during 2; ptxas -v; the PTX files are kept in $OUT/xla_dump).
 # Before spending GPU time, check on any machine that every kernel fits the H200's shared
 # memory: TRITON_PYTHON=<python with triton> python benchmarks/triton_resources.py all
 #
@@ -58,13 +60,25 @@ fi
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 
+# everything printed from here on is also kept in $OUT (the device tool brings it back)
+[ -n "${OUT:-}" ] && exec > >(tee -a "$OUT/gpu_check.log") 2>&1
+
 status=0
-echo "== 1/2 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
-timeout 170 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
+echo "== 1/3 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
+timeout 150 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
   -p no:cacheprovider -W ignore::DeprecationWarning || status=1
 
-echo "== 2/2 tuning, then timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
-timeout 400 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check --tune || status=1
+echo "== 2/3 tuning, then timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
+# XLA also dumps the modules of the timed Pallas op (jit_mdn_pallas_*), PTX included, for 3/3.
+DUMP="${OUT:-/tmp}/xla_dump"
+rm -rf "$DUMP"
+XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$DUMP --xla_dump_hlo_module_re=.*mdn_pallas.*" \
+  timeout 360 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check --tune || status=1
+
+echo "== 3/3 registers and spills of the kernels as XLA compiled them (ptxas -v on its PTX)"
+timeout 60 "$PY" benchmarks/triton_resources.py ptx --dir "$DUMP" || true
+# only the PTX travels back (\$OUT): the HLO dumps are large and say nothing new
+find "$DUMP" -type f ! -name "*.ptx" -delete 2>/dev/null
 
 echo "== gpu_check exit status: $status"
 exit $status

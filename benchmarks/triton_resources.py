@@ -1,9 +1,10 @@
 """Shared memory, registers and spills of the momentum delta rule Pallas Triton kernels on H200.
 
 What: every ``pl.pallas_call`` of ``momentum_delta_rule_pallas`` (forward: mdn_prep,
-mdn_state_fwd, mdn_out; backward: mdn_state_bwd, mdn_chunk_bwd, with mdn_prep again) and of the
-decode step ``momentum_delta_rule_step_pallas`` (mdn_step) is lowered to Triton IR for an abstract
-NVIDIA H200 (sm_90) on a machine without a GPU, then compiled for sm_90 with the pip ``triton``
+mdn_state_fwd, mdn_out; backward: mdn_state_bwd, mdn_chunk_bwd, with mdn_prep again; the split
+backward's mdn_chunk_bwd_v and mdn_prep_bwd) and of the decode step
+``momentum_delta_rule_step_pallas`` (mdn_step) is lowered to Triton IR for an abstract NVIDIA
+H200 (sm_90) on a machine without a GPU, then compiled for sm_90 with the pip ``triton``
 package, with each kernel's own ``num_warps`` / ``num_stages``. For each kernel the table gives
 the dynamic shared memory Triton allocates (``metadata.shared``) and, from ``ptxas -v`` on the
 PTX for sm_90a, the registers per thread and the spill-store bytes.
@@ -28,6 +29,9 @@ Two stages in one file, because jax and triton usually live in different environ
         [--sweep] [--json results.json]
     # both at once; the compile stage runs under $TRITON_PYTHON (default: this interpreter):
     TRITON_PYTHON=/tmp/tri/bin/python .venv/bin/python benchmarks/triton_resources.py all
+    # on the GPU machine, after a run with XLA_FLAGS=--xla_dump_to=DIR (gpu_check.sh does
+    # this): ptxas -v on the PTX XLA compiled, per mdn_* entry, with its directives
+    python benchmarks/triton_resources.py ptx --dir DIR
 
 A triton environment: ``python3.12 -m venv /tmp/tri && /tmp/tri/bin/pip install triton``.
 ``compile`` and ``all`` exit with status 1 when a kernel is over the shared-memory limit or does
@@ -109,7 +113,8 @@ def _capture_kernels(fn, args):
 def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
     """Write ``NN_<kernel>.ttir`` per distinct kernel and ``kernels.json`` into ``out``; return
     the kernels.json dict. Kernels are lowered from the forward, forward+backward (``jax.grad``
-    drops mdn_out there, hence the separate forward) and the decode step."""
+    drops mdn_out there, hence the separate forward), forward+backward with
+    ``backward="pallas_split"`` and the decode step."""
     import functools
     import warnings
 
@@ -140,16 +145,23 @@ def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
     one = [sds((b, h, kdim)), sds((b, h, kdim)), sds((b, h, vdim)), sds((b, h, kdim))]
     one += [sds((b, h), jnp.float32)] * 4 + [sds((2, b, h, kdim, vdim), jnp.float32)]
 
-    def forward(*a):
-        return momentum_delta_rule_pallas(*a, scale=scale, chunk_size=chunk, block_v=block_v)[0]
+    def forward(*a, backward="pallas"):
+        return momentum_delta_rule_pallas(
+            *a, scale=scale, chunk_size=chunk, block_v=block_v, backward=backward
+        )[0]
 
-    def loss(*a):
-        return jnp.sum(forward(*a).astype(jnp.float32))
+    def loss(*a, backward="pallas"):
+        return jnp.sum(forward(*a, backward=backward).astype(jnp.float32))
 
     step = functools.partial(momentum_delta_rule_step_pallas, scale=scale, block_v=block_v)
     passes = (
         ("forward", forward, seq),
         ("backward", jax.grad(loss, argnums=tuple(range(8))), seq),
+        (
+            "backward (split)",
+            jax.grad(functools.partial(loss, backward="pallas_split"), argnums=tuple(range(8))),
+            seq,
+        ),
         ("decode", step, one),
     )
     dev = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
@@ -323,6 +335,90 @@ def compile_dir(directory, sweep=False, json_out=None):
 
 
 # --------------------------------------------------------------------------------------------
+# Stage 3 (on the GPU machine, no jax): the PTX that XLA itself compiled (--xla_dump_to)
+# --------------------------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"\.entry\s+([\w$.]+)\s*\((?:[^()]|\([^()]*\))*\)\s*((?:\.\w+[^{]*?)*)\{")
+
+
+def _entry_directives(ptx):
+    """{entry name: its performance directives (.reqntid, .maxntid, .maxnreg, .minnctapersm)}."""
+    return {m.group(1): " ".join(m.group(2).split()) for m in _ENTRY.finditer(ptx)}
+
+
+def _ptxas_per_entry(stderr):
+    """{entry: (registers, spill-store bytes)} from ``ptxas -v`` output."""
+    out, name, spills = {}, None, 0
+    for line in stderr.splitlines():
+        if m := re.search(r"Compiling entry function '([^']+)'", line):
+            name, spills = m.group(1), 0
+        elif (m := re.search(r"(\d+) bytes spill stores", line)) and name:
+            spills = int(m.group(1))
+        elif (m := re.search(r"Used (\d+) registers", line)) and name:
+            out[name] = (int(m.group(1)), spills)
+    return out
+
+
+def _ptxas_anywhere():
+    """ptxas binaries on this machine: $TRITON_PTXAS_PATH, pip triton's, pip nvidia-cuda-nvcc's
+    (``nvidia/cu13/bin``, ``nvidia/cuda_nvcc/bin``), PATH; newest CUDA first where known."""
+    paths = []
+    spec = importlib.util.find_spec("triton")
+    if spec and spec.origin:
+        paths += _ptxas_candidates(Path(spec.origin).parent)
+    for site in sys.path:
+        for sub in ("nvidia/cu13/bin/ptxas", "nvidia/cuda_nvcc/bin/ptxas"):
+            if (Path(site) / sub).is_file():
+                paths.append(str(Path(site) / sub))
+    paths += [p for p in _ptxas_candidates("/nonexistent") if p not in paths]
+    return list(dict.fromkeys(paths))
+
+
+def ptx_report(directory, pattern="mdn_", limit=None):
+    """Registers and spills of the kernels in the PTX files XLA dumped (``--xla_dump_to``) under
+    ``directory``: for every entry whose name contains ``pattern``, its directives and what
+    ``ptxas -v`` for sm_90a gives. Answers whether XLA's compile of the Pallas Triton kernels
+    matches the offline one (same registers, or the low-register fallback ptxas picks when the
+    PTX carries no ``.maxnreg`` / ``.minnctapersm``). Returns the number of PTX files read."""
+    files = sorted(Path(directory).rglob("*.ptx"))[:limit]
+    if not files:
+        print(f"ptx: no .ptx files under {directory} (did XLA dump any?)")
+        return 0
+    ptxas_list = _ptxas_anywhere()
+    print(f"ptxas: {ptxas_list[0] if ptxas_list else 'none found'}\n")
+    print("| file | entry | directives | registers | spill-store bytes |\n|---|---|---|---:|---:|")
+    matched = 0
+    for path in files:
+        ptx = path.read_text()
+        entries = {n: d for n, d in _entry_directives(ptx).items() if pattern in n}
+        if not entries:
+            continue
+        matched += len(entries)
+        stats, note = {}, ""
+        with tempfile.TemporaryDirectory() as work:
+            for exe in ptxas_list:
+                cmd = [exe, "-v", "--gpu-name", "sm_90a", str(path), "-o", f"{work}/k.cubin"]
+                try:
+                    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                except subprocess.TimeoutExpired:
+                    note = f"{Path(exe).name}: timed out"
+                    continue
+                if r.returncode == 0:
+                    stats = _ptxas_per_entry(r.stderr)
+                    break
+                note = f"{Path(exe).name}: {r.stderr.strip().splitlines()[-1:]}"
+        for name, directives in entries.items():
+            regs, spills = stats.get(name, ("-", "-"))
+            print(f"| {path.name[:60]} | {name} | {directives or '-'} | {regs} | {spills} |")
+        if not stats:
+            print(f"(no ptxas result for {path.name}: {note or 'no ptxas'})")
+    if not matched:
+        print(f"(no entry containing {pattern!r} in {len(files)} PTX files)")
+    sys.stdout.flush()
+    return len(files)
+
+
+# --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
 
@@ -366,8 +462,14 @@ def main(argv=None):
     p_all.add_argument("--out", default=None, help="default: a new temporary directory")
     p_all.add_argument("--sweep", action="store_true")
     lowering_args(p_all)
+    p_ptx = sub.add_parser("ptx", help="ptxas -v on the PTX XLA dumped (--xla_dump_to)")
+    p_ptx.add_argument("--dir", required=True)
+    p_ptx.add_argument("--pattern", default="mdn_", help="report entries containing this")
     args = parser.parse_args(argv)
 
+    if args.cmd == "ptx":
+        ptx_report(args.dir, args.pattern)
+        return 0
     if args.cmd == "compile":
         return compile_dir(args.dir, sweep=args.sweep, json_out=args.json)
     if args.cmd == "all":

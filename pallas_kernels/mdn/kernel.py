@@ -36,15 +36,20 @@ What runs where:
   coefficients), ``_state_fwd_kernel`` (grid over batch, heads and V-blocks, sequential loop over
   chunks: (11), (7), (8) at t = C; stores the state entering each chunk) and ``_out_kernel``
   (chunk-parallel: (10)).
-* backward (``backward="pallas"``, the default), all Pallas kernels, wired with
-  ``jax.custom_vjp``: the preparation kernel is re-run (rematerialised, nothing but the inputs,
-  Vt and the per-chunk states is kept from the forward), ``_state_bwd_kernel`` (grid over batch,
-  heads and V-blocks, reverse loop over chunks) carries the state cotangents (dS, dM) backwards
-  through (11), (7), (8) and the state terms of (10), storing dVt and the chunk-end state
-  cotangents, and ``_chunk_bwd_kernel`` (chunk-parallel) recomputes a chunk's forward parts,
-  contracts the state-side cotangents over V-blocks and runs the hand-written reverse of the
-  preparation (``_chunk_prep_bwd``) to give dq, dk, dv, dp and the four gate gradients. The
-  only XLA left is padding/slicing and the dtype casts around the kernels.
+* backward (``backward="pallas"``, the default for padded K <= 128), all Pallas kernels, wired
+  with ``jax.custom_vjp``: the preparation kernel is re-run (rematerialised, nothing but the
+  inputs, Vt and the per-chunk states is kept from the forward), ``_state_bwd_kernel`` (grid
+  over batch, heads and V-blocks, reverse loop over chunks) carries the state cotangents
+  (dS, dM) backwards through (11), (7), (8) and the state terms of (10), storing dVt and the
+  chunk-end state cotangents, and ``_chunk_bwd_kernel`` (chunk-parallel) recomputes a chunk's
+  forward parts, contracts the state-side cotangents over V-blocks and runs the hand-written
+  reverse of the preparation (``_chunk_prep_bwd``) to give dq, dk, dv, dp and the four gate
+  gradients. The only XLA left is padding/slicing and the dtype casts around the kernels.
+* ``backward="pallas_split"`` (the default for padded K > 128) runs the chunk-parallel part as
+  two kernels: ``_chunk_bwd_v_kernel`` contracts over V-blocks with only the chunk's gate
+  vectors (no triangular inverse) and writes the contracted cotangents (``_Reduced``) to HBM;
+  ``_prep_bwd_kernel`` recomputes the chunk's parts, forms dv and runs the reverse of the
+  preparation. Less shared memory per kernel, one extra round trip (``_default_backward``).
 * ``backward="xla"`` keeps ``_state_bwd_kernel`` but does the chunk-parallel part with batched
   XLA einsums and ``jax.vjp`` of ``_prep_xla`` (the same chunk math in plain jnp, with
   ``triangular_solve`` instead of forward substitution): an independent check of the
@@ -199,27 +204,51 @@ class _Parts(NamedTuple):
     u_last: jax.Array
 
 
-def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
-    """Gate products (5), (6), the triangular inverse of (9) and the dot products of a chunk."""
+class _Decays(NamedTuple):
+    """Masks, cumulative log-gates and the two masked decay matrices of a chunk."""
+
+    incl: jax.Array  # i <= t
+    strict: jax.Array  # i < t
+    last: jax.Array  # row t = C
+    log_a: jax.Array  # log A_t
+    log_u: jax.Array  # log U_t
+    log_a_prev: jax.Array  # log A_{t-1}
+    d1: jax.Array  # A_t / A_i, i <= t
+    d2: jax.Array  # U_i / U_j, j <= i
+
+
+def _chunk_decays(la, lm):
     c = la.shape[-1]
     t_idx = lax.broadcasted_iota(jnp.int32, (c, c), 0)
     i_idx = lax.broadcasted_iota(jnp.int32, (c, c), 1)
     incl = t_idx >= i_idx
-    strict = t_idx > i_idx
 
     def cumsum(x):  # inclusive prefix sum along the chunk as a masked reduction
         return jnp.sum(jnp.where(incl, x[..., None, :], 0.0), axis=-1)
 
-    log_a = cumsum(la)  # log A_t
-    log_u = cumsum(lm)  # log U_t
-    log_a_prev = log_a - la  # log A_{t-1}
-    d1 = _masked_decay(log_a, log_a, incl)  # A_t / A_i, i <= t
-    d1p = _masked_decay(log_a_prev, log_a, strict)  # A_{t-1} / A_i, i < t
-    d2 = _masked_decay(log_u, log_u, incl)  # U_i / U_j, j <= i
+    log_a = cumsum(la)
+    log_u = cumsum(lm)
+    return _Decays(
+        incl=incl,
+        strict=t_idx > i_idx,
+        last=t_idx == c - 1,
+        log_a=log_a,
+        log_u=log_u,
+        log_a_prev=log_a - la,
+        d1=_masked_decay(log_a, log_a, incl),
+        d2=_masked_decay(log_u, log_u, incl),
+    )
+
+
+def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
+    """Gate products (5), (6), the triangular inverse of (9) and the dot products of a chunk."""
+    dec = _chunk_decays(la, lm)
+    d1, d2 = dec.d1, dec.d2
+    d1p = _masked_decay(dec.log_a_prev, dec.log_a, dec.strict)  # A_{t-1} / A_i, i < t
     bd2 = beta[..., :, None] * d2
     gam = _mm(d1, bd2, precision=precision)  # (5) gamma_{t,j}
     gam_prev = _mm(d1p, bd2, precision=precision)  # gamma_{t-1,j}
-    u_vec = jnp.exp(log_u)
+    u_vec = jnp.exp(dec.log_u)
     bu = beta * u_vec
     b_vec = jnp.sum(d1 * bu[..., None, :], axis=-1)  # (6) b_t
     b_prev = jnp.sum(d1p * bu[..., None, :], axis=-1)  # b_{t-1}
@@ -228,10 +257,9 @@ def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
     tinv = inverse(gam_prev * kp_mat, precision)  # (9): L strictly lower
     sq = scale * q
     qk = _mm(sq, kt, tb=True, precision=precision)
-    last = t_idx == c - 1
     return _Parts(
-        incl=incl,
-        last=last,
+        incl=dec.incl,
+        last=dec.last,
         d1=d1,
         d1p=d1p,
         d2=d2,
@@ -240,8 +268,8 @@ def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
         gam_prev=gam_prev,
         u_vec=u_vec,
         bu=bu,
-        a_vec=jnp.exp(log_a),
-        a_prev=jnp.exp(log_a_prev),
+        a_vec=jnp.exp(dec.log_a),
+        a_prev=jnp.exp(dec.log_a_prev),
         b_vec=b_vec,
         b_prev=b_prev,
         kt=kt,
@@ -249,8 +277,36 @@ def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
         tinv=tinv,
         sq=sq,
         qk=qk,
-        g_last=jnp.sum(jnp.where(last, gam, 0.0), axis=-2),  # gamma_{C,j}
-        u_last=jnp.sum(jnp.where(last, d2, 0.0), axis=-2),  # U_C / U_j
+        g_last=jnp.sum(jnp.where(dec.last, gam, 0.0), axis=-2),  # gamma_{C,j}
+        u_last=jnp.sum(jnp.where(dec.last, d2, 0.0), axis=-2),  # U_C / U_j
+    )
+
+
+class _Coefficients(NamedTuple):
+    """The per-chunk factors that multiply the state-side cotangents (a subset of ``_Parts``,
+    with the same names, so ``_contract_over_v`` takes either)."""
+
+    a_vec: jax.Array
+    b_vec: jax.Array
+    sq: jax.Array
+    kt: jax.Array
+    g_last: jax.Array
+    u_last: jax.Array
+
+
+def _chunk_coefficients(q, k, la, lm, beta, eta, *, scale):
+    """``_Coefficients`` without the triangular inverse or any dot: gamma_{C,j} of (5) as
+    sum_i (A_C / A_i) beta_i (U_i / U_j), a masked column reduction."""
+    dec = _chunk_decays(la, lm)
+    bu = beta * jnp.exp(dec.log_u)
+    d1_last = jnp.sum(jnp.where(dec.last, dec.d1, 0.0), axis=-2)  # A_C / A_i
+    return _Coefficients(
+        a_vec=jnp.exp(dec.log_a),
+        b_vec=jnp.sum(dec.d1 * bu[..., None, :], axis=-1),  # (6)
+        sq=scale * q,
+        kt=eta[..., :, None] * k,
+        g_last=jnp.sum((d1_last * beta)[..., :, None] * dec.d2, axis=-2),  # (5) at t = C
+        u_last=jnp.sum(jnp.where(dec.last, dec.d2, 0.0), axis=-2),  # U_C / U_j
     )
 
 
@@ -554,6 +610,88 @@ def _total(x):
     return jnp.sum(jnp.sum(x, axis=-1), axis=-1)
 
 
+def _contract_over_v(f, refs, *, block_v, precision, on_block=None):
+    """Contract the state-side cotangents of one chunk over V-blocks into ``_Reduced``.
+
+    ``f``: the chunk's ``_Parts`` or ``_Coefficients``; ``refs``: (v, do, Vt, dVt, S, M, dS,
+    dM) refs, the states being those entering the chunk ([K, V]) and the cotangents those of
+    the chunk-end states. ``on_block(sv, dvt)``, if given, runs once per V-block (the fused
+    kernel writes dV = T^T dVt there)."""
+    v_ref, do_ref, vt_ref, dvt_ref, hs_ref, hm_ref, dhs_ref, dhm_ref = refs
+    mm = functools.partial(_mm, precision=precision)
+    c, kp = f.kt.shape
+    nv = v_ref.shape[-1] // block_v
+    zk = jnp.zeros((c, kp), _F32)
+    zc = jnp.zeros((c, c), _F32)
+    zv = jnp.zeros((c,), _F32)
+    zs = jnp.zeros((), _F32)
+
+    def body(j, acc):
+        dsq, davec, dbvec, dattn, dtv, dy, dz, dkt, dgl, dul, da, db, du = acc
+        sv = pl.ds(j * block_v, block_v)
+        do = do_ref[:, sv].astype(_F32)
+        vt = vt_ref[:, sv]
+        dvt = dvt_ref[:, sv]
+        v = v_ref[:, sv].astype(_F32)
+        hs, hm, dhs, dhm = hs_ref[:, sv], hm_ref[:, sv], dhs_ref[:, sv], dhm_ref[:, sv]
+        dqa = mm(do, hs, tb=True)
+        dqb = -mm(do, hm, tb=True)
+        dkgs = mm(vt, dhs, tb=True)
+        dkgm = -mm(vt, dhm, tb=True)
+        if on_block is not None:
+            on_block(sv, dvt)
+        return (
+            dsq + f.a_vec[:, None] * dqa + f.b_vec[:, None] * dqb,
+            davec + jnp.sum(dqa * f.sq, axis=-1),
+            dbvec + jnp.sum(dqb * f.sq, axis=-1),
+            dattn + mm(do, vt, tb=True),
+            dtv + mm(dvt, v, tb=True),
+            dy - mm(dvt, hs, tb=True),
+            dz + mm(dvt, hm, tb=True),
+            dkt + f.g_last[:, None] * dkgs + f.u_last[:, None] * dkgm,
+            dgl + jnp.sum(dkgs * f.kt, axis=-1),
+            dul + jnp.sum(dkgm * f.kt, axis=-1),
+            da + _total(hs * dhs),
+            db - _total(hm * dhs),
+            du + _total(hm * dhm),
+        )
+
+    init = (zk, zv, zv, zc, zc, zk, zk, zk, zv, zv, zs, zs, zs)
+    dsq, davec, dbvec, dattn, dtv, dy, dz, dkt, dgl, dul, da, db, du = lax.fori_loop(
+        0, nv, body, init
+    )
+    is_last = jnp.arange(c) == c - 1
+    return _Reduced(
+        dsq=dsq,
+        davec=davec + jnp.where(is_last, da, 0.0),
+        dbvec=dbvec + jnp.where(is_last, db, 0.0),
+        duvec=jnp.where(is_last, du, 0.0),
+        dattn=dattn,
+        dtinv_v=dtv,
+        dy=dy,
+        dz=dz,
+        dkt=dkt,
+        dg_last=dgl,
+        du_last=dul,
+    )
+
+
+def _chunk_parts_from_refs(q_ref, k, p, la_ref, lm_ref, beta, eta, *, scale, precision):
+    ld = lambda r: r[...].astype(_F32)
+    return _chunk_parts(
+        ld(q_ref),
+        k,
+        p,
+        ld(la_ref),
+        ld(lm_ref),
+        beta,
+        eta,
+        scale=scale,
+        precision=precision,
+        inverse=_inverse_forward_substitution,
+    )
+
+
 def _chunk_bwd_kernel(
     q_ref,
     k_ref,
@@ -583,80 +721,112 @@ def _chunk_bwd_kernel(
     precision,
     block_v,
 ):
-    """One (batch, head, chunk) tile of the backward: recompute the chunk's forward parts,
-    contract the state-side cotangents over V-blocks (dQa, dQb, dAttn, dY, dZ, dKgS, dKgM, the
-    chunk-end decays, dV = T^T dVt), then the hand-written reverse of the preparation."""
+    """One (batch, head, chunk) tile of the backward (``backward="pallas"``): recompute the
+    chunk's forward parts, contract the state-side cotangents over V-blocks (dQa, dQb, dAttn,
+    dY, dZ, dKgS, dKgM, the chunk-end decays, dV = T^T dVt), then the hand-written reverse of
+    the preparation."""
     ld = lambda r: r[...].astype(_F32)
     k, p, beta, eta = ld(k_ref), ld(p_ref), ld(beta_ref), ld(eta_ref)
-    f = _chunk_parts(
-        ld(q_ref),
-        k,
-        p,
-        ld(la_ref),
-        ld(lm_ref),
-        beta,
-        eta,
-        scale=scale,
+    f = _chunk_parts_from_refs(
+        q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision
+    )
+
+    def write_dv(sv, dvt):
+        dv_ref[:, sv] = _mm(f.tinv, dvt, ta=True, precision=precision).astype(dv_ref.dtype)
+
+    r = _contract_over_v(
+        f,
+        (v_ref, do_ref, vt_ref, dvt_ref, hs_ref, hm_ref, dhs_ref, dhm_ref),
+        block_v=block_v,
         precision=precision,
-        inverse=_inverse_forward_substitution,
-    )
-    mm = functools.partial(_mm, precision=precision)
-    c, kp = k.shape
-    nv = v_ref.shape[-1] // block_v
-    zk = jnp.zeros((c, kp), _F32)
-    zc = jnp.zeros((c, c), _F32)
-    zv = jnp.zeros((c,), _F32)
-    zs = jnp.zeros((), _F32)
-
-    def body(j, acc):
-        dsq, davec, dbvec, dattn, dtv, dy, dz, dkt, dgl, dul, da, db, du = acc
-        sv = pl.ds(j * block_v, block_v)
-        do = do_ref[:, sv].astype(_F32)
-        vt = vt_ref[:, sv]
-        dvt = dvt_ref[:, sv]
-        v = v_ref[:, sv].astype(_F32)
-        hs, hm, dhs, dhm = hs_ref[:, sv], hm_ref[:, sv], dhs_ref[:, sv], dhm_ref[:, sv]
-        dqa = mm(do, hs, tb=True)
-        dqb = -mm(do, hm, tb=True)
-        dkgs = mm(vt, dhs, tb=True)
-        dkgm = -mm(vt, dhm, tb=True)
-        dv_ref[:, sv] = mm(f.tinv, dvt, ta=True)
-        return (
-            dsq + f.a_vec[:, None] * dqa + f.b_vec[:, None] * dqb,
-            davec + jnp.sum(dqa * f.sq, axis=-1),
-            dbvec + jnp.sum(dqb * f.sq, axis=-1),
-            dattn + mm(do, vt, tb=True),
-            dtv + mm(dvt, v, tb=True),
-            dy - mm(dvt, hs, tb=True),
-            dz + mm(dvt, hm, tb=True),
-            dkt + f.g_last[:, None] * dkgs + f.u_last[:, None] * dkgm,
-            dgl + jnp.sum(dkgs * f.kt, axis=-1),
-            dul + jnp.sum(dkgm * f.kt, axis=-1),
-            da + _total(hs * dhs),
-            db - _total(hm * dhs),
-            du + _total(hm * dhm),
-        )
-
-    init = (zk, zv, zv, zc, zc, zk, zk, zk, zv, zv, zs, zs, zs)
-    dsq, davec, dbvec, dattn, dtv, dy, dz, dkt, dgl, dul, da, db, du = lax.fori_loop(
-        0, nv, body, init
-    )
-    is_last = jnp.arange(c) == c - 1
-    r = _Reduced(
-        dsq=dsq,
-        davec=davec + jnp.where(is_last, da, 0.0),
-        dbvec=dbvec + jnp.where(is_last, db, 0.0),
-        duvec=jnp.where(is_last, du, 0.0),
-        dattn=dattn,
-        dtinv_v=dtv,
-        dy=dy,
-        dz=dz,
-        dkt=dkt,
-        dg_last=dgl,
-        du_last=dul,
+        on_block=write_dv,
     )
     grads = _chunk_prep_bwd(f, r, k, p, beta, eta, scale=scale, precision=precision)
     for ref, val in zip((dq_ref, dk_ref, dp_ref, dla_ref, dlm_ref, dbeta_ref, deta_ref), grads):
+        ref[...] = val.astype(ref.dtype)
+
+
+def _chunk_bwd_v_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    la_ref,
+    lm_ref,
+    beta_ref,
+    eta_ref,
+    do_ref,
+    vt_ref,
+    dvt_ref,
+    hs_ref,
+    hm_ref,
+    dhs_ref,
+    dhm_ref,
+    *reduced_refs,
+    scale,
+    precision,
+    block_v,
+):
+    """First half of the split backward (``backward="pallas_split"``), one (batch, head,
+    chunk) tile: the V-contraction of ``_chunk_bwd_kernel`` alone, written out as the eleven
+    ``_Reduced`` arrays. It needs only gate vectors, ``s q`` and ``kt`` of the chunk
+    (``_chunk_coefficients``: no triangular inverse, no dot), so its registers go to the
+    accumulators."""
+    ld = lambda r: r[...].astype(_F32)
+    f = _chunk_coefficients(
+        ld(q_ref),
+        ld(k_ref),
+        ld(la_ref),
+        ld(lm_ref),
+        ld(beta_ref),
+        ld(eta_ref),
+        scale=scale,
+    )
+    r = _contract_over_v(
+        f,
+        (v_ref, do_ref, vt_ref, dvt_ref, hs_ref, hm_ref, dhs_ref, dhm_ref),
+        block_v=block_v,
+        precision=precision,
+    )
+    for ref, val in zip(reduced_refs, r, strict=True):
+        ref[...] = val.astype(ref.dtype)
+
+
+def _prep_bwd_kernel(
+    q_ref,
+    k_ref,
+    p_ref,
+    la_ref,
+    lm_ref,
+    beta_ref,
+    eta_ref,
+    dvt_ref,
+    *refs,
+    scale,
+    precision,
+    block_v,
+):
+    """Second half of the split backward, one (batch, head, chunk) tile: recompute the chunk's
+    forward parts, dV = T^T dVt over V-blocks, then ``_chunk_prep_bwd`` from the ``_Reduced``
+    arrays the first half wrote. ``refs``: the eleven reduced inputs, then the eight outputs
+    (dq, dk, dv, dp, dla, dlm, dbeta, deta)."""
+    n_red = len(_Reduced._fields)
+    reduced_refs, (dq_ref, dk_ref, dv_ref, dp_ref, *gate_refs) = refs[:n_red], refs[n_red:]
+    ld = lambda r: r[...].astype(_F32)
+    k, p, beta, eta = ld(k_ref), ld(p_ref), ld(beta_ref), ld(eta_ref)
+    f = _chunk_parts_from_refs(
+        q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision
+    )
+
+    def body(j, carry):
+        sv = pl.ds(j * block_v, block_v)
+        dv = _mm(f.tinv, dvt_ref[:, sv], ta=True, precision=precision)
+        dv_ref[:, sv] = dv.astype(dv_ref.dtype)
+        return carry
+
+    lax.fori_loop(0, dvt_ref.shape[-1] // block_v, body, 0)
+    r = _Reduced(*(ld(ref) for ref in reduced_refs))
+    grads = _chunk_prep_bwd(f, r, k, p, beta, eta, scale=scale, precision=precision)
+    for ref, val in zip((dq_ref, dk_ref, dp_ref, *gate_refs), grads, strict=True):
         ref[...] = val.astype(ref.dtype)
 
 
@@ -672,6 +842,30 @@ def _default_block_v(kp: int) -> int:
     return 64 if kp <= 64 else 32 if kp <= 128 else 16
 
 
+def _default_backward(kp: int) -> str:
+    """Fused chunk-parallel backward up to padded K = 128, split beyond. Offline compile for
+    sm_90a (pip Triton 3.9), shared KiB / spill bytes per thread, fused vs the split's two
+    kernels (mdn_chunk_bwd_v, mdn_prep_bwd):
+
+    ======================  ==================  ===============================
+    case                    fused               split
+    ======================  ==================  ===============================
+    K=128 V=256 bf16, C=64  120 / 3756          48 / 320, 88 / 3568
+    K=256 V=256 bf16, C=64  216 / 7608          64 / 2864, 152 / 7760
+    K=256 V=256 f32, C=32   196 / 124976        16 / 1496, 64 / 135768
+    ======================  ==================  ===============================
+
+    The split costs a round trip of the contracted cotangents through HBM (float32: four
+    [C, K], two [C, C] and five [C] tiles per chunk; about 1 GB at B=8 T=4096 H=6 K=128) and
+    does not reduce the spills (they come from the reverse of the preparation, which both
+    variants run), so at K <= 128 the fused kernel is the default; at K = 256 the fused
+    kernel's 216 KiB is within 5% of the 227 KiB limit, and XLA's bundled Triton may allocate
+    a little differently, so the split is the safe default there. ``benchmarks/mdn_gpu.py
+    --tune`` times both on a GPU.
+    """
+    return "pallas" if kp <= 128 else "pallas_split"
+
+
 def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     """(num_warps, num_stages) of each kernel on Hopper, chosen from an offline compile for
     sm_90a (``benchmarks/triton_resources.py --sweep``; pip Triton 3.9), not from GPU timings
@@ -683,22 +877,35 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     many programs resident per SM as registers allow. At B=8 T=4096 H=6 K=128 V=256 bfloat16,
     block_v 32 (shared KB / registers / spill bytes per thread):
 
-    =============  ===========  ======================================================
-    kernel         chosen       measured, and why
-    =============  ===========  ======================================================
-    mdn_prep       8 w, 1 st    64 / 255 / 116; 4 warps spill 2.7 KB
-    mdn_state_fwd  4 w, 1 st    24 / 214 / 0: two programs per SM; 2 stages cost
-                                144 KB of shared memory (one program per SM)
-    mdn_out        4 w, 1 st    24 / 80 / 0; no loop to pipeline
-    mdn_state_bwd  4 w, 1 st    28 / 234 / 0; 2 stages: 224-232 KB, at or over the limit
-    mdn_chunk_bwd  8 w, 1 st    120 / 255 / 3756: 21 C x C and C x K float32 tiles are
-                                live at once; the weakest kernel (4 warps: 10 KB spills)
-    mdn_step       4 w, 1 st    1 / 191 / 0
-    =============  ===========  ======================================================
+    ===============  ===========  ====================================================
+    kernel           chosen       measured, and why
+    ===============  ===========  ====================================================
+    mdn_prep         8 w, 1 st    64 / 255 / 116; 4 warps spill 2.7 KB
+    mdn_state_fwd    4 w, 1 st    24 / 214 / 0: two programs per SM; 2 stages cost
+                                  144 KB of shared memory (one program per SM)
+    mdn_out          4 w, 1 st    24 / 80 / 0; no loop to pipeline
+    mdn_state_bwd    4 w, 1 st    28 / 234 / 0; 2 stages: 224-232 KB, at or over the
+                                  limit
+    mdn_chunk_bwd    8 w, 1 st    120 / 255 / 3756: 21 C x C and C x K float32 tiles
+                                  are live at once; the weakest kernel (4 warps: 10 KB
+                                  spills)
+    mdn_chunk_bwd_v  8 w, 1 st    48 / 255 / 320 (4 warps: 2.5 KB spills)
+    mdn_prep_bwd     8 w, 1 st    88 / 255 / 3568 (4 warps: 10 KB spills)
+    mdn_step         4 w, 1 st    1 / 191 / 0
+    ===============  ===========  ====================================================
 
     K = 256 (block_v 16): the state kernels take 8 warps (200 and 247 registers, no spills);
-    mdn_chunk_bwd needs 216 KB, near the limit, and spills 7.6 KB. Float32 inputs (3xTF32
-    dots, chunks capped at 32 for K > 64) fit too, with spills (performance is not a target).
+    mdn_chunk_bwd needs 216 KB, near the limit, and spills 7.6 KB, hence the split backward
+    there (``_default_backward``). Float32 inputs (3xTF32 dots, chunks capped at 32 for
+    K > 64) fit too, with spills (performance is not a target).
+
+    ptxas caveat: without a register bound in the PTX (Triton emits only ``.reqntid``; Pallas
+    cannot pass Triton's ``maxnreg``), ptxas at -O3 sometimes settles on 32 registers and
+    spills tens of KB per thread: float32 mdn_chunk_bwd / mdn_prep_bwd at C = 32, bf16
+    mdn_prep_bwd at C = 32. The same PTX with ``.maxnreg 255`` or ``.minnctapersm 1`` gets
+    255 registers and a tenth of the spills (pip Triton 3.9's ptxas 12.9 and 13.4 alike).
+    None of the bf16 C = 64 kernels is affected. ``gpu_check.sh`` reports what XLA's own
+    compile gives.
     """
     for kernel, warps, stages in launch:  # caller's overrides, e.g. from a tuning run
         if kernel == name:
@@ -753,7 +960,16 @@ def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, name, kp, run
     )(*args, *bufs)
 
 
-_KERNELS = ("mdn_prep", "mdn_state_fwd", "mdn_out", "mdn_state_bwd", "mdn_chunk_bwd")
+_KERNELS = (
+    "mdn_prep",
+    "mdn_state_fwd",
+    "mdn_out",
+    "mdn_state_bwd",
+    "mdn_chunk_bwd",
+    "mdn_chunk_bwd_v",
+    "mdn_prep_bwd",
+)
+_BACKWARDS = ("pallas", "pallas_split", "xla")
 
 
 def _check_launch(launch):
@@ -911,20 +1127,31 @@ def _state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, run):
     )
 
 
+def _chunk_tile_specs(h, kp, vp, chunk):
+    """BlockSpecs of the chunk-parallel backward kernels, grid ``(N, B, H)``: ``tok(d)`` a
+    [C, d] token tile, ``gate`` a [C] gate tile, ``state`` the [K, V] state of the chunk."""
+    tok = lambda d: pl.BlockSpec((None, chunk, None, d), lambda i, j, l: (j, i, l, 0))
+    gate = pl.BlockSpec((None, chunk, None), lambda i, j, l: (j, i, l))
+    state = pl.BlockSpec((None, None, kp, vp), lambda i, j, l: (j, l, i, 0))
+    return tok, gate, state
+
+
+def _grad_specs(b, tp, h, kp, vp, tok, gate):
+    """Out specs and shapes of dq, dk, dv, dp, dla, dlm, dbeta, deta (float32)."""
+    out_specs = [tok(kp), tok(kp), tok(vp), tok(kp)] + [gate] * 4
+    out_shape = [_sds((b, tp, h, kp))] * 2 + [_sds((b, tp, h, vp)), _sds((b, tp, h, kp))]
+    return out_specs, out_shape + [_sds((b, tp, h))] * 4
+
+
 def _chunk_bwd_call(
     args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, run
 ):
     q, k, v, p, la, lm, beta, eta = args
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
-    n = tp // chunk
-    tok = lambda d: pl.BlockSpec((None, chunk, None, d), lambda i, j, l: (j, i, l, 0))
-    gate = pl.BlockSpec((None, chunk, None), lambda i, j, l: (j, i, l))
-    state = pl.BlockSpec((None, None, kp, vp), lambda i, j, l: (j, l, i, 0))
+    tok, gate, state = _chunk_tile_specs(h, kp, vp, chunk)
     in_specs = [tok(kp), tok(kp), tok(vp), tok(kp)] + [gate] * 4 + [tok(vp)] * 3 + [state] * 4
-    out_specs = [tok(kp), tok(kp), tok(vp), tok(kp)] + [gate] * 4
-    out_shape = [_sds((b, tp, h, kp))] * 2 + [_sds((b, tp, h, vp)), _sds((b, tp, h, kp))]
-    out_shape += [_sds((b, tp, h))] * 4
+    out_specs, out_shape = _grad_specs(b, tp, h, kp, vp, tok, gate)
     kernel = functools.partial(
         _chunk_bwd_kernel, scale=scale, precision=precision, block_v=block_v
     )
@@ -934,9 +1161,54 @@ def _chunk_bwd_call(
         in_specs,
         out_specs,
         out_shape,
-        grid=(n, b, h),
+        grid=(tp // chunk, b, h),
         run=run,
         name="mdn_chunk_bwd",
+        kp=kp,
+    )
+
+
+def _chunk_bwd_split_call(
+    args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, run
+):
+    """``backward="pallas_split"``: mdn_chunk_bwd_v writes the ``_Reduced`` cotangents
+    (float32: [C, K] x 4, [C, C] x 2, [C] x 5 per chunk), mdn_prep_bwd turns them into the
+    gradients."""
+    q, k, v, p, la, lm, beta, eta = args
+    b, tp, h, kp = q.shape
+    vp = v.shape[-1]
+    tok, gate, state = _chunk_tile_specs(h, kp, vp, chunk)
+    width = {"k": kp, "c": chunk}
+    red_kind = dict(
+        dsq="k", davec="", dbvec="", duvec="", dattn="c", dtinv_v="c",
+        dy="k", dz="k", dkt="k", dg_last="", du_last="",
+    )  # fmt: skip
+    kinds = [red_kind[name] for name in _Reduced._fields]
+    red_specs = [tok(width[x]) if x else gate for x in kinds]
+    red_shape = [_sds((b, tp, h, width[x])) if x else _sds((b, tp, h)) for x in kinds]
+    grid = (tp // chunk, b, h)
+    kw = dict(scale=scale, precision=precision, block_v=block_v)
+    reduced = _launch(
+        functools.partial(_chunk_bwd_v_kernel, **kw),
+        (q, k, v, la, lm, beta, eta, do, vt, dvt, hs, hm, dhs, dhm),
+        [tok(kp), tok(kp), tok(vp)] + [gate] * 4 + [tok(vp)] * 3 + [state] * 4,
+        red_specs,
+        red_shape,
+        grid=grid,
+        run=run,
+        name="mdn_chunk_bwd_v",
+        kp=kp,
+    )
+    out_specs, out_shape = _grad_specs(b, tp, h, kp, vp, tok, gate)
+    return _launch(
+        functools.partial(_prep_bwd_kernel, **kw),
+        (q, k, p, la, lm, beta, eta, dvt, *reduced),
+        [tok(kp), tok(kp), tok(kp)] + [gate] * 4 + [tok(vp)] + red_specs,
+        out_specs,
+        out_shape,
+        grid=grid,
+        run=run,
+        name="mdn_prep_bwd",
         kp=kp,
     )
 
@@ -972,7 +1244,7 @@ def _mdn_core_bwd(cfg, residuals, cotangents):
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
     do, dst, dmt = cotangents
     kw = dict(precision=precision, run=run)
-    if backward == "pallas":
+    if backward != "xla":
         prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
     else:
         prep_fn = functools.partial(_prep_xla, chunk=chunk, scale=scale, precision=precision)
@@ -980,8 +1252,9 @@ def _mdn_core_bwd(cfg, residuals, cotangents):
     dvt, dhs, dhm, ds0, dm0 = _state_bwd_call(
         prep, do, dst.astype(_F32), dmt.astype(_F32), chunk=chunk, block_v=block_v, **kw
     )
-    if backward == "pallas":
-        grads = _chunk_bwd_call(
+    if backward in ("pallas", "pallas_split"):
+        call = _chunk_bwd_call if backward == "pallas" else _chunk_bwd_split_call
+        grads = call(
             args[:8], do, vt, dvt, hs, hm, dhs, dhm, chunk=chunk, block_v=block_v, scale=scale,
             **kw,
         )
@@ -1060,7 +1333,7 @@ def momentum_delta_rule_pallas(
     interpret=False,
     block_v=None,
     poison_outputs=False,
-    backward="pallas",
+    backward=None,
     launch=(),
 ):
     """Momentum delta rule, chunkwise, in Pallas kernels (see the module docstring).
@@ -1084,9 +1357,13 @@ def momentum_delta_rule_pallas(
         ``_launch_params`` for the named kernels (``mdn_prep``, ``mdn_state_fwd``, ``mdn_out``,
         ``mdn_state_bwd``, ``mdn_chunk_bwd``); for tuning on a GPU
         (``benchmarks/mdn_gpu.py --tune``). No effect in interpret mode.
-      backward: ``"pallas"`` (default): the backward is two kernels, the reverse state
-        recurrence and the fused chunk-parallel gradient kernel; ``"xla"``: the reverse state
-        recurrence kernel, then XLA einsums and ``jax.vjp`` of the jnp mirror of the preparation.
+      backward: how the chunk-parallel half of the backward runs, after the reverse state
+        recurrence kernel: ``"pallas"``, one fused kernel (mdn_chunk_bwd); ``"pallas_split"``,
+        two kernels (mdn_chunk_bwd_v, then mdn_prep_bwd) with the contracted cotangents
+        round-tripping through HBM; ``"xla"``, XLA einsums and ``jax.vjp`` of the jnp mirror
+        of the preparation. Default (None): ``_default_backward``, i.e. ``"pallas"`` for padded
+        K <= 128 and ``"pallas_split"`` beyond, where the fused kernel comes within 5% of the
+        H200's shared memory.
 
     Returns:
       ``(o, final_state)``: o [B, T, H, V] in q's dtype; final_state float32 or None.
@@ -1136,8 +1413,10 @@ def momentum_delta_rule_pallas(
         block_v = min(vp, _default_block_v(kp))
     if block_v & (block_v - 1) or vp % block_v:
         raise ValueError(f"block_v: expected a power of two dividing {vp}, got {block_v}")
-    if backward not in ("pallas", "xla"):
-        raise ValueError(f"backward: expected 'pallas' or 'xla', got {backward!r}")
+    if backward is None:
+        backward = _default_backward(kp)
+    if backward not in _BACKWARDS:
+        raise ValueError(f"backward: expected None or one of {_BACKWARDS}, got {backward!r}")
 
     def pad_tok(x, d):
         return jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, d - x.shape[-1])))

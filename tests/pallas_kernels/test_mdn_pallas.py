@@ -130,6 +130,29 @@ def test_grads_backward_xla_path():
     check_case(7, 2, 21, 2, 16, 16, 16, jnp.float32, 1e-4, backward="xla")
 
 
+def test_grads_backward_pallas_split_path():
+    """backward="pallas_split" (V-contraction kernel, HBM round trip, reverse-prep kernel)
+    agrees with the recurrence, and with the fused kernel to float32 rounding."""
+    check_case(8, 2, 37, 2, 24, 20, 16, jnp.float32, 1e-4, backward="pallas_split")
+    args, s0 = make_inputs(9, 1, 20, 2, 16, 16)
+    kp = jax.random.split(jax.random.key(9), 2)
+    probe = (jax.random.normal(kp[0], (1, 20, 2, 16)), jax.random.normal(kp[1], s0.shape))
+    fused, split = (
+        grads_of(pallas_fn(16, backward=bw), args, s0, 0.25, probe)
+        for bw in ("pallas", "pallas_split")
+    )
+    for name, a, b in zip(NAMES, fused, split, strict=True):
+        assert rel_rmse(b, a) < 1e-6, name
+
+
+def test_default_backward_splits_beyond_k128():
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _default_backward
+
+    assert [_default_backward(kp) for kp in (16, 64, 128, 256)] == ["pallas"] * 3 + [
+        "pallas_split"
+    ]
+
+
 def test_forward_and_grads_bfloat16():
     check_case(2, 2, 45, 2, 16, 32, 16, jnp.bfloat16, 1e-2)
 
@@ -274,6 +297,12 @@ def test_gpu_compiled_float32(seed, B, T, H, K, V, chunk):
 @pytest.mark.gpu
 def test_gpu_compiled_bfloat16():
     check_case(13, 2, 257, 2, 128, 256, 64, jnp.bfloat16, 1e-2, interpret=False)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_bfloat16_k256_split_backward():
+    """Padded K = 256: the default backward is the split one (_default_backward)."""
+    check_case(16, 1, 130, 2, 256, 64, 64, jnp.bfloat16, 1e-2, interpret=False, backward=None)
 
 
 @pytest.mark.gpu
