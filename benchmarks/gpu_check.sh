@@ -79,6 +79,7 @@ echo "== 3/3 registers and spills of the kernels as XLA compiled them (ptxas -v 
 timeout 60 "$PY" benchmarks/triton_resources.py ptx --dir "$DUMP" || true
 # only the PTX travels back (\$OUT): the HLO dumps are large and say nothing new
 find "$DUMP" -type f ! -name "*.ptx" -delete 2>/dev/null
+find "$DUMP" -type d -empty -delete 2>/dev/null
 
 echo "== gpu_check exit status: $status"
 exit $status

@@ -677,6 +677,7 @@ def _contract_over_v(f, refs, *, block_v, precision, on_block=None):
 
 
 def _chunk_parts_from_refs(q_ref, k, p, la_ref, lm_ref, beta, eta, *, scale, precision):
+    """``_chunk_parts`` inside a kernel: q and the log-gates loaded from their refs."""
     ld = lambda r: r[...].astype(_F32)
     return _chunk_parts(
         ld(q_ref),
