@@ -748,46 +748,18 @@ def _chunk_bwd_kernel(
 
 
 def _chunk_bwd_v_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    la_ref,
-    lm_ref,
-    beta_ref,
-    eta_ref,
-    do_ref,
-    vt_ref,
-    dvt_ref,
-    hs_ref,
-    hm_ref,
-    dhs_ref,
-    dhm_ref,
-    *reduced_refs,
-    scale,
-    precision,
-    block_v,
+    q_ref, k_ref, v_ref, la_ref, lm_ref, beta_ref, eta_ref, *refs, scale, precision, block_v
 ):
     """First half of the split backward (``backward="pallas_split"``), one (batch, head,
     chunk) tile: the V-contraction of ``_chunk_bwd_kernel`` alone, written out as the eleven
     ``_Reduced`` arrays. It needs only gate vectors, ``s q`` and ``kt`` of the chunk
     (``_chunk_coefficients``: no triangular inverse, no dot), so its registers go to the
-    accumulators."""
+    accumulators. ``refs``: the inputs (do, Vt, dVt, S, M, dS, dM), then the outputs."""
+    state_refs, reduced_refs = refs[:7], refs[7:]
     ld = lambda r: r[...].astype(_F32)
-    f = _chunk_coefficients(
-        ld(q_ref),
-        ld(k_ref),
-        ld(la_ref),
-        ld(lm_ref),
-        ld(beta_ref),
-        ld(eta_ref),
-        scale=scale,
-    )
-    r = _contract_over_v(
-        f,
-        (v_ref, do_ref, vt_ref, dvt_ref, hs_ref, hm_ref, dhs_ref, dhm_ref),
-        block_v=block_v,
-        precision=precision,
-    )
+    chunk_inputs = (q_ref, k_ref, la_ref, lm_ref, beta_ref, eta_ref)
+    f = _chunk_coefficients(*(ld(r) for r in chunk_inputs), scale=scale)
+    r = _contract_over_v(f, (v_ref, *state_refs), block_v=block_v, precision=precision)
     for ref, val in zip(reduced_refs, r, strict=True):
         ref[...] = val.astype(ref.dtype)
 
