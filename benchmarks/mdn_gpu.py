@@ -116,7 +116,8 @@ def jax_fns(op, name=None):
 
 
 def fla_times(B, T, H, K, V, warmup, iters):
-    """(fwd, fwd+bwd) seconds of fla's chunk_gated_delta_rule, or a string saying why not."""
+    """(fwd, fwd+bwd) seconds of fla's chunk_gated_delta_rule, or a string saying why not
+    (not importable, no CUDA device, or the call failed)."""
     try:
         import torch
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -141,9 +142,12 @@ def fla_times(B, T, H, K, V, warmup, iters):
         o = fwd()
         o.sum().backward()
 
-    with torch.no_grad():
-        t_f = do_bench(fwd, warmup=warmup * 10, rep=iters * 10, return_mode="median")
-    t_fb = do_bench(fwd_bwd, warmup=warmup * 10, rep=iters * 10, return_mode="median")
+    try:
+        with torch.no_grad():
+            t_f = do_bench(fwd, warmup=warmup * 10, rep=iters * 10, return_mode="median")
+        t_fb = do_bench(fwd_bwd, warmup=warmup * 10, rep=iters * 10, return_mode="median")
+    except Exception as e:  # noqa: BLE001 - e.g. an fla/triton version mismatch on the machine
+        return f"failed ({type(e).__name__}: {str(e)[:1000]})"
     return t_f / 1e3, t_fb / 1e3
 
 
