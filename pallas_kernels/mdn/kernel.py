@@ -369,10 +369,16 @@ def _reduce_cotangents(f, v, cts, precision):
     )
 
 
-def _chunk_prep_bwd(f, r, k, p, beta, eta, *, scale, precision):
+def _chunk_prep_bwd(f, r, load_k, p, beta, eta, *, scale, precision, emit):
     """Reverse mode of ``_chunk_prep`` by hand (chain rule through (5), (6), (9)-(11)).
 
-    Returns (dq, dk, dp, dla, dlm, dbeta, deta); dv = T^T duv is formed by the caller.
+    ``emit(name, value)`` receives each gradient of ``_GRAD_NAMES`` as soon as it is final, so
+    a kernel stores it there and its registers are free for the rest (dv = T^T duv is formed
+    by the caller). ``load_k()`` gives the chunk's keys, needed only for deta: loading them
+    again there keeps them out of registers in between. Both cut register pressure: offline
+    sm_90a compile at B=8 T=4096 H=6 K=128 V=256 bf16, mdn_chunk_bwd's spill stores went from
+    3756 to 3112 bytes per thread and its shared memory from 120 to 112 KiB (K=256: 7608 to
+    6640 bytes and 216 to 208 KiB).
     """
     mm = functools.partial(_mm, precision=precision)
     row = lambda x: jnp.sum(x, axis=-1)
@@ -381,7 +387,7 @@ def _chunk_prep_bwd(f, r, k, p, beta, eta, *, scale, precision):
     dgam = jnp.where(f.last, r.dg_last[..., None, :], 0.0) + r.dattn * f.qk
     dd2 = jnp.where(f.last, r.du_last[..., None, :], 0.0)
     dqk = r.dattn * f.gam
-    dsq = r.dsq + mm(dqk, f.kt)
+    emit("dq", scale * (r.dsq + mm(dqk, f.kt)))
     dkt = r.dkt + mm(dqk, f.sq, ta=True)
     # y = T diag(A_{t-1}) P, z = T diag(b_{t-1}) P, uv = T V
     ap_p = f.a_prev[..., :, None] * p
@@ -396,8 +402,10 @@ def _chunk_prep_bwd(f, r, k, p, beta, eta, *, scale, precision):
     dl = -mm(mm(f.tinv, dtinv, ta=True), f.tinv, tb=True)
     dgam_prev = dl * f.kp_mat
     dkp = dl * f.gam_prev
-    dp = dp + mm(dkp, f.kt)
+    emit("dp", dp + mm(dkp, f.kt))
     dkt = dkt + mm(dkp, p, ta=True)
+    emit("dk", eta[..., :, None] * dkt)
+    emit("deta", row(dkt * load_k()))
     # gamma = D1 diag(beta) D2, gamma_prev = D1p diag(beta) D2, b = D1 bu, b_prev = D1p bu
     dd1 = mm(dgam, f.bd2, tb=True) + r.dbvec[..., :, None] * f.bu[..., None, :]
     dd1p = mm(dgam_prev, f.bd2, tb=True) + db_prev[..., :, None] * f.bu[..., None, :]
@@ -419,11 +427,9 @@ def _chunk_prep_bwd(f, r, k, p, beta, eta, *, scale, precision):
     def rcumsum(x):  # sum_{t >= s} x_t, the transpose of the prefix sum
         return col(jnp.where(f.incl, x[..., :, None], 0.0))
 
-    dla = rcumsum(dlog_a + dlog_a_prev) - dlog_a_prev
-    dlm = rcumsum(dlog_u)
-    dk = eta[..., :, None] * dkt
-    deta = row(dkt * k)
-    return scale * dsq, dk, dp, dla, dlm, dbeta, deta
+    emit("dbeta", dbeta)
+    emit("dla", rcumsum(dlog_a + dlog_a_prev) - dlog_a_prev)
+    emit("dlm", rcumsum(dlog_u))
 
 
 def _prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
@@ -693,6 +699,20 @@ def _chunk_parts_from_refs(q_ref, k, p, la_ref, lm_ref, beta, eta, *, scale, pre
     )
 
 
+_GRAD_NAMES = ("dq", "dk", "dp", "dla", "dlm", "dbeta", "deta")  # what _chunk_prep_bwd emits
+
+
+def _store_to(refs):
+    """``emit`` for ``_chunk_prep_bwd``: store each gradient into its output ref; ``refs`` in
+    the order of ``_GRAD_NAMES``."""
+    by_name = dict(zip(_GRAD_NAMES, refs, strict=True))
+
+    def emit(name, value):
+        by_name[name][...] = value.astype(by_name[name].dtype)
+
+    return emit
+
+
 def _chunk_bwd_kernel(
     q_ref,
     k_ref,
@@ -742,9 +762,9 @@ def _chunk_bwd_kernel(
         precision=precision,
         on_block=write_dv,
     )
-    grads = _chunk_prep_bwd(f, r, k, p, beta, eta, scale=scale, precision=precision)
-    for ref, val in zip((dq_ref, dk_ref, dp_ref, dla_ref, dlm_ref, dbeta_ref, deta_ref), grads):
-        ref[...] = val.astype(ref.dtype)
+    out = _store_to((dq_ref, dk_ref, dp_ref, dla_ref, dlm_ref, dbeta_ref, deta_ref))
+    load_k = lambda: ld(k_ref)
+    _chunk_prep_bwd(f, r, load_k, p, beta, eta, scale=scale, precision=precision, emit=out)
 
 
 def _chunk_bwd_v_kernel(
@@ -798,9 +818,9 @@ def _prep_bwd_kernel(
 
     lax.fori_loop(0, dvt_ref.shape[-1] // block_v, body, 0)
     r = _Reduced(*(ld(ref) for ref in reduced_refs))
-    grads = _chunk_prep_bwd(f, r, k, p, beta, eta, scale=scale, precision=precision)
-    for ref, val in zip((dq_ref, dk_ref, dp_ref, *gate_refs), grads, strict=True):
-        ref[...] = val.astype(ref.dtype)
+    out = _store_to((dq_ref, dk_ref, dp_ref, *gate_refs))
+    load_k = lambda: ld(k_ref)
+    _chunk_prep_bwd(f, r, load_k, p, beta, eta, scale=scale, precision=precision, emit=out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -823,16 +843,16 @@ def _default_backward(kp: int) -> str:
     ======================  ==================  ===============================
     case                    fused               split
     ======================  ==================  ===============================
-    K=128 V=256 bf16, C=64  120 / 3756          48 / 320, 88 / 3568
-    K=256 V=256 bf16, C=64  216 / 7608          64 / 2864, 152 / 7760
-    K=256 V=256 f32, C=32   196 / 124976        16 / 1496, 64 / 135768
+    K=128 V=256 bf16, C=64  112 / 3112          48 / 320, 80 / 3608
+    K=256 V=256 bf16, C=64  208 / 6640          64 / 2864, 144 / 6516
+    K=256 V=256 f32, C=32   196 / 125040        16 / 1496, 64 / 129068
     ======================  ==================  ===============================
 
     The split costs a round trip of the contracted cotangents through HBM (float32: four
     [C, K], two [C, C] and five [C] tiles per chunk; about 1 GB at B=8 T=4096 H=6 K=128) and
     does not reduce the spills (they come from the reverse of the preparation, which both
     variants run), so at K <= 128 the fused kernel is the default; at K = 256 the fused
-    kernel's 216 KiB is within 5% of the 227 KiB limit, and XLA's bundled Triton may allocate
+    kernel's 208 KiB is within 10% of the 227 KiB limit, and XLA's bundled Triton may allocate
     a little differently, so the split is the safe default there. ``benchmarks/mdn_gpu.py
     --tune`` times both on a GPU.
     """
@@ -859,16 +879,16 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     mdn_out          4 w, 1 st    24 / 80 / 0; no loop to pipeline
     mdn_state_bwd    4 w, 1 st    28 / 234 / 0; 2 stages: 224-232 KB, at or over the
                                   limit
-    mdn_chunk_bwd    8 w, 1 st    120 / 255 / 3756: 21 C x C and C x K float32 tiles
+    mdn_chunk_bwd    8 w, 1 st    112 / 255 / 3112: 21 C x C and C x K float32 tiles
                                   are live at once; the weakest kernel (4 warps: 10 KB
                                   spills)
     mdn_chunk_bwd_v  8 w, 1 st    48 / 255 / 320 (4 warps: 2.5 KB spills)
-    mdn_prep_bwd     8 w, 1 st    88 / 255 / 3568 (4 warps: 10 KB spills)
+    mdn_prep_bwd     8 w, 1 st    80 / 255 / 3608 (4 warps: 10 KB spills)
     mdn_step         4 w, 1 st    1 / 191 / 0
     ===============  ===========  ====================================================
 
     K = 256 (block_v 16): the state kernels take 8 warps (200 and 247 registers, no spills);
-    mdn_chunk_bwd needs 216 KB, near the limit, and spills 7.6 KB, hence the split backward
+    mdn_chunk_bwd needs 208 KB, near the limit, and spills 6.6 KB, hence the split backward
     there (``_default_backward``). Float32 inputs (3xTF32 dots, chunks capped at 32 for
     K > 64) fit too, with spills (performance is not a target).
 
@@ -1335,7 +1355,7 @@ def momentum_delta_rule_pallas(
         two kernels (mdn_chunk_bwd_v, then mdn_prep_bwd) with the contracted cotangents
         round-tripping through HBM; ``"xla"``, XLA einsums and ``jax.vjp`` of the jnp mirror
         of the preparation. Default (None): ``_default_backward``, i.e. ``"pallas"`` for padded
-        K <= 128 and ``"pallas_split"`` beyond, where the fused kernel comes within 5% of the
+        K <= 128 and ``"pallas_split"`` beyond, where the fused kernel comes within 10% of the
         H200's shared memory.
 
     Returns:
