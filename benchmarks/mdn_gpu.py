@@ -52,7 +52,7 @@ from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
 # (label, keyword overrides of momentum_delta_rule_pallas), most informative first (the budget
 # may cut the tail): the state recurrences are latency-bound, so the candidates trade V-tile
 # size (programs in flight) against warps and software pipelining; the backward's
-# chunk-parallel half runs fused (one kernel, 3.7 KB of spills per thread) or split in two
+# chunk-parallel half runs fused (one kernel, 3.1 KB of spills per thread) or split in two
 # (0.3 KB + 3.6 KB, plus ~1 GB of HBM round trip at this shape). All of them fit the H200's
 # shared memory per the offline compile (benchmarks/triton_resources.py --sweep).
 _STATE_8W = (("mdn_state_fwd", 8, 1), ("mdn_state_bwd", 8, 1))

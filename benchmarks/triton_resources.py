@@ -207,12 +207,15 @@ def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
 # --------------------------------------------------------------------------------------------
 
 
-def _ptxas_candidates(triton_dir):
-    """ptxas binaries to try, preferred first: $TRITON_PTXAS_PATH, the wheel's newest (Blackwell
-    build, i.e. newest CUDA, which reads newer PTX ``.version``), the wheel's plain one, PATH."""
-    bindir = Path(triton_dir) / "backends" / "nvidia" / "bin"
+def _ptxas_candidates(triton_dir=None, extra=()):
+    """ptxas binaries to try, preferred first: $TRITON_PTXAS_PATH, the triton wheel's newest
+    (Blackwell build, i.e. newest CUDA, which reads newer PTX ``.version``), its plain one, the
+    ``extra`` paths, PATH. Only existing executables, each once."""
     paths = [os.environ.get("TRITON_PTXAS_PATH")]
-    paths += [bindir / "ptxas-blackwell", bindir / "ptxas"]
+    if triton_dir is not None:
+        bindir = Path(triton_dir) / "backends" / "nvidia" / "bin"
+        paths += [bindir / "ptxas-blackwell", bindir / "ptxas"]
+    paths += list(extra)
     paths.append(next((Path(d) / "ptxas" for d in os.get_exec_path() if d), None))
     out = []
     for p in paths:
@@ -362,16 +365,10 @@ def _ptxas_per_entry(stderr):
 def _ptxas_anywhere():
     """ptxas binaries on this machine: $TRITON_PTXAS_PATH, pip triton's, pip nvidia-cuda-nvcc's
     (``nvidia/cu13/bin``, ``nvidia/cuda_nvcc/bin``), PATH; newest CUDA first where known."""
-    paths = []
     spec = importlib.util.find_spec("triton")
-    if spec and spec.origin:
-        paths += _ptxas_candidates(Path(spec.origin).parent)
-    for site in sys.path:
-        for sub in ("nvidia/cu13/bin/ptxas", "nvidia/cuda_nvcc/bin/ptxas"):
-            if (Path(site) / sub).is_file():
-                paths.append(str(Path(site) / sub))
-    paths += [p for p in _ptxas_candidates("/nonexistent") if p not in paths]
-    return list(dict.fromkeys(paths))
+    triton_dir = Path(spec.origin).parent if spec and spec.origin else None
+    subs = ("nvidia/cu13/bin/ptxas", "nvidia/cuda_nvcc/bin/ptxas")
+    return _ptxas_candidates(triton_dir, [Path(site) / sub for site in sys.path for sub in subs])
 
 
 def ptx_report(directory, pattern="mdn_", limit=None):

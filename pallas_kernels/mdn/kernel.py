@@ -699,6 +699,11 @@ def _chunk_parts_from_refs(q_ref, k, p, la_ref, lm_ref, beta, eta, *, scale, pre
     )
 
 
+def _store_dv(dv_ref, sv, tinv, dvt, precision):
+    """dV = T^T dVt (11) for the V-block ``sv``."""
+    dv_ref[:, sv] = _mm(tinv, dvt, ta=True, precision=precision).astype(dv_ref.dtype)
+
+
 _GRAD_NAMES = ("dq", "dk", "dp", "dla", "dlm", "dbeta", "deta")  # what _chunk_prep_bwd emits
 
 
@@ -752,15 +757,12 @@ def _chunk_bwd_kernel(
         q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision
     )
 
-    def write_dv(sv, dvt):
-        dv_ref[:, sv] = _mm(f.tinv, dvt, ta=True, precision=precision).astype(dv_ref.dtype)
-
     r = _contract_over_v(
         f,
         (v_ref, do_ref, vt_ref, dvt_ref, hs_ref, hm_ref, dhs_ref, dhm_ref),
         block_v=block_v,
         precision=precision,
-        on_block=write_dv,
+        on_block=lambda sv, dvt: _store_dv(dv_ref, sv, f.tinv, dvt, precision),
     )
     out = _store_to((dq_ref, dk_ref, dp_ref, dla_ref, dlm_ref, dbeta_ref, deta_ref))
     load_k = lambda: ld(k_ref)
@@ -812,8 +814,7 @@ def _prep_bwd_kernel(
 
     def body(j, carry):
         sv = pl.ds(j * block_v, block_v)
-        dv = _mm(f.tinv, dvt_ref[:, sv], ta=True, precision=precision)
-        dv_ref[:, sv] = dv.astype(dv_ref.dtype)
+        _store_dv(dv_ref, sv, f.tinv, dvt_ref[:, sv], precision)
         return carry
 
     lax.fori_loop(0, dvt_ref.shape[-1] // block_v, body, 0)
