@@ -21,7 +21,7 @@ if command -v pyenv >/dev/null 2>&1; then \
 exit 1
 endef
 
-.PHONY: demo test lint venv clean notebooks
+.PHONY: demo test lint venv clean notebooks xla-aot
 
 $(VENV)/.installed: pyproject.toml
 	@py=$$( $(FIND_PYTHON) ) || { echo "error: need Python >= 3.12 (set PYTHON=...)" >&2; exit 1; }; \
@@ -45,8 +45,18 @@ lint: venv
 test: venv lint
 	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu" -n 2 --dist loadgroup $(PYTEST_ARGS)
 
+# XLA's own compile of the Pallas kernels for an H200, without a GPU (benchmarks/xla_aot.py;
+# e.g. XLA_AOT_ARGS="--sweep"). Fetches the CUDA PJRT plugin of the venv's JAX (~145 MB) into
+# .cache/xla-aot once; ptxas comes from the kernel-check extra (pip Triton) or a CUDA toolkit.
+XLA_AOT_ARGS ?=
+xla-aot: venv
+	@jv=$$($(BIN)/python -c 'import jax; print(jax.__version__)'); dir=.cache/xla-aot/$$jv; \
+	  [ -d $$dir ] || $(BIN)/python -m pip install -q --no-deps --target $$dir \
+	    jax-cuda13-plugin==$$jv jax-cuda13-pjrt==$$jv || { rm -rf $$dir; exit 1; }; \
+	  PYTHONPATH=$$dir $(BIN)/python benchmarks/xla_aot.py $(XLA_AOT_ARGS)
+
 notebooks: venv
 	$(BIN)/jupytext --sync notebooks/*.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) build *.egg-info runs .cache

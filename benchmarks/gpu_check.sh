@@ -11,13 +11,13 @@
 # the recurrence at that shape and forward+gradients at a small one; fwd+bwd of a few kernel
 # tilings/launch configs (TUNE_CANDIDATES, at most ~120 s), keeping the fastest; then medians
 # after warm-up of pallas fwd / fwd+bwd, the XLA chunk path, and fla-core's
-# chunk_gated_delta_rule when present; 2) registers and spills of the kernels in the PTX XLA
-# compiled (XLA dumps it during 1; ptxas -v; the PTX files are kept in $OUT/xla_dump);
+# chunk_gated_delta_rule when present; 2) grid, shared memory, registers and spills of each
+# kernel as XLA compiles it for an H200 (benchmarks/xla_aot.py: XLA's own Triton and ptxas);
 # 3) pytest -m gpu tests/pallas_kernels/test_mdn_pallas.py (compiled kernels vs the recurrent
 # reference, float32 at precision highest and bfloat16, K up to 256, gradients included).
 # With $OUT set (the device tool), the whole log is also written to $OUT/gpu_check.log.
-# Before spending GPU time, check on any machine that every kernel fits the H200's shared
-# memory: TRITON_PYTHON=<python with triton> python benchmarks/triton_resources.py all
+# Before spending GPU time, check on any machine that XLA compiles every kernel for an H200
+# within its shared memory: `make xla-aot` (benchmarks/xla_aot.py, no GPU needed).
 #
 # The peer (fla-core, pure Python) travels as a wheel in .whl/. Fetch it once, in the repo root,
 # on a machine with network access:
@@ -68,17 +68,13 @@ status=0
 # Timings first: they are what only a GPU can give, and a later step that overruns its
 # timeout must not cost them.
 echo "== 1/3 tuning, then timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
-# XLA also dumps the modules of the timed Pallas op (jit_mdn_pallas_*), PTX included, for 2/3.
-DUMP="${OUT:-/tmp}/xla_dump"
-rm -rf "$DUMP"
-XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$DUMP --xla_dump_hlo_module_re=.*mdn_pallas.*" \
-  timeout 360 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check --tune || status=1
+timeout 360 "$PY" -W ignore::DeprecationWarning benchmarks/mdn_gpu.py --check --tune || status=1
 
-echo "== 2/3 registers and spills of the kernels as XLA compiled them (ptxas -v on its PTX)"
-timeout 60 "$PY" benchmarks/triton_resources.py ptx --dir "$DUMP" || true
-# only the PTX travels back (\$OUT): the HLO dumps are large and say nothing new
-find "$DUMP" -type f ! -name "*.ptx" -delete 2>/dev/null
-find "$DUMP" -type d -empty -delete 2>/dev/null
+echo "== 2/3 what XLA compiled: grid, shared memory, registers, spills per kernel (xla_aot.py)"
+# The same deviceless compile as offline (JAX_PLATFORMS=cpu: the GPU is not touched), here with
+# the image's own ptxas; the PTX and ptxas logs come back in $OUT/xla_aot.
+timeout 60 "$PY" benchmarks/xla_aot.py --no-xla-chunk ${OUT:+--keep "$OUT/xla_aot"} || true
+[ -n "${OUT:-}" ] && rm -rf "$OUT/xla_aot/dump" "$OUT/xla_aot/cuda"
 
 echo "== 3/3 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
 timeout 150 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \

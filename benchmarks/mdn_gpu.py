@@ -23,7 +23,7 @@ Usage::
                                                   # configs (TUNE_CANDIDATES), keep the best
 
 The defaults of the kernels' tiling and launch parameters come from an offline compile for
-sm_90a (``benchmarks/triton_resources.py``: shared memory, registers, spills), not from GPU
+sm_90a (``benchmarks/xla_aot.py``: shared memory, registers, spills), not from GPU
 timings; ``--tune`` is the measurement that confirms or replaces them.
 """
 
@@ -52,9 +52,9 @@ from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
 # (label, keyword overrides of momentum_delta_rule_pallas), most informative first (the budget
 # may cut the tail): the state recurrences are latency-bound, so the candidates trade V-tile
 # size (programs in flight) against warps and software pipelining; the backward's
-# chunk-parallel half runs fused (one kernel, 3.1 KB of spills per thread) or split in two
-# (0.3 KB + 3.6 KB, plus ~1 GB of HBM round trip at this shape). All of them fit the H200's
-# shared memory per the offline compile (benchmarks/triton_resources.py --sweep).
+# chunk-parallel half runs fused (one kernel, 4.1 KB of spills per thread) or split in two
+# (0.6 KB + 4.6 KB, plus ~1 GB of HBM round trip at this shape). XLA compiles all of them for
+# an H200 (benchmarks/xla_aot.py --candidates; jaxlib 0.11.2's figures above).
 _STATE_8W = (("mdn_state_fwd", 8, 1), ("mdn_state_bwd", 8, 1))
 TUNE_CANDIDATES = (
     ("default", {}),
@@ -98,10 +98,8 @@ def median_time(fn, args, warmup, iters):
     return statistics.median(times)
 
 
-def jax_fns(op, name=None):
-    """(forward, forward+backward) jitted closures of an op with the public signature. With
-    ``name``, XLA's modules are called ``jit_<name>_fwd`` / ``jit_<name>_grad`` (so that
-    ``--xla_dump_hlo_module_re`` can pick them)."""
+def jax_fns(op):
+    """(forward, forward+backward) jitted closures of an op with the public signature."""
 
     def fwd(*a):
         return op(*a)[0]
@@ -109,10 +107,7 @@ def jax_fns(op, name=None):
     def loss(*a):
         return jnp.sum(op(*a)[0].astype(jnp.float32))
 
-    grad = jax.grad(loss, argnums=tuple(range(8)))
-    if name:
-        fwd.__name__, grad.__name__ = f"{name}_fwd", f"{name}_grad"
-    return jax.jit(fwd), jax.jit(grad)
+    return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=tuple(range(8))))
 
 
 def fla_times(B, T, H, K, V, warmup, iters):
@@ -215,8 +210,7 @@ def main(argv=None):
     if not args.skip_chunk:
         ops.append(("chunk", chunk, True))
     for name, op, with_fwd in ops:
-        # "mdn_pallas": the modules gpu_check.sh dumps for XLA's PTX (--xla_dump_hlo_module_re)
-        f, fb = jax_fns(op, "mdn_pallas" if name == "pallas" else None)
+        f, fb = jax_fns(op)
         for direction, fn in ([("fwd", f)] if with_fwd else []) + [("fwd+bwd", fb)]:
             try:
                 rows.append((name, direction, median_time(fn, inputs, args.warmup, args.iters)))

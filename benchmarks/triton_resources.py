@@ -15,9 +15,9 @@ CPU can fail on the first GPU run. Registers are capped at 255 per thread; past 
 spills to local memory, which is slow. This check catches both before a GPU is available.
 
 Caveat: XLA compiles the kernels with the Triton bundled in jaxlib, not the pip ``triton`` used
-here, so its pipelining/layout choices, and hence the numbers, can differ a little (a different
-Triton version may e.g. allocate a few KiB more or fewer). Treat a kernel within ~10% of the
-limit as at risk.
+here, so its pipelining/layout choices, and hence the numbers, differ a little (a few KiB of
+shared memory, some hundred bytes of spills). ``xla_aot.py`` runs XLA's own compile for an H200
+without a GPU when the CUDA PJRT plugin is at hand; this script needs only pip ``triton``.
 
 Two stages in one file, because jax and triton usually live in different environments:
 
@@ -29,9 +29,6 @@ Two stages in one file, because jax and triton usually live in different environ
         [--sweep] [--json results.json]
     # both at once; the compile stage runs under $TRITON_PYTHON (default: this interpreter):
     TRITON_PYTHON=/tmp/tri/bin/python .venv/bin/python benchmarks/triton_resources.py all
-    # on the GPU machine, after a run with XLA_FLAGS=--xla_dump_to=DIR (gpu_check.sh does
-    # this): ptxas -v on the PTX XLA compiled, per mdn_* entry, with its directives
-    python benchmarks/triton_resources.py ptx --dir DIR
 
 A triton environment: ``python3.12 -m venv /tmp/tri && /tmp/tri/bin/pip install triton``.
 ``compile`` and ``all`` exit with status 1 when a kernel is over the shared-memory limit or does
@@ -338,84 +335,6 @@ def compile_dir(directory, sweep=False, json_out=None):
 
 
 # --------------------------------------------------------------------------------------------
-# Stage 3 (on the GPU machine, no jax): the PTX that XLA itself compiled (--xla_dump_to)
-# --------------------------------------------------------------------------------------------
-
-_ENTRY = re.compile(r"\.entry\s+([\w$.]+)\s*\((?:[^()]|\([^()]*\))*\)\s*((?:\.\w+[^{]*?)*)\{")
-
-
-def _entry_directives(ptx):
-    """{entry name: its performance directives (.reqntid, .maxntid, .maxnreg, .minnctapersm)}."""
-    return {m.group(1): " ".join(m.group(2).split()) for m in _ENTRY.finditer(ptx)}
-
-
-def _ptxas_per_entry(stderr):
-    """{entry: (registers, spill-store bytes)} from ``ptxas -v`` output."""
-    out, name, spills = {}, None, 0
-    for line in stderr.splitlines():
-        if m := re.search(r"Compiling entry function '([^']+)'", line):
-            name, spills = m.group(1), 0
-        elif (m := re.search(r"(\d+) bytes spill stores", line)) and name:
-            spills = int(m.group(1))
-        elif (m := re.search(r"Used (\d+) registers", line)) and name:
-            out[name] = (int(m.group(1)), spills)
-    return out
-
-
-def _ptxas_anywhere():
-    """ptxas binaries on this machine: $TRITON_PTXAS_PATH, pip triton's, pip nvidia-cuda-nvcc's
-    (``nvidia/cu13/bin``, ``nvidia/cuda_nvcc/bin``), PATH; newest CUDA first where known."""
-    spec = importlib.util.find_spec("triton")
-    triton_dir = Path(spec.origin).parent if spec and spec.origin else None
-    subs = ("nvidia/cu13/bin/ptxas", "nvidia/cuda_nvcc/bin/ptxas")
-    return _ptxas_candidates(triton_dir, [Path(site) / sub for site in sys.path for sub in subs])
-
-
-def ptx_report(directory, pattern="mdn_", limit=None):
-    """Registers and spills of the kernels in the PTX files XLA dumped (``--xla_dump_to``) under
-    ``directory``: for every entry whose name contains ``pattern``, its directives and what
-    ``ptxas -v`` for sm_90a gives. Answers whether XLA's compile of the Pallas Triton kernels
-    matches the offline one (same registers, or the low-register fallback ptxas picks when the
-    PTX carries no ``.maxnreg`` / ``.minnctapersm``). Returns the number of PTX files read."""
-    files = sorted(Path(directory).rglob("*.ptx"))[:limit]
-    if not files:
-        print(f"ptx: no .ptx files under {directory} (did XLA dump any?)")
-        return 0
-    ptxas_list = _ptxas_anywhere()
-    print(f"ptxas: {ptxas_list[0] if ptxas_list else 'none found'}\n")
-    print("| file | entry | directives | registers | spill-store bytes |\n|---|---|---|---:|---:|")
-    matched = 0
-    for path in files:
-        ptx = path.read_text()
-        entries = {n: d for n, d in _entry_directives(ptx).items() if pattern in n}
-        if not entries:
-            continue
-        matched += len(entries)
-        stats, note = {}, ""
-        with tempfile.TemporaryDirectory() as work:
-            for exe in ptxas_list:
-                cmd = [exe, "-v", "--gpu-name", "sm_90a", str(path), "-o", f"{work}/k.cubin"]
-                try:
-                    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-                except subprocess.TimeoutExpired:
-                    note = f"{Path(exe).name}: timed out"
-                    continue
-                if r.returncode == 0:
-                    stats = _ptxas_per_entry(r.stderr)
-                    break
-                note = f"{Path(exe).name}: {r.stderr.strip().splitlines()[-1:]}"
-        for name, directives in entries.items():
-            regs, spills = stats.get(name, ("-", "-"))
-            print(f"| {path.name[:60]} | {name} | {directives or '-'} | {regs} | {spills} |")
-        if not stats:
-            print(f"(no ptxas result for {path.name}: {note or 'no ptxas'})")
-    if not matched:
-        print(f"(no entry containing {pattern!r} in {len(files)} PTX files)")
-    sys.stdout.flush()
-    return len(files)
-
-
-# --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
 
@@ -459,14 +378,8 @@ def main(argv=None):
     p_all.add_argument("--out", default=None, help="default: a new temporary directory")
     p_all.add_argument("--sweep", action="store_true")
     lowering_args(p_all)
-    p_ptx = sub.add_parser("ptx", help="ptxas -v on the PTX XLA dumped (--xla_dump_to)")
-    p_ptx.add_argument("--dir", required=True)
-    p_ptx.add_argument("--pattern", default="mdn_", help="report entries containing this")
     args = parser.parse_args(argv)
 
-    if args.cmd == "ptx":
-        ptx_report(args.dir, args.pattern)
-        return 0
     if args.cmd == "compile":
         return compile_dir(args.dir, sweep=args.sweep, json_out=args.json)
     if args.cmd == "all":

@@ -69,17 +69,16 @@ Memory: the forward keeps Vt [B, T, H, V] and the states entering every chunk,
 2 x [B, H, T/C, K, V] (bfloat16 for bfloat16 inputs), for the backward; everything else is
 recomputed.
 
-Launch parameters (warps, stages, the V-tile) come from an offline compile of the lowered
-Triton IR for sm_90a with pip Triton (``benchmarks/triton_resources.py``): every kernel stays
-under the H200's 227 KB of shared memory per block; see ``_launch_params``.
+Launch parameters (warps, stages, the V-tile) come from XLA's own compile of the programs for
+an H200 without a GPU (``benchmarks/xla_aot.py``: jaxlib's Triton, then ptxas): every kernel
+stays under the H200's 227 KB of shared memory per block; see ``_launch_params``.
 
 Limits (as of this version): the Pallas Triton backend is deprecated from JAX 0.11 on (a
 DeprecationWarning at lowering); no Mosaic GPU variant yet; ``jax.vmap`` of the op adds a grid
 axis, which the Triton lowering refuses beyond three axes (fold batch dims into B instead);
 no sharding rule (wrap in ``shard_map`` over batch/heads). Checked on CPU with JAX 0.12.0.1 and
-0.11.2 in interpret mode, lowered through the Triton lowering for an abstract H200 and
-compiled from that IR to sm_90a with pip Triton 3.9 (XLA compiles with its own bundled Triton,
-whose numbers may differ a little); not yet run or timed on a GPU.
+0.11.2 in interpret mode, and compiled by XLA of both versions for an H200 (deviceless, down to
+SASS: every program compiles, every kernel fits); not yet run or timed on a GPU.
 
 Triton constraints honoured by the wrapper (interpret mode does not enforce them): every block
 dimension is a power of two and >= 16 (K and V are zero-padded to ``max(16, next_pow2)``, the
@@ -861,45 +860,44 @@ def _default_backward(kp: int) -> str:
 
 
 def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
-    """(num_warps, num_stages) of each kernel on Hopper, chosen from an offline compile for
-    sm_90a (``benchmarks/triton_resources.py --sweep``; pip Triton 3.9), not from GPU timings
-    (none yet; ``benchmarks/mdn_gpu.py --tune`` times alternatives). ``launch`` entries
-    ``(name, warps, stages)`` override these.
+    """(num_warps, num_stages) of each kernel on Hopper, chosen from XLA's own compile for an
+    H200 (``benchmarks/xla_aot.py --sweep``: jaxlib 0.11.2's Triton, ptxas 13.0, no GPU), not
+    from GPU timings (none yet; ``benchmarks/mdn_gpu.py --tune`` times alternatives).
+    ``launch`` entries ``(name, warps, stages)`` override these.
 
-    Constraints: at most 227 KB of shared memory per block (XLA refuses to launch more), no
+    Constraints: at most 227 KB of shared memory per block (XLA refuses to compile more), no
     register spills where avoidable, and for the latency-bound sequential state kernels as
     many programs resident per SM as registers allow. At B=8 T=4096 H=6 K=128 V=256 bfloat16,
-    block_v 32 (shared KB / registers / spill bytes per thread):
+    block_v 32 (shared KB / registers / spill-store bytes per thread):
 
     ===============  ===========  ====================================================
     kernel           chosen       measured, and why
     ===============  ===========  ====================================================
-    mdn_prep         8 w, 1 st    64 / 255 / 116; 4 warps spill 2.7 KB
-    mdn_state_fwd    4 w, 1 st    24 / 214 / 0: two programs per SM; 2 stages cost
-                                  144 KB of shared memory (one program per SM)
-    mdn_out          4 w, 1 st    24 / 80 / 0; no loop to pipeline
-    mdn_state_bwd    4 w, 1 st    28 / 234 / 0; 2 stages: 224-232 KB, at or over the
-                                  limit
-    mdn_chunk_bwd    8 w, 1 st    112 / 255 / 3112: 21 C x C and C x K float32 tiles
-                                  are live at once; the weakest kernel (4 warps: 10 KB
-                                  spills)
-    mdn_chunk_bwd_v  8 w, 1 st    48 / 255 / 320 (4 warps: 2.5 KB spills)
-    mdn_prep_bwd     8 w, 1 st    80 / 255 / 3608 (4 warps: 10 KB spills)
-    mdn_step         4 w, 1 st    1 / 191 / 0
+    mdn_prep         8 w, 1 st    64 / 255 / 272; 4 warps spill 3.8 KB
+    mdn_state_fwd    4 w, 1 st    32 / 236 / 0: two programs per SM (8 warps: 172
+                                  registers, but one 256-thread program per SM)
+    mdn_out          4 w, 1 st    24 / 78 / 0; no loop to pipeline
+    mdn_state_bwd    4 w, 1 st    36 / 209 / 0; 2 stages need 232 KB: XLA refuses
+    mdn_chunk_bwd    8 w, 1 st    104 / 255 / 4080: 21 C x C and C x K float32 tiles
+                                  are live at once; the weakest kernel (4 warps: 9.5 KB
+                                  spills, 2 or 3 stages: more)
+    mdn_chunk_bwd_v  8 w, 1 st    40 / 255 / 612 (4 warps: 3.4 KB spills)
+    mdn_prep_bwd     8 w, 1 st    88 / 255 / 4604 (4 warps: 8.8 KB spills)
+    mdn_step         4 w, 1 st    1 / 254 / 0
     ===============  ===========  ====================================================
 
-    K = 256 (block_v 16): the state kernels take 8 warps (200 and 247 registers, no spills);
-    mdn_chunk_bwd needs 208 KB, near the limit, and spills 6.6 KB, hence the split backward
+    K = 256 (block_v 16): the state kernels take 8 warps (254 and 232 registers, no spills);
+    the fused mdn_chunk_bwd needs 200 KB, near the limit, and spills 10 KB; the split
+    backward's two kernels need 64 and 168 KB (3.4 and 9.5 KB of spills), hence the split
     there (``_default_backward``). Float32 inputs (3xTF32 dots, chunks capped at 32 for
     K > 64) fit too, with spills (performance is not a target).
 
     ptxas caveat: without a register bound in the PTX (Triton emits only ``.reqntid``; Pallas
     cannot pass Triton's ``maxnreg``), ptxas at -O3 sometimes settles on 32 registers and
-    spills tens of KB per thread: float32 mdn_chunk_bwd / mdn_prep_bwd at C = 32, bf16
-    mdn_prep_bwd at C = 32. The same PTX with ``.maxnreg 255`` or ``.minnctapersm 1`` gets
-    255 registers and a tenth of the spills (pip Triton 3.9's ptxas 12.9 and 13.4 alike).
-    None of the bf16 C = 64 kernels is affected. ``gpu_check.sh`` reports what XLA's own
-    compile gives.
+    spills tens of KB per thread. In XLA's compile this hits the float32 backward kernels at
+    C = 32 (mdn_chunk_bwd_v and mdn_prep_bwd; mdn_chunk_bwd too with jaxlib 0.11.2). The same
+    PTX with ``.maxnreg 255`` or ``.minnctapersm 1``, or at ptxas -O1, gets 255 registers and
+    a tenth of the spills. No bf16 kernel is affected.
     """
     for kernel, warps, stages in launch:  # caller's overrides, e.g. from a tuning run
         if kernel == name:

@@ -113,30 +113,3 @@ def test_kernels_fit_h200_shared_memory(tmp_path, dtype):
     assert not over, f"over {tr.SHARED_LIMIT} bytes of shared memory: {over}\n{r.stdout}"
     assert r.returncode == 0, r.stdout + r.stderr
 
-
-def test_ptx_report_parsers(tmp_path, capsys):
-    """The ``ptx`` stage (run on the GPU machine over XLA's dumped PTX) reads each entry's
-    directives and ptxas -v's per-entry registers and spills."""
-    tr = load_script()
-    ptx = (
-        ".visible .entry mdn_prep(\n\t.param .u64 a,\n\t.param .align 4 .b8 b[4]\n)\n"
-        ".reqntid 256\n.maxnreg 255\n{\n\tret;\n}\n"
-        ".visible .entry fusion_1(\n\t.param .u64 a\n)\n.maxntid 128, 1, 1\n{\n\tret;\n}\n"
-    )
-    assert tr._entry_directives(ptx) == {
-        "mdn_prep": ".reqntid 256 .maxnreg 255",
-        "fusion_1": ".maxntid 128, 1, 1",
-    }
-    stderr = (
-        "ptxas info    : Compiling entry function 'mdn_prep' for 'sm_90a'\n"
-        "ptxas info    : Function properties for mdn_prep\n"
-        "    19856 bytes stack frame, 75312 bytes spill stores, 91468 bytes spill loads\n"
-        "ptxas info    : Used 32 registers, used 1 barriers, 19856 bytes cumulative stack size\n"
-        "ptxas info    : Compiling entry function 'fusion_1' for 'sm_90a'\n"
-        "ptxas info    : Function properties for fusion_1\n"
-        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-        "ptxas info    : Used 18 registers\n"
-    )
-    assert tr._ptxas_per_entry(stderr) == {"mdn_prep": (32, 75312), "fusion_1": (18, 0)}
-    assert tr.ptx_report(tmp_path) == 0
-    assert "no .ptx files" in capsys.readouterr().out

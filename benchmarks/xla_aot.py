@@ -1,0 +1,533 @@
+"""Compile the momentum delta rule programs with XLA for an H200, on a machine without a GPU.
+
+What: JAX lowers each program with an H200 as the default device and the CUDA PJRT plugin
+compiles it against a description of the H200 (XLA's deviceless ahead-of-time compilation: no
+driver, no GPU). The programs are the Pallas forward, forward+backward with the fused and with
+the split backward, the decode step, and the XLA ``chunk`` path's forward+backward. XLA's own
+Triton (the one bundled in jaxlib) turns each ``pallas_call`` into PTX, and XLA runs ptxas on
+it, as it will on the GPU. A ptxas wrapper first on PATH keeps each PTX and adds ``-v``; XLA's
+thunk sequence (``--xla_dump_to``) gives each kernel's grid, threads and shared memory.
+
+Reported per kernel: grid, threads, shared KiB, registers, spill-store bytes (and the PTX
+directives). Per program: compile time and XLA's temporary buffer (``memory_analysis``).
+``--sweep`` compiles the Pallas programs once per (num_warps, num_stages) pair for every kernel
+at once (the ``launch=`` override) and tabulates each kernel's resources per pair.
+
+Why: ``triton_resources.py`` compiles the kernels' Triton IR with pip Triton, whose layouts and
+pipelining are not those of jaxlib's Triton (at the benchmark shape XLA gives mdn_chunk_bwd
+104 KiB and 3844 B of spills where pip Triton 3.9 gave 112 KiB and 3112 B). This script runs
+the compile the GPU run will do, for the jaxlib it runs under, so a kernel that does not
+compile or is over the shared-memory limit shows up before any GPU time is spent, and launch
+parameters can be chosen on XLA's own numbers.
+
+Needs the CUDA PJRT plugin of this very JAX version and a ptxas of CUDA >= 13 (``make
+xla-aot`` sets both up and runs the default report)::
+
+    pip install --no-deps --target .cache/xla-aot jax-cuda13-plugin==V jax-cuda13-pjrt==V
+    PYTHONPATH=.cache/xla-aot .venv/bin/python benchmarks/xla_aot.py \\
+        [--shape 8,4096,6,128,256] [--dtype bfloat16] [--chunk 64] [--sweep] [--json F]
+
+ptxas is looked for in $XLA_AOT_PTXAS, pip ``nvidia-cuda-nvcc`` (what ``jax[cuda13]``
+installs, so what the GPU run uses), $CUDA_HOME, PATH, /usr/local/cuda, then pip Triton's
+``ptxas-blackwell``; libdevice likewise (Triton ships a copy). Exit status 1 when a program
+does not compile or a kernel is over the shared-memory limit. Only ShapeDtypeStructs are used:
+nothing is allocated, and no GPU, driver or network is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from triton_resources import DEFAULT_SHAPE, SHARED_LIMIT, _shape  # noqa: E402
+
+# What XLA needs to know of the target (xla.GpuTargetConfigProto, text format). Public H200
+# SXM figures: 132 SMs, 1.98 GHz boost, 50 MiB L2, 4.8 TB/s HBM3e, 141 GB; per SM 228 KiB of
+# shared memory (227 KiB = 232448 B grantable to one block), 64 K registers, 2048 threads.
+# Code generation depends on the compute capability and these limits, not on the memory size.
+H200_TARGET_CONFIG = """
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_block_optin: 232448
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 4800000000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 141000000000
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+  cuda_compute_capability { major: 9 minor: 0 }
+}
+platform_name: "CUDA"
+device_description_str: "NVIDIA H200"
+"""
+
+SWEEP = tuple((w, s) for w in (4, 8) for s in (1, 2, 3))
+_THUNK = re.compile(
+    r"\s(?P<name>[\w.$]+) grid: \[(?P<grid>[^\]]*)\] threads: \[(?P<threads>[^\]]*)\]"
+    r"\s+shared_memory: (?P<shared>\d+) bytes"
+)
+# The wrapper XLA runs as ptxas: keeps the PTX and ptxas' -v report side by side.
+_WRAPPER = """#!/bin/sh
+keep=$(mktemp -p "{save}" --suffix=.ptx ptxXXXXXX)
+prev=""
+for a in "$@"; do
+  case "$a" in -*) ;; *) [ "$prev" != "-o" ] && [ -f "$a" ] && cp "$a" "$keep" ;; esac
+  prev="$a"
+done
+echo "$*" > "$keep.args"
+"{real}" "$@" -v 2> "$keep.log"
+rc=$?
+cat "$keep.log" >&2
+exit $rc
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# The toolchain XLA will call: a CUDA >= 13 ptxas (behind the wrapper) and libdevice
+# --------------------------------------------------------------------------------------------
+
+
+def _site_dirs():
+    return [Path(p) for p in sys.path if p and Path(p).is_dir()]
+
+
+def _triton_nvidia_dir():
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.origin:
+        return None
+    return Path(spec.origin).parent / "backends" / "nvidia"
+
+
+def _cuda_release(ptxas):
+    """(major, minor) of a ptxas binary, or None when it does not run."""
+    try:
+        out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out.stdout)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def find_ptxas():
+    """The first ptxas of CUDA >= 13 (jaxlib's CUDA 13 build emits PTX ISA 9.x), preferring
+    the one the GPU run uses (pip nvidia-cuda-nvcc) over pip Triton's."""
+    cands = [os.environ.get("XLA_AOT_PTXAS")]
+    cands += [d / "nvidia" / "cu13" / "bin" / "ptxas" for d in _site_dirs()]
+    if os.environ.get("CUDA_HOME"):
+        cands.append(Path(os.environ["CUDA_HOME"]) / "bin" / "ptxas")
+    cands.append(shutil.which("ptxas"))
+    cands.append("/usr/local/cuda/bin/ptxas")
+    if (tri := _triton_nvidia_dir()) is not None:
+        cands += [tri / "bin" / "ptxas-blackwell", tri / "bin" / "ptxas"]
+    for c in cands:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            if (release := _cuda_release(str(c))) and release >= (13, 0):
+                return str(Path(c).resolve()), release
+    raise SystemExit(
+        "xla_aot: no ptxas of CUDA >= 13 found; `pip install nvidia-cuda-nvcc` (or set "
+        "XLA_AOT_PTXAS), or install the kernel-check extra (pip Triton ships one)"
+    )
+
+
+def find_libdevice():
+    cands = [d / "nvidia" / "cu13" / "nvvm" / "libdevice" / "libdevice.10.bc" for d in _site_dirs()]
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root:
+            cands.append(Path(root) / "nvvm" / "libdevice" / "libdevice.10.bc")
+    if (tri := _triton_nvidia_dir()) is not None:
+        cands.append(tri / "lib" / "libdevice.10.bc")
+    found = next((c for c in cands if c.is_file()), None)
+    if found is None:
+        raise SystemExit("xla_aot: no libdevice.10.bc (pip nvidia-nvvm, a CUDA toolkit, Triton)")
+    return found
+
+
+def prepare_toolchain(work):
+    """A CUDA root under ``work`` for XLA (``bin/ptxas`` = the wrapper, nvvm/libdevice), first
+    on PATH and named by ``--xla_gpu_cuda_data_dir``, plus a dump folder. Must run before JAX
+    initialises the CUDA plugin (it reads XLA_FLAGS once)."""
+    work = Path(work)
+    real, release = find_ptxas()
+    root, save, dump = work / "cuda", work / "ptx", work / "dump"
+    for d in (root / "bin", root / "nvvm" / "libdevice", save, dump):
+        d.mkdir(parents=True, exist_ok=True)
+    wrapper = root / "bin" / "ptxas"
+    wrapper.write_text(_WRAPPER.format(save=save, real=real))
+    wrapper.chmod(0o755)
+    if (nvlink := Path(real).with_name("nvlink")).is_file():
+        (root / "bin" / "nvlink").symlink_to(nvlink)
+    (root / "nvvm" / "libdevice" / "libdevice.10.bc").symlink_to(find_libdevice())
+    os.environ["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), f"--xla_gpu_cuda_data_dir={root}"]
+        + [f"--xla_dump_to={dump}", "--xla_dump_hlo_module_re=jit_mdn_.*"]
+    ).strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # never touch a local GPU or driver
+    return dict(ptxas=real, release=f"{release[0]}.{release[1]}", save=save, dump=dump)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading back what XLA compiled: PTX entries, ptxas -v, the thunk sequence
+# --------------------------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"\.entry\s+([\w$.]+)\s*\((?:[^()]|\([^()]*\))*\)\s*((?:\.\w+[^{]*?)*)\{")
+
+
+def _entry_directives(ptx):
+    """{entry name: its performance directives (.reqntid, .maxntid, .maxnreg, .minnctapersm)}.
+    Without ``.maxnreg`` / ``.minnctapersm`` ptxas may settle on 32 registers and spill tens of
+    KB (see ``_launch_params`` in the kernel module)."""
+    return {m.group(1): " ".join(m.group(2).split()) for m in _ENTRY.finditer(ptx)}
+
+
+def _ptxas_per_entry(stderr):
+    """{entry: (registers, spill-store bytes)} from ``ptxas -v`` output."""
+    out, name, spills = {}, None, 0
+    for line in stderr.splitlines():
+        if m := re.search(r"Compiling entry function '([^']+)'", line):
+            name, spills = m.group(1), 0
+        elif (m := re.search(r"(\d+) bytes spill stores", line)) and name:
+            spills = int(m.group(1))
+        elif (m := re.search(r"Used (\d+) registers", line)) and name:
+            out[name] = (int(m.group(1)), spills)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The programs and their compile
+# --------------------------------------------------------------------------------------------
+
+
+def h200_device():
+    """The H200 of a one-device deviceless CUDA topology (needs the CUDA PJRT plugin)."""
+    from jax.experimental import topologies
+
+    try:
+        topo = topologies.get_topology_desc(
+            "h200", platform="cuda", topology="1x1x1", target_config=H200_TARGET_CONFIG
+        )
+    except Exception as e:  # noqa: BLE001 - any plugin failure means the same thing here
+        import jax
+
+        raise SystemExit(
+            f"xla_aot: no deviceless CUDA topology ({type(e).__name__}: {e}). Install the CUDA "
+            f"PJRT plugin of this JAX: pip install --no-deps --target .cache/xla-aot "
+            f"jax-cuda13-plugin=={jax.__version__} jax-cuda13-pjrt=={jax.__version__} and put "
+            "that folder on PYTHONPATH"
+        ) from None
+    return topo.devices[0]
+
+
+def _inputs(shape, dtype):
+    """(sequence inputs, decode-step inputs) as ShapeDtypeStructs."""
+    import jax
+    import jax.numpy as jnp
+
+    b, t, h, kdim, vdim = shape
+    dt, f32, sds = jnp.dtype(dtype), jnp.float32, jax.ShapeDtypeStruct
+    seq = [sds((b, t, h, kdim), dt)] * 2 + [sds((b, t, h, vdim), dt), sds((b, t, h, kdim), dt)]
+    seq += [sds((b, t, h), f32)] * 4
+    one = [sds((b, h, kdim), dt)] * 2 + [sds((b, h, vdim), dt), sds((b, h, kdim), dt)]
+    one += [sds((b, h), f32)] * 4 + [sds((2, b, h, kdim, vdim), f32)]
+    return seq, one
+
+
+def _fwd_bwd(forward):
+    import jax
+    import jax.numpy as jnp
+
+    loss = lambda *a: jnp.sum(forward(*a).astype(jnp.float32))
+    return jax.grad(loss, argnums=tuple(range(8)))
+
+
+def _pallas(shape, chunk, **kwargs):
+    """The Pallas op's output ``o`` as a function of the eight sequence inputs; ``kwargs`` go
+    to ``momentum_delta_rule_pallas`` (backward, launch, block_v)."""
+    from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
+
+    scale = shape[3] ** -0.5
+    return lambda *a: momentum_delta_rule_pallas(*a, scale=scale, chunk_size=chunk, **kwargs)[0]
+
+
+def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
+    """[(name, fn, args)]: each fn is named ``mdn_*`` so that its XLA module is jit_mdn_*.
+    ``launch`` reaches every sequence kernel (the decode step has fixed launch parameters)."""
+    from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
+    from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_step_pallas
+
+    seq, one = _inputs(shape, dtype)
+    scale = shape[3] ** -0.5
+    pallas = functools.partial(_pallas, shape, chunk, launch=launch)
+    out = [
+        ("mdn_forward", pallas(), seq),
+        ("mdn_fwd_bwd_fused", _fwd_bwd(pallas(backward="pallas")), seq),
+        ("mdn_fwd_bwd_split", _fwd_bwd(pallas(backward="pallas_split")), seq),
+    ]
+    if with_decode:
+        step = functools.partial(momentum_delta_rule_step_pallas, scale=scale)
+        out.append(("mdn_decode_step", step, one))
+    if with_xla:
+        xla = lambda *a: momentum_delta_rule(*a, scale=scale, method="chunk", chunk_size=chunk)[0]
+        out.append(("mdn_xla_chunk_fwd_bwd", _fwd_bwd(xla), seq))
+    return out
+
+
+def candidate_programs(shape, dtype, chunk):
+    """Forward+backward of each of ``mdn_gpu.TUNE_CANDIDATES`` (what ``--tune`` will time on the
+    GPU): a candidate that XLA refuses would only waste GPU time."""
+    from mdn_gpu import TUNE_CANDIDATES
+
+    seq, _ = _inputs(shape, dtype)
+    return [
+        (f"mdn_tune_{i}", _fwd_bwd(_pallas(shape, chunk, **kwargs)), seq, label)
+        for i, (label, kwargs) in enumerate(TUNE_CANDIDATES)
+    ]
+
+
+def _named(fn, name):
+    @functools.wraps(fn)
+    def program(*a):
+        return fn(*a)
+
+    program.__name__ = program.__qualname__ = name
+    return program
+
+
+def _new_files(folder, before, pattern):
+    return sorted(p for p in Path(folder).rglob(pattern) if p not in before)
+
+
+def _kernels(thunk_files, ptx_files):
+    """[{name, grid, threads, shared, registers, spills, directives, ptxas_args}] of the
+    ``mdn_*`` kernels of one program, from its thunk sequence and its PTX + ptxas logs."""
+    launches = {}
+    for f in thunk_files:
+        for m in _THUNK.finditer(f.read_text()):
+            if m.group("name").startswith("mdn_"):
+                launches.setdefault(m.group("name"), m)
+    rows = {}
+    for ptx in ptx_files:
+        log, args = ptx.with_name(ptx.name + ".log"), ptx.with_name(ptx.name + ".args")
+        stats = _ptxas_per_entry(log.read_text()) if log.is_file() else {}
+        argv = args.read_text().split() if args.is_file() else []
+        flags = " ".join(a for a in argv if a.startswith("-") and a != "-o")
+        for name, directives in _entry_directives(ptx.read_text()).items():
+            if name.startswith("mdn_"):
+                regs, spills = stats.get(name, (None, None))
+                rows[name] = dict(
+                    registers=regs, spills=spills, directives=directives, ptxas_args=flags
+                )
+    out = []
+    for name in list(launches) + [n for n in rows if n not in launches]:
+        m = launches.get(name)
+        out.append(
+            dict(
+                name=name,
+                grid=m.group("grid").replace(" ", "") if m else None,
+                threads=int(m.group("threads").split(",")[0]) if m else None,
+                shared=int(m.group("shared")) if m else None,
+            )
+            | rows.get(name, dict(registers=None, spills=None, directives="", ptxas_args=""))
+        )
+    return out
+
+
+def compile_programs(device, progs, tool):
+    """Lower each ``(name, fn, args[, label])`` for ``device`` and compile it; [{program,
+    label, ok, seconds, memory, kernels | error}]."""
+    import jax
+
+    results = []
+    for name, fn, args, *label in progs:
+        before = set(tool["save"].rglob("*")) | set(tool["dump"].rglob("*"))
+        start = time.perf_counter()
+        res = dict(program=name, label=label[0] if label else name)
+        try:
+            with jax.default_device(device), warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # Pallas Triton deprecation
+                compiled = jax.jit(_named(fn, name)).lower(*args).compile()
+            mem = compiled.memory_analysis()
+            res |= dict(
+                ok=True,
+                memory={
+                    k: getattr(mem, f"{k}_size_in_bytes", None)
+                    for k in ("argument", "output", "temp")
+                },
+            )
+        except Exception as e:  # noqa: BLE001 - reported as a row, the others still run
+            res |= dict(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
+        res["seconds"] = round(time.perf_counter() - start, 1)
+        thunks = _new_files(tool["dump"], before, f"*.jit_{name}.thunk_sequence.txt")
+        res["kernels"] = _kernels(thunks, _new_files(tool["save"], before, "*.ptx"))
+        results.append(res)
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(x, unit=1):
+    return "-" if x is None else (f"{x / unit:.0f}" if unit != 1 else str(x))
+
+
+def _flag(k):
+    bad = []
+    if k["shared"] is not None and k["shared"] > SHARED_LIMIT:
+        bad.append("OVER SHARED LIMIT")
+    if k["registers"] is not None and k["registers"] < 64 and k["spills"]:
+        bad.append("low-register fallback")
+    return ", ".join(bad)
+
+
+def print_report(results):
+    print("| program | compiled | seconds | temp MiB |\n|---|---|---:|---:|")
+    for r in results:
+        temp = (r.get("memory") or {}).get("temp")
+        status = "yes" if r["ok"] else f"NO: {r['error'].splitlines()[0][:120]}"
+        print(f"| {r['label']} | {status} | {r['seconds']} | {_fmt(temp, 2**20)} |")
+    print(
+        "\n| program | kernel | grid | threads | shared KiB | registers | spill-store B | note |"
+        "\n|---|---|---|---:|---:|---:|---:|---|"
+    )
+    for r in results:
+        for k in r["kernels"]:
+            print(
+                f"| {r['label']} | {k['name']} | {k['grid'] or '-'} | {_fmt(k['threads'])} | "
+                f"{_fmt(k['shared'], 1024)} | {_fmt(k['registers'])} | {_fmt(k['spills'])} | "
+                f"{_flag(k)} |"
+            )
+    sys.stdout.flush()
+
+
+def print_sweep(sweep):
+    """sweep: {(warps, stages): results} -> one row per kernel, one column per pair."""
+    cells = {}
+    for pair, results in sweep.items():
+        for r in results:
+            for k in r["kernels"]:
+                cells.setdefault(k["name"], {})[pair] = k
+            if not r["ok"]:
+                cells.setdefault(f"({r['program']} failed)", {})[pair] = None
+    head = " | ".join(f"{w} w, {s} st" for w, s in sweep)
+    print(
+        f"\nshared KiB / registers / spill-store B per (num_warps, num_stages):\n\n"
+        f"| kernel | {head} |\n|---|" + "---|" * len(sweep)
+    )
+    for name, per in cells.items():
+        row = []
+        for pair in sweep:
+            k = per.get(pair)
+            row.append(
+                "-"
+                if not k
+                else f"{_fmt(k['shared'], 1024)} / {_fmt(k['registers'])} / {_fmt(k['spills'])}"
+            )
+        print(f"| {name} | " + " | ".join(row) + " |")
+    failures = [(p, r) for p, rs in sweep.items() for r in rs if not r["ok"]]
+    if failures:
+        print("\n'-' shared: the program failed, so XLA wrote no thunk sequence:")
+    for (warps, stages), r in failures:
+        print(f"  {warps} w, {stages} st, {r['program']}: {r['error'].splitlines()[0][:160]}")
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", type=_shape, default=DEFAULT_SHAPE, help="B,T,H,K,V")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument(
+        "--sweep", action="store_true", help="also every kernel at 4/8 warps x 1/2/3 stages"
+    )
+    parser.add_argument(
+        "--candidates", action="store_true", help="also mdn_gpu.py's TUNE_CANDIDATES (fwd+bwd)"
+    )
+    parser.add_argument("--no-xla-chunk", action="store_true", help="skip the XLA chunk path")
+    parser.add_argument("--json", default=None, help="also write all results here")
+    parser.add_argument("--keep", default=None, help="keep the PTX, ptxas logs and dumps here")
+    args = parser.parse_args(argv)
+
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="xla_aot_"))
+    tool = prepare_toolchain(work)
+    import jax
+    import jaxlib
+
+    device = h200_device()
+    print(
+        f"jax {jax.__version__}, jaxlib {jaxlib.__version__}; deviceless target: "
+        f"{device.device_kind}; ptxas {tool['release']} ({tool['ptxas']})\n"
+        f"shape B,T,H,K,V = {','.join(map(str, args.shape))}, {args.dtype}, chunk "
+        f"{args.chunk}\n",
+        flush=True,
+    )
+    progs = programs(args.shape, args.dtype, args.chunk, with_xla=not args.no_xla_chunk)
+    results = compile_programs(device, progs, tool)
+    print_report(results)
+    everything = dict(
+        jax=jax.__version__,
+        ptxas=tool["release"],
+        shape=args.shape,
+        dtype=args.dtype,
+        chunk=args.chunk,
+        results=results,
+    )
+    if args.candidates:
+        print("\nmdn_gpu.py --tune candidates (forward+backward):\n")
+        tuned = compile_programs(
+            device, candidate_programs(args.shape, args.dtype, args.chunk), tool
+        )
+        print_report(tuned)
+        everything["candidates"] = tuned
+        results = results + tuned
+    failed = [r for r in results if not r["ok"]]
+    over = [k for r in results for k in r["kernels"] if _flag(k).startswith("OVER")]
+    if args.sweep:
+        sweep = {}
+        for warps, stages in SWEEP:
+            from jaxlib_ext.pallas_kernels.mdn.kernel import _KERNELS
+
+            launch = tuple((name, warps, stages) for name in _KERNELS)
+            sweep[(warps, stages)] = compile_programs(
+                device, programs(args.shape, args.dtype, args.chunk, launch, False, False), tool
+            )
+            print(f"  swept {warps} warps, {stages} stages", flush=True)
+        print_sweep(sweep)
+        everything["sweep"] = {f"{w}w{s}s": r for (w, s), r in sweep.items()}
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=1) + "\n")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    if failed or over:
+        print(
+            f"\nFAILED: {len(failed)} program(s) did not compile; {len(over)} kernel(s) over "
+            f"{SHARED_LIMIT} B of shared memory"
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""benchmarks/xla_aot.py: XLA's deviceless compile of the momentum delta rule programs for an
+H200. The parsers and the ptxas wrapper are tested everywhere; the compile itself needs the CUDA
+PJRT plugin of this JAX (``make xla-aot`` fetches it) and skips without it.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxlib_ext.pallas_kernels.mdn.kernel import _KERNELS
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "xla_aot.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("xla_aot", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+PTX = (
+    ".visible .entry mdn_prep(\n\t.param .u64 a,\n\t.param .align 4 .b8 b[4]\n)\n"
+    ".reqntid 256\n.maxnreg 255\n{\n\tret;\n}\n"
+    ".visible .entry fusion_1(\n\t.param .u64 a\n)\n.maxntid 128, 1, 1\n{\n\tret;\n}\n"
+)
+PTXAS_V = (
+    "ptxas info    : Compiling entry function 'mdn_prep' for 'sm_90a'\n"
+    "ptxas info    : Function properties for mdn_prep\n"
+    "    19856 bytes stack frame, 75312 bytes spill stores, 91468 bytes spill loads\n"
+    "ptxas info    : Used 32 registers, used 1 barriers, 19856 bytes cumulative stack size\n"
+    "ptxas info    : Compiling entry function 'fusion_1' for 'sm_90a'\n"
+    "ptxas info    : Function properties for fusion_1\n"
+    "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+    "ptxas info    : Used 18 registers\n"
+)
+THUNKS = (
+    "000: kCommandBuffer [source | sink]\n"
+    "    001: kCustomKernel [source | next=002 (3)] loop_broadcast_fusion grid: [3072, 1, 1] "
+    "threads: [128, 1, 1]  shared_memory: 0 bytes\n"
+    "    002: kCustomKernel [prev=001 (1) | sink] mdn_prep grid: [64, 8, 6] threads: [256, 1, 1]"
+    "  shared_memory: 65536 bytes\n"
+)
+
+
+def test_parsers():
+    """PTX entry directives, ptxas -v per entry (registers, spill stores)."""
+    xa = load_script()
+    assert xa._entry_directives(PTX) == {
+        "mdn_prep": ".reqntid 256 .maxnreg 255",
+        "fusion_1": ".maxntid 128, 1, 1",
+    }
+    assert xa._ptxas_per_entry(PTXAS_V) == {"mdn_prep": (32, 75312), "fusion_1": (18, 0)}
+
+
+def test_kernel_rows_join_thunks_and_ptxas(tmp_path):
+    """Only mdn_* kernels; launch facts from the thunk sequence, resources from the wrapper's
+    kept PTX + ptxas log; a 32-register kernel that spills is flagged."""
+    xa = load_script()
+    thunks = tmp_path / "module_0001.jit_mdn_forward.thunk_sequence.txt"
+    thunks.write_text(THUNKS)
+    ptx = tmp_path / "ptxAbc123.ptx"
+    ptx.write_text(PTX)
+    (tmp_path / "ptxAbc123.ptx.log").write_text(PTXAS_V)
+    (tmp_path / "ptxAbc123.ptx.args").write_text(f"{ptx} -o out.cubin -arch=sm_90a\n")
+    [row] = xa._kernels([thunks], [ptx])
+    assert row == dict(
+        name="mdn_prep",
+        grid="64,8,6",
+        threads=256,
+        shared=65536,
+        registers=32,
+        spills=75312,
+        directives=".reqntid 256 .maxnreg 255",
+        ptxas_args="-arch=sm_90a",
+    )
+    assert xa._flag(row) == "low-register fallback"
+    assert xa._flag(row | dict(shared=xa.SHARED_LIMIT + 1, registers=255)) == "OVER SHARED LIMIT"
+
+
+def test_ptxas_wrapper_keeps_ptx_and_report(tmp_path, monkeypatch):
+    """The ptxas XLA runs is the wrapper: it passes the call through with -v (exit status
+    included) and keeps the PTX, the ptxas report and the arguments."""
+    xa = load_script()
+    fake = tmp_path / "real_ptxas"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 13.0, V13.0.88";'
+        " exit 0; fi\n"
+        'echo "ptxas info    : args $*" >&2\nexit 3\n'
+    )
+    fake.chmod(0o755)
+    libdevice = tmp_path / "libdevice.10.bc"
+    libdevice.write_bytes(b"BC")
+    monkeypatch.setenv("XLA_AOT_PTXAS", str(fake))
+    monkeypatch.setattr(xa, "find_libdevice", lambda: libdevice)
+    for var in ("PATH", "XLA_FLAGS", "JAX_PLATFORMS"):  # restored after the test
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    tool = xa.prepare_toolchain(tmp_path / "work")
+    assert tool["release"] == "13.0" and tool["ptxas"] == str(fake.resolve())
+    root = tmp_path / "work" / "cuda"
+    assert os.environ["PATH"].startswith(str(root / "bin"))
+    assert f"--xla_gpu_cuda_data_dir={root}" in os.environ["XLA_FLAGS"]
+    assert (root / "nvvm" / "libdevice" / "libdevice.10.bc").resolve() == libdevice
+
+    src = tmp_path / "kernel.ptx"
+    src.write_text(PTX)
+    cmd = [str(root / "bin" / "ptxas"), str(src), "-o", str(tmp_path / "k.cubin"), "-arch=sm_90a"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 3  # the real ptxas' status
+    assert "-arch=sm_90a -v" in r.stderr  # -v added, report passed on to XLA
+    [kept] = list(tool["save"].glob("*.ptx"))
+    assert kept.read_text() == PTX
+    assert "-v" in kept.with_name(kept.name + ".log").read_text()
+    assert kept.with_name(kept.name + ".args").read_text().split()[1:] == cmd[2:]
+
+
+def _have_cuda_plugin():
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _have_cuda_plugin(), reason="no CUDA PJRT plugin (make xla-aot)")
+def test_xla_compiles_every_kernel_for_h200(tmp_path):
+    """Small shape, bfloat16: every program compiles, every Pallas kernel is there with its
+    launch facts and ptxas resources, none over the shared-memory limit."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(SCRIPT), "--shape", "1,128,2,32,64", "--no-xla-chunk"]
+    r = subprocess.run(cmd + ["--json", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert all(p["ok"] for p in report["results"])
+    kernels = {k["name"]: k for p in report["results"] for k in p["kernels"]}
+    assert sorted(kernels) == sorted([*_KERNELS, "mdn_step"])
+    for k in kernels.values():
+        assert k["shared"] is not None and k["registers"] is not None, k
