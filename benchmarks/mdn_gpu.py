@@ -54,16 +54,22 @@ from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
 # size (programs in flight) against warps and software pipelining; the backward's
 # chunk-parallel half runs fused (one kernel, 4.1 KB of spills per thread) or split in two
 # (0.6 KB + 4.6 KB, plus ~1 GB of HBM round trip at this shape). XLA compiles all of them for
-# an H200 (benchmarks/xla_aot.py --candidates; jaxlib 0.11.2's figures above).
+# an H200 (benchmarks/xla_aot.py --candidates; figures: jaxlib 0.11.2, see BENCHMARKS.md).
 _STATE_8W = (("mdn_state_fwd", 8, 1), ("mdn_state_bwd", 8, 1))
 TUNE_CANDIDATES = (
     ("default", {}),
+    # T = (I + L)^{-1} by 10 chained 64 x 64 3xTF32 matmuls instead of 63 dependent row
+    # updates (each two cross-thread reductions); runs in mdn_prep and both backward kernels
+    ("neumann inverse", {"inverse": "neumann"}),
     ("split backward", {"backward": "pallas_split"}),
     ("state 8 warps", {"launch": _STATE_8W}),
     ("block_v=16", {"block_v": 16}),
     ("state_fwd 8w/2 stages", {"launch": (("mdn_state_fwd", 8, 2), ("mdn_state_bwd", 8, 1))}),
     ("block_v=64, state 8 warps", {"block_v": 64, "launch": _STATE_8W}),
     ("chunk_bwd 4 warps", {"launch": (("mdn_chunk_bwd", 4, 1),)}),
+    # C = 32: mdn_prep spills nothing and mdn_chunk_bwd 3.1-3.3 KB (XLA's compile), twice the
+    # chunk states in HBM (fwd+bwd temp 2.2 GB instead of 1.4 GB)
+    ("chunk_size=32", {"chunk_size": 32}),
 )
 TUNE_BUDGET_S = 120.0  # stop trying candidates after this much wall time
 

@@ -11,7 +11,8 @@ thunk sequence (``--xla_dump_to``) gives each kernel's grid, threads and shared 
 Reported per kernel: grid, threads, shared KiB, registers, spill-store bytes (and the PTX
 directives). Per program: compile time and XLA's temporary buffer (``memory_analysis``).
 ``--sweep`` compiles the Pallas programs once per (num_warps, num_stages) pair for every kernel
-at once (the ``launch=`` override) and tabulates each kernel's resources per pair.
+at once (the ``launch=`` override) and tabulates each kernel's resources per pair;
+``--candidates`` compiles the forward+backward of each of ``mdn_gpu.py``'s TUNE_CANDIDATES.
 
 Why: ``triton_resources.py`` compiles the kernels' Triton IR with pip Triton, whose layouts and
 pipelining are not those of jaxlib's Triton (at the benchmark shape XLA gives mdn_chunk_bwd
@@ -82,19 +83,22 @@ platform_name: "CUDA"
 device_description_str: "NVIDIA H200"
 """
 
-SWEEP = tuple((w, s) for w in (4, 8) for s in (1, 2, 3))
+SWEEP = tuple((w, s) for w in (4, 8) for s in (1, 2, 3)) + ((16, 1),)
 _THUNK = re.compile(
     r"\s(?P<name>[\w.$]+) grid: \[(?P<grid>[^\]]*)\] threads: \[(?P<threads>[^\]]*)\]"
     r"\s+shared_memory: (?P<shared>\d+) bytes"
 )
 # The wrapper XLA runs as ptxas: keeps the PTX and ptxas' -v report side by side.
 _WRAPPER = """#!/bin/sh
-keep=$(mktemp -p "{save}" --suffix=.ptx ptxXXXXXX)
+src=""
 prev=""
 for a in "$@"; do
-  case "$a" in -*) ;; *) [ "$prev" != "-o" ] && [ -f "$a" ] && cp "$a" "$keep" ;; esac
+  case "$a" in -*) ;; *) [ "$prev" != "-o" ] && [ -f "$a" ] && src="$a" ;; esac
   prev="$a"
 done
+[ -z "$src" ] && exec "{real}" "$@"  # --version and other probes
+keep=$(mktemp -p "{save}" --suffix=.ptx ptxXXXXXX)
+cp "$src" "$keep"
 echo "$*" > "$keep.args"
 "{real}" "$@" -v 2> "$keep.log"
 rc=$?
@@ -175,9 +179,12 @@ def prepare_toolchain(work):
     wrapper = root / "bin" / "ptxas"
     wrapper.write_text(_WRAPPER.format(save=save, real=real))
     wrapper.chmod(0o755)
+    links = {root / "nvvm" / "libdevice" / "libdevice.10.bc": find_libdevice()}
     if (nvlink := Path(real).with_name("nvlink")).is_file():
-        (root / "bin" / "nvlink").symlink_to(nvlink)
-    (root / "nvvm" / "libdevice" / "libdevice.10.bc").symlink_to(find_libdevice())
+        links[root / "bin" / "nvlink"] = nvlink
+    for link, target in links.items():  # a kept folder may hold them from an earlier run
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
     os.environ["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     os.environ["XLA_FLAGS"] = " ".join(
         [os.environ.get("XLA_FLAGS", ""), f"--xla_gpu_cuda_data_dir={root}"]
@@ -266,8 +273,8 @@ def _pallas(shape, chunk, **kwargs):
     to ``momentum_delta_rule_pallas`` (backward, launch, block_v)."""
     from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
 
-    scale = shape[3] ** -0.5
-    return lambda *a: momentum_delta_rule_pallas(*a, scale=scale, chunk_size=chunk, **kwargs)[0]
+    kwargs = dict(scale=shape[3] ** -0.5, chunk_size=chunk) | kwargs
+    return lambda *a: momentum_delta_rule_pallas(*a, **kwargs)[0]
 
 
 def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
@@ -460,7 +467,9 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument(
-        "--sweep", action="store_true", help="also every kernel at 4/8 warps x 1/2/3 stages"
+        "--sweep",
+        action="store_true",
+        help="also every kernel at 4/8 warps x 1/2/3 stages and 16 x 1",
     )
     parser.add_argument(
         "--candidates", action="store_true", help="also mdn_gpu.py's TUNE_CANDIDATES (fwd+bwd)"

@@ -32,7 +32,8 @@ two products run on the tensor cores.
 What runs where:
 
 * forward, all Pallas kernels: ``_prep_kernel`` (chunk-parallel: cumulative gates, (5), (6),
-  the unit-lower-triangular inverse by in-kernel forward substitution, Uv, Y, Z and the output
+  the unit-lower-triangular inverse by in-kernel forward substitution, or with
+  ``inverse="neumann"`` by a product of matmuls (``_inverse_neumann``), Uv, Y, Z and the output
   coefficients), ``_state_fwd_kernel`` (grid over batch, heads and V-blocks, sequential loop over
   chunks: (11), (7), (8) at t = C; stores the state entering each chunk) and ``_out_kernel``
   (chunk-parallel: (10)).
@@ -139,13 +140,12 @@ def _mm(a, b, *, ta=False, tb=False, precision=None):
 # --------------------------------------------------------------------------------------------
 
 
-def _inverse_forward_substitution(lmat, precision=None):
+def _inverse_forward_substitution(lmat):
     """(I + L)^{-1} for strictly lower L [C, C] by forward substitution, row by row.
 
     Row r of the inverse is ``e_r - L[r, :] @ T`` where only rows < r of T are used (L is
     strictly lower). Only masked selects and reductions: lowers to Triton and to XLA.
     """
-    del precision
     c = lmat.shape[-1]
     rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
     cols = lax.broadcasted_iota(jnp.int32, (c, c), 1)
@@ -159,9 +159,42 @@ def _inverse_forward_substitution(lmat, precision=None):
     return lax.fori_loop(1, c, body, eye)
 
 
-def _inverse_triangular_solve(lmat, precision=None):
+def _inverse_neumann(lmat, precision=None):
+    """(I + L)^{-1} for strictly lower L [C, C], C a power of two, by matmuls only.
+
+    L is nilpotent (L^C = 0), so the Neumann series is finite and factors as
+    ``sum_{n<C} (-L)^n = (I - L)(I + L^2)(I + L^4) ... (I + L^{C/2})``: log2(C) - 1 squarings
+    and as many products, (2 log2(C) - 2) C^3 multiply-adds on the tensor cores, where forward
+    substitution makes C - 1 dependent row updates, each two cross-thread reductions.
+    ``precision`` should be float32-grade (3xTF32 compiled, HIGHEST interpreted): the powers
+    of L are not rounded to bfloat16 on the bfloat16 path.
+    """
+    c = lmat.shape[-1]
+    if c & (c - 1):
+        raise ValueError(f"_inverse_neumann: C must be a power of two, got {c}")
+    rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (c, c), 1)
+    power = -lmat  # (-L)^(2^j)
+    inv = jnp.where(rows == cols, 1.0, 0.0).astype(_F32) + power  # I - L
+    for _ in range(c.bit_length() - 2):  # static: log2(C) - 1 more factors
+        power = _mm(power, power, precision=precision)
+        inv = inv + _mm(inv, power, precision=precision)  # inv (I + power)
+    return inv
+
+
+_INVERSES = ("substitution", "neumann")
+
+
+def _inverse_fn(name, precision):
+    """The in-kernel ``inverse(lmat)`` for the ``inverse=`` option (see
+    ``momentum_delta_rule_pallas``)."""
+    if name == "neumann":
+        return functools.partial(_inverse_neumann, precision=precision)
+    return _inverse_forward_substitution
+
+
+def _inverse_triangular_solve(lmat):
     """(I + L)^{-1} with XLA's batched triangular solve (used by the differentiable mirror)."""
-    del precision
     c = lmat.shape[-1]
     eye = jnp.eye(c, dtype=_F32)
     eye_b = jnp.broadcast_to(eye, lmat.shape)
@@ -253,7 +286,7 @@ def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
     b_prev = jnp.sum(d1p * bu[..., None, :], axis=-1)  # b_{t-1}
     kt = eta[..., :, None] * k
     kp_mat = _mm(p, kt, tb=True, precision=precision)
-    tinv = inverse(gam_prev * kp_mat, precision)  # (9): L strictly lower
+    tinv = inverse(gam_prev * kp_mat)  # (9): L strictly lower
     sq = scale * q
     qk = _mm(sq, kt, tb=True, precision=precision)
     return _Parts(
@@ -459,7 +492,18 @@ def _prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
 
 
 def _prep_kernel(
-    q_ref, k_ref, v_ref, p_ref, la_ref, lm_ref, beta_ref, eta_ref, *out_refs, scale, precision
+    q_ref,
+    k_ref,
+    v_ref,
+    p_ref,
+    la_ref,
+    lm_ref,
+    beta_ref,
+    eta_ref,
+    *out_refs,
+    scale,
+    precision,
+    inverse,
 ):
     """One (batch, head, chunk) tile: equations (5), (6), (9), (10), (11)."""
     ld = lambda r: r[...].astype(_F32)
@@ -474,7 +518,7 @@ def _prep_kernel(
         ld(eta_ref),
         scale=scale,
         precision=precision,
-        inverse=_inverse_forward_substitution,
+        inverse=inverse,
     )
     for ref, val in zip(out_refs, outs, strict=True):
         ref[...] = val.astype(ref.dtype)
@@ -681,7 +725,7 @@ def _contract_over_v(f, refs, *, block_v, precision, on_block=None):
     )
 
 
-def _chunk_parts_from_refs(q_ref, k, p, la_ref, lm_ref, beta, eta, *, scale, precision):
+def _chunk_parts_from_refs(q_ref, k, p, la_ref, lm_ref, beta, eta, *, scale, precision, inverse):
     """``_chunk_parts`` inside a kernel: q and the log-gates loaded from their refs."""
     ld = lambda r: r[...].astype(_F32)
     return _chunk_parts(
@@ -694,7 +738,7 @@ def _chunk_parts_from_refs(q_ref, k, p, la_ref, lm_ref, beta, eta, *, scale, pre
         eta,
         scale=scale,
         precision=precision,
-        inverse=_inverse_forward_substitution,
+        inverse=inverse,
     )
 
 
@@ -745,6 +789,7 @@ def _chunk_bwd_kernel(
     scale,
     precision,
     block_v,
+    inverse,
 ):
     """One (batch, head, chunk) tile of the backward (``backward="pallas"``): recompute the
     chunk's forward parts, contract the state-side cotangents over V-blocks (dQa, dQb, dAttn,
@@ -753,7 +798,7 @@ def _chunk_bwd_kernel(
     ld = lambda r: r[...].astype(_F32)
     k, p, beta, eta = ld(k_ref), ld(p_ref), ld(beta_ref), ld(eta_ref)
     f = _chunk_parts_from_refs(
-        q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision
+        q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision, inverse=inverse
     )
 
     r = _contract_over_v(
@@ -798,6 +843,7 @@ def _prep_bwd_kernel(
     scale,
     precision,
     block_v,
+    inverse,
 ):
     """Second half of the split backward, one (batch, head, chunk) tile: recompute the chunk's
     forward parts, dV = T^T dVt over V-blocks, then ``_chunk_prep_bwd`` from the ``_Reduced``
@@ -808,7 +854,7 @@ def _prep_bwd_kernel(
     ld = lambda r: r[...].astype(_F32)
     k, p, beta, eta = ld(k_ref), ld(p_ref), ld(beta_ref), ld(eta_ref)
     f = _chunk_parts_from_refs(
-        q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision
+        q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision, inverse=inverse
     )
 
     def body(j, carry):
@@ -885,6 +931,9 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     mdn_prep_bwd     8 w, 1 st    88 / 255 / 4604 (4 warps: 8.8 KB spills)
     mdn_step         4 w, 1 st    1 / 254 / 0
     ===============  ===========  ====================================================
+
+    16 warps cap registers at 128 per thread: mdn_chunk_bwd then spills 4.7 KB per thread,
+    2.4 MB per program against 0.9 MB at 8 warps (jaxlib 0.12.0.1), and likewise the others.
 
     K = 256 (block_v 16): the state kernels take 8 warps (254 and 232 registers, no spills);
     the fused mdn_chunk_bwd needs 200 KB, near the limit, and spills 10 KB; the split
@@ -986,7 +1035,7 @@ def _sds(shape, dtype=_F32):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, run):
+def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, inverse, run):
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
     n = tp // chunk
@@ -1001,7 +1050,7 @@ def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, run):
         + [_sds((b, tp, h, chunk), dot)]
         + [_sds((b, tp, h))] * 3
     )
-    kernel = functools.partial(_prep_kernel, scale=scale, precision=precision)
+    kernel = functools.partial(_prep_kernel, scale=scale, precision=precision, inverse=inverse)
     return _launch(
         kernel,
         (q, k, v, p, la, lm, beta, eta),
@@ -1136,7 +1185,7 @@ def _grad_specs(b, tp, h, kp, vp, tok, gate):
 
 
 def _chunk_bwd_call(
-    args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, run
+    args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, inverse, run
 ):
     q, k, v, p, la, lm, beta, eta = args
     b, tp, h, kp = q.shape
@@ -1145,7 +1194,7 @@ def _chunk_bwd_call(
     in_specs = [tok(kp), tok(kp), tok(vp), tok(kp)] + [gate] * 4 + [tok(vp)] * 3 + [state] * 4
     out_specs, out_shape = _grad_specs(b, tp, h, kp, vp, tok, gate)
     kernel = functools.partial(
-        _chunk_bwd_kernel, scale=scale, precision=precision, block_v=block_v
+        _chunk_bwd_kernel, scale=scale, precision=precision, block_v=block_v, inverse=inverse
     )
     return _launch(
         kernel,
@@ -1161,7 +1210,7 @@ def _chunk_bwd_call(
 
 
 def _chunk_bwd_split_call(
-    args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, run
+    args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, inverse, run
 ):
     """``backward="pallas_split"``: mdn_chunk_bwd_v writes the ``_Reduced`` cotangents
     (float32: [C, K] x 4, [C, C] x 2, [C] x 5 per chunk), mdn_prep_bwd turns them into the
@@ -1193,7 +1242,7 @@ def _chunk_bwd_split_call(
     )
     out_specs, out_shape = _grad_specs(b, tp, h, kp, vp, tok, gate)
     return _launch(
-        functools.partial(_prep_bwd_kernel, **kw),
+        functools.partial(_prep_bwd_kernel, inverse=inverse, **kw),
         (q, k, p, la, lm, beta, eta, dvt, *reduced),
         [tok(kp), tok(kp), tok(kp)] + [gate] * 4 + [tok(vp)] + red_specs,
         out_specs,
@@ -1212,9 +1261,11 @@ def _chunk_bwd_split_call(
 
 def _forward(args, cfg):
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
-    chunk, block_v, scale, precision, _, run = cfg
+    chunk, block_v, scale, precision, _, inverse, run = cfg
     kw = dict(precision=precision, run=run)
-    prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
+    prep = _prep_call(
+        q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, inverse=inverse, **kw
+    )
     vt, hs, hm, st, mt = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
     o = _out_call(prep, hs, hm, vt, q.dtype, chunk=chunk, block_v=block_v, **kw)
     return (o, st, mt), (vt, hs, hm)
@@ -1231,13 +1282,15 @@ def _mdn_core_fwd(args, cfg):
 
 
 def _mdn_core_bwd(cfg, residuals, cotangents):
-    chunk, block_v, scale, precision, backward, run = cfg
+    chunk, block_v, scale, precision, backward, inverse, run = cfg
     args, (vt, hs, hm) = residuals
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
     do, dst, dmt = cotangents
     kw = dict(precision=precision, run=run)
     if backward != "xla":
-        prep = _prep_call(q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, **kw)
+        prep = _prep_call(
+            q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, inverse=inverse, **kw
+        )
     else:
         prep_fn = functools.partial(_prep_xla, chunk=chunk, scale=scale, precision=precision)
         prep, prep_vjp = jax.vjp(prep_fn, q, k, v, p, la, lm, beta, eta)
@@ -1247,7 +1300,18 @@ def _mdn_core_bwd(cfg, residuals, cotangents):
     if backward in ("pallas", "pallas_split"):
         call = _chunk_bwd_call if backward == "pallas" else _chunk_bwd_split_call
         grads = call(
-            args[:8], do, vt, dvt, hs, hm, dhs, dhm, chunk=chunk, block_v=block_v, scale=scale,
+            args[:8],
+            do,
+            vt,
+            dvt,
+            hs,
+            hm,
+            dhs,
+            dhm,
+            chunk=chunk,
+            block_v=block_v,
+            scale=scale,
+            inverse=inverse,
             **kw,
         )
     else:
@@ -1306,6 +1370,7 @@ _mdn_core.defvjp(_mdn_core_fwd, _mdn_core_bwd)
         "poison_outputs",
         "backward",
         "launch",
+        "inverse",
     ),
 )
 def momentum_delta_rule_pallas(
@@ -1327,6 +1392,7 @@ def momentum_delta_rule_pallas(
     poison_outputs=False,
     backward=None,
     launch=(),
+    inverse="substitution",
 ):
     """Momentum delta rule, chunkwise, in Pallas kernels (see the module docstring).
 
@@ -1356,6 +1422,12 @@ def momentum_delta_rule_pallas(
         of the preparation. Default (None): ``_default_backward``, i.e. ``"pallas"`` for padded
         K <= 128 and ``"pallas_split"`` beyond, where the fused kernel comes within 10% of the
         H200's shared memory.
+      inverse: how the kernels form the unit-lower-triangular inverse T of (9):
+        ``"substitution"`` (default), forward substitution, C - 1 dependent row updates with
+        masked reductions; ``"neumann"``, the nilpotent Neumann series in product form,
+        2 log2(C) - 2 chained C x C matmuls on the tensor cores in float32-grade precision
+        (3xTF32 compiled, HIGHEST interpreted), also on the bfloat16 path. Both agree to float32
+        rounding (tests); which is faster on a GPU is for ``benchmarks/mdn_gpu.py --tune``.
 
     Returns:
       ``(o, final_state)``: o [B, T, H, V] in q's dtype; final_state float32 or None.
@@ -1409,6 +1481,9 @@ def momentum_delta_rule_pallas(
         backward = _default_backward(kp)
     if backward not in _BACKWARDS:
         raise ValueError(f"backward: expected None or one of {_BACKWARDS}, got {backward!r}")
+    if inverse not in _INVERSES:
+        raise ValueError(f"inverse: expected one of {_INVERSES}, got {inverse!r}")
+    f32_grade = lax.Precision.HIGHEST if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
     def pad_tok(x, d):
         return jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, d - x.shape[-1])))
@@ -1420,9 +1495,7 @@ def momentum_delta_rule_pallas(
         s0 = jnp.zeros((b, h, kp, vp), _F32)
         m0 = s0
     else:
-        init = jnp.pad(
-            initial_state.astype(_F32), ((0, 0),) * 3 + ((0, kp - kdim), (0, vp - vdim))
-        )
+        init = jnp.pad(initial_state.astype(_F32), ((0, 0),) * 3 + ((0, kp - kdim), (0, vp - vdim)))
         s0, m0 = init[0], init[1]
     args = (
         pad_tok(q, kp),
@@ -1437,7 +1510,15 @@ def momentum_delta_rule_pallas(
         m0,
     )
     run = _Run(interpret, poison_outputs, _check_launch(launch))
-    cfg = (chunk_size, block_v, float(scale), precision, backward, run)
+    cfg = (
+        chunk_size,
+        block_v,
+        float(scale),
+        precision,
+        backward,
+        _inverse_fn(inverse, f32_grade),
+        run,
+    )
     o, st, mt = _mdn_core(args, cfg)
     o = o[:, :t, :, :vdim]
     if not output_final_state:

@@ -53,13 +53,14 @@ def make_inputs(seed, B, T, H, K, V, dtype=jnp.float32, with_state=True):
     return toks + (la, lm, beta, eta), s0
 
 
-def pallas_fn(chunk, poison=True, interpret=not ON_GPU, backward="pallas"):
+def pallas_fn(chunk, poison=True, interpret=not ON_GPU, backward="pallas", **kw):
     return functools.partial(
         momentum_delta_rule_pallas,
         chunk_size=chunk,
         interpret=interpret,
         poison_outputs=poison,
         backward=backward,
+        **kw,
     )
 
 
@@ -86,11 +87,24 @@ NAMES = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta", "initial_stat
 
 
 def check_case(
-    seed, B, T, H, K, V, chunk, dtype, tol, *, grads=True, interpret=not ON_GPU, backward="pallas"
+    seed,
+    B,
+    T,
+    H,
+    K,
+    V,
+    chunk,
+    dtype,
+    tol,
+    *,
+    grads=True,
+    interpret=not ON_GPU,
+    backward="pallas",
+    **kw,
 ):
     args, s0 = make_inputs(seed, B, T, H, K, V, dtype)
     scale = K**-0.5
-    fn = pallas_fn(chunk, interpret=interpret, backward=backward)
+    fn = pallas_fn(chunk, interpret=interpret, backward=backward, **kw)
     o, fs = fn(*args, scale=scale, initial_state=s0, output_final_state=True)
     o_ref, fs_ref = reference_fn(*args, scale=scale, initial_state=s0, output_final_state=True)
     assert o.shape == (B, T, H, V) and o.dtype == dtype
@@ -145,12 +159,50 @@ def test_grads_backward_pallas_split_path():
         assert rel_rmse(b, a) < 1e-6, name
 
 
+@pytest.mark.parametrize("c", [16, 32, 64, 128])
+def test_neumann_inverse_matches_triangular_solve(c):
+    """(I - L)(I + L^2)(I + L^4)... = (I + L)^{-1} for strictly lower L, also with entries
+    well above 1 (the inverse then has large entries, and both methods see them)."""
+    from jaxlib_ext.pallas_kernels.mdn.kernel import (
+        _inverse_forward_substitution,
+        _inverse_neumann,
+        _inverse_triangular_solve,
+    )
+
+    for i, size in enumerate((0.3, 1.5)):
+        raw = jax.random.normal(jax.random.key(c + i), (c, c), jnp.float32) * size / c**0.5
+        lmat = jnp.tril(raw, -1)
+        with jax.default_matmul_precision("highest"):
+            ref = _inverse_triangular_solve(lmat)
+            neumann = _inverse_neumann(lmat, precision=jax.lax.Precision.HIGHEST)
+        assert rel_rmse(neumann, ref) < 1e-5, (c, size, rel_rmse(neumann, ref))
+        assert rel_rmse(_inverse_forward_substitution(lmat), ref) < 1e-5
+        assert bool(jnp.all(jnp.triu(neumann, 1) == 0))
+
+
+def test_neumann_inverse_path():
+    """inverse="neumann" in every kernel that forms T (prep, fused and split backward) agrees
+    with the recurrence (float32 and bfloat16), and with forward substitution to float32
+    rounding."""
+    check_case(20, 2, 37, 2, 24, 20, 16, jnp.float32, 1e-4, inverse="neumann")
+    check_case(21, 1, 45, 2, 16, 32, 32, jnp.bfloat16, 1e-2, inverse="neumann")
+    check_case(22, 1, 21, 2, 16, 16, 16, jnp.float32, 1e-4, backward="pallas_split",
+               inverse="neumann")  # fmt: skip
+    args, s0 = make_inputs(23, 1, 40, 2, 16, 16)
+    kp = jax.random.split(jax.random.key(23), 2)
+    probe = (jax.random.normal(kp[0], (1, 40, 2, 16)), jax.random.normal(kp[1], s0.shape))
+    subst, neumann = (
+        grads_of(pallas_fn(32, inverse=inv), args, s0, 0.25, probe)
+        for inv in ("substitution", "neumann")
+    )
+    for name, a, b in zip(NAMES, subst, neumann, strict=True):
+        assert rel_rmse(b, a) < 1e-5, name
+
+
 def test_default_backward_splits_beyond_k128():
     from jaxlib_ext.pallas_kernels.mdn.kernel import _default_backward
 
-    assert [_default_backward(kp) for kp in (16, 64, 128, 256)] == ["pallas"] * 3 + [
-        "pallas_split"
-    ]
+    assert [_default_backward(kp) for kp in (16, 64, 128, 256)] == ["pallas"] * 3 + ["pallas_split"]
 
 
 def test_forward_and_grads_bfloat16():
@@ -237,6 +289,8 @@ def test_bad_arguments():
         momentum_delta_rule_pallas(*args, scale=0.25, initial_state=s0[:, :, :, :8], interpret=True)
     with pytest.raises(ValueError, match="backward"):
         momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, backward="torch")
+    with pytest.raises(ValueError, match="inverse"):
+        momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, inverse="cholesky")
     with pytest.raises(ValueError, match="launch"):
         momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, launch=(("mdn_x", 4, 1),))
     with pytest.raises(ValueError, match="launch"):
@@ -303,6 +357,14 @@ def test_gpu_compiled_bfloat16():
 def test_gpu_compiled_bfloat16_k256_split_backward():
     """Padded K = 256: the default backward is the split one (_default_backward)."""
     check_case(16, 1, 130, 2, 256, 64, 64, jnp.bfloat16, 1e-2, interpret=False, backward=None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(jnp.bfloat16, 1e-2), (jnp.float32, 1e-4)])
+def test_gpu_compiled_neumann_inverse(dtype, tol):
+    """inverse="neumann" compiled: 3xTF32 dots for the powers of L on both paths."""
+    with jax.default_matmul_precision("highest"):
+        check_case(17, 2, 257, 2, 128, 256, 64, dtype, tol, interpret=False, inverse="neumann")
 
 
 @pytest.mark.gpu

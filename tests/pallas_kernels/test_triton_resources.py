@@ -112,4 +112,3 @@ def test_kernels_fit_h200_shared_memory(tmp_path, dtype):
     over = [k["name"] for k in report["kernels"] if k["shared"] > tr.SHARED_LIMIT]
     assert not over, f"over {tr.SHARED_LIMIT} bytes of shared memory: {over}\n{r.stdout}"
     assert r.returncode == 0, r.stdout + r.stderr
-
