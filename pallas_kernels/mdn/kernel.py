@@ -491,36 +491,16 @@ def _prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
 # --------------------------------------------------------------------------------------------
 
 
-def _prep_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    p_ref,
-    la_ref,
-    lm_ref,
-    beta_ref,
-    eta_ref,
-    *out_refs,
-    scale,
-    precision,
-    inverse,
-):
-    """One (batch, head, chunk) tile: equations (5), (6), (9), (10), (11)."""
-    ld = lambda r: r[...].astype(_F32)
+def _prep_kernel(*refs, scale, precision, inverse):
+    """One (batch, head, chunk) tile: equations (5), (6), (9), (10), (11). ``refs``: the eight
+    inputs (q, k, v, p, log-gates, beta, eta), then the outputs of ``_chunk_prep``."""
     outs = _chunk_prep(
-        ld(q_ref),
-        ld(k_ref),
-        ld(v_ref),
-        ld(p_ref),
-        ld(la_ref),
-        ld(lm_ref),
-        ld(beta_ref),
-        ld(eta_ref),
+        *(r[...].astype(_F32) for r in refs[:8]),
         scale=scale,
         precision=precision,
         inverse=inverse,
     )
-    for ref, val in zip(out_refs, outs, strict=True):
+    for ref, val in zip(refs[8:], outs, strict=True):
         ref[...] = val.astype(ref.dtype)
 
 

@@ -128,6 +128,20 @@ def check_case(
         assert err < tol, f"d{name}: rel-RMSE {err:.2e}"
 
 
+def assert_variants_agree(seed, T, chunk, options_a, options_b, tol):
+    """float32 gradients (B=1, H=2, K=V=16) of the Pallas op under two option sets agree to
+    ``tol`` relative RMS."""
+    args, s0 = make_inputs(seed, 1, T, 2, 16, 16)
+    kp = jax.random.split(jax.random.key(seed), 2)
+    probe = (jax.random.normal(kp[0], (1, T, 2, 16)), jax.random.normal(kp[1], s0.shape))
+    grads_a, grads_b = (
+        grads_of(pallas_fn(chunk, **options), args, s0, 0.25, probe)
+        for options in (options_a, options_b)
+    )
+    for name, a, b in zip(NAMES, grads_a, grads_b, strict=True):
+        assert rel_rmse(b, a) < tol, name
+
+
 @pytest.mark.parametrize(
     "seed,B,T,H,K,V,chunk",
     [
@@ -148,15 +162,7 @@ def test_grads_backward_pallas_split_path():
     """backward="pallas_split" (V-contraction kernel, HBM round trip, reverse-prep kernel)
     agrees with the recurrence, and with the fused kernel to float32 rounding."""
     check_case(8, 2, 37, 2, 24, 20, 16, jnp.float32, 1e-4, backward="pallas_split")
-    args, s0 = make_inputs(9, 1, 20, 2, 16, 16)
-    kp = jax.random.split(jax.random.key(9), 2)
-    probe = (jax.random.normal(kp[0], (1, 20, 2, 16)), jax.random.normal(kp[1], s0.shape))
-    fused, split = (
-        grads_of(pallas_fn(16, backward=bw), args, s0, 0.25, probe)
-        for bw in ("pallas", "pallas_split")
-    )
-    for name, a, b in zip(NAMES, fused, split, strict=True):
-        assert rel_rmse(b, a) < 1e-6, name
+    assert_variants_agree(9, 20, 16, dict(backward="pallas"), dict(backward="pallas_split"), 1e-6)
 
 
 @pytest.mark.parametrize("c", [16, 32, 64, 128])
@@ -188,15 +194,7 @@ def test_neumann_inverse_path():
     check_case(21, 1, 45, 2, 16, 32, 32, jnp.bfloat16, 1e-2, inverse="neumann")
     check_case(22, 1, 21, 2, 16, 16, 16, jnp.float32, 1e-4, backward="pallas_split",
                inverse="neumann")  # fmt: skip
-    args, s0 = make_inputs(23, 1, 40, 2, 16, 16)
-    kp = jax.random.split(jax.random.key(23), 2)
-    probe = (jax.random.normal(kp[0], (1, 40, 2, 16)), jax.random.normal(kp[1], s0.shape))
-    subst, neumann = (
-        grads_of(pallas_fn(32, inverse=inv), args, s0, 0.25, probe)
-        for inv in ("substitution", "neumann")
-    )
-    for name, a, b in zip(NAMES, subst, neumann, strict=True):
-        assert rel_rmse(b, a) < 1e-5, name
+    assert_variants_agree(23, 40, 32, dict(inverse="substitution"), dict(inverse="neumann"), 1e-5)
 
 
 def test_default_backward_splits_beyond_k128():
