@@ -167,15 +167,15 @@ def test_grads_backward_pallas_split_path():
 
 @pytest.mark.parametrize("c", [16, 32, 64, 128])
 def test_neumann_inverse_matches_triangular_solve(c):
-    """(I - L)(I + L^2)(I + L^4)... = (I + L)^{-1} for strictly lower L, also with entries
-    well above 1 (the inverse then has large entries, and both methods see them)."""
+    """(I - L)(I + L^2)(I + L^4)... = (I + L)^{-1} for strictly lower L, at a mild scale and
+    at one where the inverse has entries of 10 to 70 (relative RMS error then 2e-7 to 4e-7)."""
     from jaxlib_ext.pallas_kernels.mdn.kernel import (
         _inverse_forward_substitution,
         _inverse_neumann,
         _inverse_triangular_solve,
     )
 
-    for i, size in enumerate((0.3, 1.5)):
+    for i, size in enumerate((0.3, 3.0)):
         raw = jax.random.normal(jax.random.key(c + i), (c, c), jnp.float32) * size / c**0.5
         lmat = jnp.tril(raw, -1)
         with jax.default_matmul_precision("highest"):
