@@ -107,6 +107,22 @@ def _capture_kernels(fn, args):
     return found
 
 
+def abstract_inputs(shape, dtype):
+    """(sequence inputs, decode-step inputs) of the op as ShapeDtypeStructs for
+    ``shape = (B, T, H, K, V)``: q, k, v, p in ``dtype`` and the four float32 gates; the step
+    takes one token of each plus the float32 state [2, B, H, K, V]."""
+    import jax
+    import jax.numpy as jnp
+
+    b, t, h, kdim, vdim = shape
+    dt, f32, sds = jnp.dtype(dtype), jnp.float32, jax.ShapeDtypeStruct
+    seq = [sds((b, t, h, kdim), dt)] * 2 + [sds((b, t, h, vdim), dt), sds((b, t, h, kdim), dt)]
+    seq += [sds((b, t, h), f32)] * 4
+    one = [sds((b, h, kdim), dt)] * 2 + [sds((b, h, vdim), dt), sds((b, h, kdim), dt)]
+    one += [sds((b, h), f32)] * 4 + [sds((2, b, h, kdim, vdim), f32)]
+    return seq, one
+
+
 def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
     """Write ``NN_<kernel>.ttir`` per distinct kernel and ``kernels.json`` into ``out``; return
     the kernels.json dict. Kernels are lowered from the forward, forward+backward (``jax.grad``
@@ -134,13 +150,8 @@ def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype: expected 'bfloat16' or 'float32', got {dtype!r}")
     b, t, h, kdim, vdim = (int(x) for x in shape)
-    dt = jnp.dtype(dtype)
     scale = kdim**-0.5
-    sds = lambda s, d=dt: jax.ShapeDtypeStruct(s, d)
-    seq = [sds((b, t, h, kdim)), sds((b, t, h, kdim)), sds((b, t, h, vdim)), sds((b, t, h, kdim))]
-    seq += [sds((b, t, h), jnp.float32)] * 4
-    one = [sds((b, h, kdim)), sds((b, h, kdim)), sds((b, h, vdim)), sds((b, h, kdim))]
-    one += [sds((b, h), jnp.float32)] * 4 + [sds((2, b, h, kdim, vdim), jnp.float32)]
+    seq, one = abstract_inputs((b, t, h, kdim, vdim), dtype)
 
     def forward(*a, backward="pallas"):
         return momentum_delta_rule_pallas(
@@ -204,15 +215,12 @@ def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
 # --------------------------------------------------------------------------------------------
 
 
-def _ptxas_candidates(triton_dir=None, extra=()):
+def _ptxas_candidates(triton_dir):
     """ptxas binaries to try, preferred first: $TRITON_PTXAS_PATH, the triton wheel's newest
-    (Blackwell build, i.e. newest CUDA, which reads newer PTX ``.version``), its plain one, the
-    ``extra`` paths, PATH. Only existing executables, each once."""
-    paths = [os.environ.get("TRITON_PTXAS_PATH")]
-    if triton_dir is not None:
-        bindir = Path(triton_dir) / "backends" / "nvidia" / "bin"
-        paths += [bindir / "ptxas-blackwell", bindir / "ptxas"]
-    paths += list(extra)
+    (Blackwell build, i.e. newest CUDA, which reads newer PTX ``.version``), its plain one,
+    PATH. Only existing executables, each once."""
+    bindir = Path(triton_dir) / "backends" / "nvidia" / "bin"
+    paths = [os.environ.get("TRITON_PTXAS_PATH"), bindir / "ptxas-blackwell", bindir / "ptxas"]
     paths.append(next((Path(d) / "ptxas" for d in os.get_exec_path() if d), None))
     out = []
     for p in paths:

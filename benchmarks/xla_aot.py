@@ -52,7 +52,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from triton_resources import DEFAULT_SHAPE, SHARED_LIMIT, _shape  # noqa: E402
+from triton_resources import DEFAULT_SHAPE, SHARED_LIMIT, _shape, abstract_inputs  # noqa: E402
 
 # What XLA needs to know of the target (xla.GpuTargetConfigProto, text format). Public H200
 # SXM figures: 132 SMs, 1.98 GHz boost, 50 MiB L2, 4.8 TB/s HBM3e, 141 GB; per SM 228 KiB of
@@ -246,20 +246,6 @@ def h200_device():
     return topo.devices[0]
 
 
-def _inputs(shape, dtype):
-    """(sequence inputs, decode-step inputs) as ShapeDtypeStructs."""
-    import jax
-    import jax.numpy as jnp
-
-    b, t, h, kdim, vdim = shape
-    dt, f32, sds = jnp.dtype(dtype), jnp.float32, jax.ShapeDtypeStruct
-    seq = [sds((b, t, h, kdim), dt)] * 2 + [sds((b, t, h, vdim), dt), sds((b, t, h, kdim), dt)]
-    seq += [sds((b, t, h), f32)] * 4
-    one = [sds((b, h, kdim), dt)] * 2 + [sds((b, h, vdim), dt), sds((b, h, kdim), dt)]
-    one += [sds((b, h), f32)] * 4 + [sds((2, b, h, kdim, vdim), f32)]
-    return seq, one
-
-
 def _fwd_bwd(forward):
     import jax
     import jax.numpy as jnp
@@ -283,7 +269,7 @@ def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
     from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
     from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_step_pallas
 
-    seq, one = _inputs(shape, dtype)
+    seq, one = abstract_inputs(shape, dtype)
     scale = shape[3] ** -0.5
     pallas = functools.partial(_pallas, shape, chunk, launch=launch)
     out = [
@@ -305,7 +291,7 @@ def candidate_programs(shape, dtype, chunk):
     GPU): a candidate that XLA refuses would only waste GPU time."""
     from mdn_gpu import TUNE_CANDIDATES
 
-    seq, _ = _inputs(shape, dtype)
+    seq, _ = abstract_inputs(shape, dtype)
     return [
         (f"mdn_tune_{i}", _fwd_bwd(_pallas(shape, chunk, **kwargs)), seq, label)
         for i, (label, kwargs) in enumerate(TUNE_CANDIDATES)
