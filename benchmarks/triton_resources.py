@@ -44,6 +44,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -221,7 +222,7 @@ def _ptxas_candidates(triton_dir):
     PATH. Only existing executables, each once."""
     bindir = Path(triton_dir) / "backends" / "nvidia" / "bin"
     paths = [os.environ.get("TRITON_PTXAS_PATH"), bindir / "ptxas-blackwell", bindir / "ptxas"]
-    paths.append(next((Path(d) / "ptxas" for d in os.get_exec_path() if d), None))
+    paths.append(shutil.which("ptxas"))  # the first PATH entry that has one
     out = []
     for p in paths:
         if p and Path(p).is_file() and os.access(p, os.X_OK) and str(p) not in out:
