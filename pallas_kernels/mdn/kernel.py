@@ -140,6 +140,12 @@ def _mm(a, b, *, ta=False, tb=False, precision=None):
 # --------------------------------------------------------------------------------------------
 
 
+def _identity(c):
+    """The float32 [c, c] identity from iotas (lowers in Triton kernels and in XLA)."""
+    rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
+    return jnp.where(rows == lax.broadcasted_iota(jnp.int32, (c, c), 1), 1.0, 0.0).astype(_F32)
+
+
 def _inverse_forward_substitution(lmat):
     """(I + L)^{-1} for strictly lower L [C, C] by forward substitution, row by row.
 
@@ -148,8 +154,7 @@ def _inverse_forward_substitution(lmat):
     """
     c = lmat.shape[-1]
     rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
-    cols = lax.broadcasted_iota(jnp.int32, (c, c), 1)
-    eye = jnp.where(rows == cols, 1.0, 0.0).astype(_F32)
+    eye = _identity(c)
 
     def body(r, tinv):
         lrow = jnp.sum(jnp.where(rows == r, lmat, 0.0), axis=0)  # L[r, :]
@@ -172,10 +177,8 @@ def _inverse_neumann(lmat, precision=None):
     c = lmat.shape[-1]
     if c & (c - 1):
         raise ValueError(f"_inverse_neumann: C must be a power of two, got {c}")
-    rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
-    cols = lax.broadcasted_iota(jnp.int32, (c, c), 1)
     power = -lmat  # (-L)^(2^j)
-    inv = jnp.where(rows == cols, 1.0, 0.0).astype(_F32) + power  # I - L
+    inv = _identity(c) + power  # I - L
     for _ in range(c.bit_length() - 2):  # static: log2(C) - 1 more factors
         power = _mm(power, power, precision=precision)
         inv = inv + _mm(inv, power, precision=precision)  # inv (I + power)
@@ -878,9 +881,10 @@ def _default_backward(kp: int) -> str:
     [C, K], two [C, C] and five [C] tiles per chunk; about 1 GB at B=8 T=4096 H=6 K=128) and
     does not reduce the spills (they come from the reverse of the preparation, which both
     variants run), so at K <= 128 the fused kernel is the default; at K = 256 the fused
-    kernel's 208 KiB is within 10% of the 227 KiB limit, and XLA's bundled Triton may allocate
-    a little differently, so the split is the safe default there. ``benchmarks/mdn_gpu.py
-    --tune`` times both on a GPU.
+    kernel comes within 12% of the 227 KiB limit, so the split is the safe default there.
+    XLA's own compile (``benchmarks/xla_aot.py``, jaxlib 0.11.2) gives the same picture:
+    K=128 fused 104 / 4080, split 40 / 612 and 88 / 4604; K=256 fused 200 / 10336, split
+    64 / 3370 and 168 / 9480. ``benchmarks/mdn_gpu.py --tune`` times both on a GPU.
     """
     return "pallas" if kp <= 128 else "pallas_split"
 
@@ -1393,7 +1397,8 @@ def momentum_delta_rule_pallas(
       poison_outputs: testing aid: every kernel output buffer starts as NaN.
       launch: ``((kernel_name, num_warps, num_stages), ...)`` overriding the tuned defaults of
         ``_launch_params`` for the named kernels (``mdn_prep``, ``mdn_state_fwd``, ``mdn_out``,
-        ``mdn_state_bwd``, ``mdn_chunk_bwd``); for tuning on a GPU
+        ``mdn_state_bwd``, ``mdn_chunk_bwd``, ``mdn_chunk_bwd_v``, ``mdn_prep_bwd``); for
+        tuning on a GPU
         (``benchmarks/mdn_gpu.py --tune``). No effect in interpret mode.
       backward: how the chunk-parallel half of the backward runs, after the reverse state
         recurrence kernel: ``"pallas"``, one fused kernel (mdn_chunk_bwd); ``"pallas_split"``,
