@@ -24,7 +24,9 @@ Usage::
 
 The defaults of the kernels' tiling and launch parameters come from an offline compile for
 sm_90a (``benchmarks/xla_aot.py``: shared memory, registers, spills), not from GPU
-timings; ``--tune`` is the measurement that confirms or replaces them.
+timings; ``--tune`` is the measurement that confirms or replaces them. One candidate swaps the
+Triton forward state kernel for the Mosaic GPU one (``MOSAIC_CANDIDATE``); with ``--check`` it
+is first checked against the recurrence (forward and gradients) and dropped if it fails.
 """
 
 from __future__ import annotations
@@ -56,11 +58,15 @@ from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
 # (0.6 KB + 4.6 KB, plus ~1 GB of HBM round trip at this shape). XLA compiles all of them for
 # an H200 (benchmarks/xla_aot.py --candidates; figures: jaxlib 0.11.2, see BENCHMARKS.md).
 _STATE_8W = (("mdn_state_fwd", 8, 1), ("mdn_state_bwd", 8, 1))
+MOSAIC_CANDIDATE = ("mosaic state_fwd", {"state_kernel": "mosaic_gpu", "block_v": 32})
 TUNE_CANDIDATES = (
     ("default", {}),
     # T = (I + L)^{-1} by 10 chained 64 x 64 3xTF32 matmuls instead of 63 dependent row
     # updates (each two cross-thread reductions); runs in mdn_prep and both backward kernels
     ("neumann inverse", {"inverse": "neumann"}),
+    # the forward state recurrence in Pallas Mosaic GPU (TMA-pipelined chunk tiles, wgmma;
+    # 167 registers, ~185 KiB of shared memory: one block per SM against two for Triton's)
+    MOSAIC_CANDIDATE,
     ("split backward", {"backward": "pallas_split"}),
     ("state 8 warps", {"launch": _STATE_8W}),
     ("block_v=16", {"block_v": 16}),
@@ -202,8 +208,17 @@ def main(argv=None):
                     raise
                 failed.append(f"check: {type(e).__name__}: {str(e)[:2000]}")
                 print(f"CHECK FAILED: {failed[-1]}", flush=True)
-    if args.tune:  # on CPU only the first two candidates, to exercise the code path
-        cands = TUNE_CANDIDATES[:2] if interpret else TUNE_CANDIDATES
+    cands = TUNE_CANDIDATES[:2] if interpret else TUNE_CANDIDATES  # CPU: exercise the path
+    if not mosaic_applies(K, V, T, args.chunk, dtype):
+        cands = tuple(c for c in cands if c is not MOSAIC_CANDIDATE)
+    elif args.check and not args.cpu:
+        try:  # the Mosaic GPU state kernel is a tuning candidate: it must be right to win
+            check(small, K, args.chunk, interpret, tol, grads=True, **MOSAIC_CANDIDATE[1])
+        except Exception as e:  # noqa: BLE001 - report, drop the candidate, go on
+            failed.append(f"check (mosaic state_fwd): {type(e).__name__}: {str(e)[:2000]}")
+            print(f"CHECK FAILED: {failed[-1]}", flush=True)
+            cands = tuple(c for c in cands if c is not MOSAIC_CANDIDATE)
+    if args.tune:
         tuned = tune(pallas, inputs, args.warmup, args.iters, cands)
         if tuned is None:
             failed.append("tuning: every candidate failed (the rows below use the defaults)")
@@ -283,14 +298,33 @@ def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES):
     return best[2]
 
 
-def check(inputs, K, chunk, interpret, tol, grads):
-    """rel-RMSE of pallas vs method="recurrent" (outputs, final state, optionally gradients)."""
+def mosaic_applies(K, V, T, chunk, dtype):
+    """Whether MOSAIC_CANDIDATE runs at this shape (bfloat16, chunk 64, K padded to 64 or 128;
+    ``mosaic.check_supported``)."""
+    from jaxlib_ext.pallas_kernels.mdn import mosaic
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _pow2
+
+    block_v = MOSAIC_CANDIDATE[1]["block_v"]
+    if _pow2(V) % block_v:
+        return False
+    try:
+        mosaic.check_supported(
+            dot_dtype=dtype, chunk=chunk, kp=_pow2(K), block_v=block_v, n_chunks=-(-T // chunk)
+        )
+    except ValueError:
+        return False
+    return True
+
+
+def check(inputs, K, chunk, interpret, tol, grads, **options):
+    """rel-RMSE of pallas vs method="recurrent" (outputs, final state, optionally gradients);
+    ``options`` go to ``momentum_delta_rule_pallas``."""
     B, T, H, _ = inputs[0].shape
     V = inputs[2].shape[-1]
     s0 = 0.1 * jax.random.normal(jax.random.key(7), (2, B, H, K, V))
     kw = dict(scale=K**-0.5, initial_state=s0, output_final_state=True)
     pallas = functools.partial(
-        momentum_delta_rule_pallas, chunk_size=chunk, interpret=interpret, **kw
+        momentum_delta_rule_pallas, chunk_size=chunk, interpret=interpret, **kw, **options
     )
     ref = functools.partial(momentum_delta_rule, method="recurrent", **kw)
     rel = lambda a, b: float(
@@ -312,7 +346,9 @@ def check(inputs, K, chunk, interpret, tol, grads):
     worst = max(errs.values())
     status = "PASS" if worst < tol and all(e == e for e in errs.values()) else "FAIL"
     print(
-        f"check B={B} T={T} H={H} K={K} V={V} {inputs[0].dtype}: {status} (tol {tol:g}) "
+        f"check B={B} T={T} H={H} K={K} V={V} {inputs[0].dtype}"
+        + "".join(f" {k}={v}" for k, v in options.items())
+        + f": {status} (tol {tol:g}) "
         + " ".join(f"{k}={v:.1e}" for k, v in errs.items()),
         flush=True,
     )

@@ -263,6 +263,31 @@ def _pallas(shape, chunk, **kwargs):
     return lambda *a: momentum_delta_rule_pallas(*a, **kwargs)[0]
 
 
+def _mosaic_options(shape, dtype, chunk):
+    """Keyword options selecting the Mosaic GPU forward state kernel at this shape (block_v
+    32, or 16 where 32 does not fit), or None where it does not apply (float32, small K)."""
+    import jax.numpy as jnp
+
+    from jaxlib_ext.pallas_kernels.mdn import mosaic
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _pow2
+
+    _, t, _, kdim, vdim = shape
+    kp, n = _pow2(kdim), -(-t // chunk)
+    for block_v in (32, 16):
+        try:
+            mosaic.check_supported(
+                dot_dtype=jnp.bfloat16 if dtype == "bfloat16" else jnp.float32,
+                chunk=chunk,
+                kp=kp,
+                block_v=min(block_v, _pow2(vdim)),
+                n_chunks=n,
+            )
+        except ValueError:
+            continue
+        return dict(state_kernel="mosaic_gpu", block_v=min(block_v, _pow2(vdim)))
+    return None
+
+
 def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
     """[(name, fn, args)]: each fn is named ``mdn_*`` so that its XLA module is jit_mdn_*.
     ``launch`` reaches every sequence kernel (the decode step has fixed launch parameters)."""
@@ -277,6 +302,8 @@ def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
         ("mdn_fwd_bwd_fused", _fwd_bwd(pallas(backward="pallas")), seq),
         ("mdn_fwd_bwd_split", _fwd_bwd(pallas(backward="pallas_split")), seq),
     ]
+    if mosaic := _mosaic_options(shape, dtype, chunk):  # Mosaic GPU forward state kernel
+        out.append(("mdn_forward_mosaic", pallas(**mosaic), seq))
     if with_decode:
         step = functools.partial(momentum_delta_rule_step_pallas, scale=scale)
         out.append(("mdn_decode_step", step, one))

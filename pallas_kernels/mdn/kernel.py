@@ -58,6 +58,9 @@ What runs where:
 
 * decode: ``momentum_delta_rule_step_pallas`` is one kernel for a single token against the
   cached (S, M) (forward only).
+* ``state_kernel="mosaic_gpu"`` swaps ``_state_fwd_kernel`` for its Pallas Mosaic GPU
+  version (``mosaic.py``, Hopper: TMA-pipelined chunk tiles, wgmma dots), same inputs and
+  outputs; every other kernel stays Triton.
 
 Precision and storage: with bfloat16 inputs every in-kernel dot takes bfloat16 operands and
 accumulates in float32 (``_mm``), and the intermediates that only feed dots (Y, Z, the chunk-end
@@ -75,9 +78,10 @@ an H200 without a GPU (``benchmarks/xla_aot.py``: jaxlib's Triton, then ptxas): 
 stays under the H200's 227 KB of shared memory per block; see ``_launch_params``.
 
 Limits (as of this version): the Pallas Triton backend is deprecated from JAX 0.11 on (a
-DeprecationWarning at lowering); no Mosaic GPU variant yet; ``jax.vmap`` of the op adds a grid
-axis, which the Triton lowering refuses beyond three axes (fold batch dims into B instead);
-no sharding rule (wrap in ``shard_map`` over batch/heads). Checked on CPU with JAX 0.12.0.1 and
+DeprecationWarning at lowering) and only the forward state recurrence has a Mosaic GPU
+version so far; ``jax.vmap`` of the op adds a grid axis, which the Triton lowering refuses
+beyond three axes (fold batch dims into B instead); no sharding rule (wrap in ``shard_map``
+over batch/heads). Checked on CPU with JAX 0.12.0.1 and
 0.11.2 in interpret mode, and compiled by XLA of both versions for an H200 (deviceless, down to
 SASS: every program compiles, every kernel fits); not yet run or timed on a GPU.
 
@@ -995,6 +999,7 @@ _KERNELS = (
     "mdn_prep_bwd",
 )
 _BACKWARDS = ("pallas", "pallas_split", "xla")
+_STATE_KERNELS = ("triton", "mosaic_gpu")
 
 
 def _check_launch(launch):
@@ -1245,12 +1250,20 @@ def _chunk_bwd_split_call(
 
 def _forward(args, cfg):
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
-    chunk, block_v, scale, precision, _, inverse, run = cfg
+    chunk, block_v, scale, precision, _, inverse, run, state_kernel = cfg
     kw = dict(precision=precision, run=run)
     prep = _prep_call(
         q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, inverse=inverse, **kw
     )
-    vt, hs, hm, st, mt = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
+    if state_kernel == "mosaic_gpu":
+        from jaxlib_ext.pallas_kernels.mdn.mosaic import state_fwd_mosaic
+
+        state = state_fwd_mosaic(
+            prep, s0, m0, chunk=chunk, block_v=block_v, interpret=run.interpret
+        )
+    else:
+        state = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
+    vt, hs, hm, st, mt = state
     o = _out_call(prep, hs, hm, vt, q.dtype, chunk=chunk, block_v=block_v, **kw)
     return (o, st, mt), (vt, hs, hm)
 
@@ -1266,7 +1279,7 @@ def _mdn_core_fwd(args, cfg):
 
 
 def _mdn_core_bwd(cfg, residuals, cotangents):
-    chunk, block_v, scale, precision, backward, inverse, run = cfg
+    chunk, block_v, scale, precision, backward, inverse, run, _ = cfg
     args, (vt, hs, hm) = residuals
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
     do, dst, dmt = cotangents
@@ -1355,6 +1368,7 @@ _mdn_core.defvjp(_mdn_core_fwd, _mdn_core_bwd)
         "backward",
         "launch",
         "inverse",
+        "state_kernel",
     ),
 )
 def momentum_delta_rule_pallas(
@@ -1377,6 +1391,7 @@ def momentum_delta_rule_pallas(
     backward=None,
     launch=(),
     inverse="substitution",
+    state_kernel="triton",
 ):
     """Momentum delta rule, chunkwise, in Pallas kernels (see the module docstring).
 
@@ -1413,6 +1428,13 @@ def momentum_delta_rule_pallas(
         2 log2(C) - 2 chained C x C matmuls on the tensor cores in float32-grade precision
         (3xTF32 compiled, HIGHEST interpreted), also on the bfloat16 path. Both agree to float32
         rounding (tests); which is faster on a GPU is for ``benchmarks/mdn_gpu.py --tune``.
+      state_kernel: the forward state recurrence (mdn_state_fwd) in ``"triton"`` (default,
+        Pallas Triton like every other kernel) or ``"mosaic_gpu"``, the Pallas Mosaic GPU
+        variant for Hopper (``mosaic.py``: TMA pipelining of the chunk tiles, wgmma dots). The
+        Mosaic kernel needs bfloat16 inputs, chunk_size 64 (or a multiple), K padded to a
+        multiple of 64 and a block_v whose tiles fit shared memory (32 at K = 128); it raises
+        a ValueError otherwise. Same results as the Triton kernel (tests, interpret mode);
+        ``benchmarks/mdn_gpu.py --tune`` times it. The backward kernels are Triton either way.
 
     Returns:
       ``(o, final_state)``: o [B, T, H, V] in q's dtype; final_state float32 or None.
@@ -1468,6 +1490,18 @@ def momentum_delta_rule_pallas(
         raise ValueError(f"backward: expected None or one of {_BACKWARDS}, got {backward!r}")
     if inverse not in _INVERSES:
         raise ValueError(f"inverse: expected one of {_INVERSES}, got {inverse!r}")
+    if state_kernel not in _STATE_KERNELS:
+        raise ValueError(f"state_kernel: expected one of {_STATE_KERNELS}, got {state_kernel!r}")
+    if state_kernel == "mosaic_gpu":
+        from jaxlib_ext.pallas_kernels.mdn.mosaic import check_supported
+
+        check_supported(
+            dot_dtype=_dot_dtype(precision),
+            chunk=chunk_size,
+            kp=kp,
+            block_v=block_v,
+            n_chunks=tp // chunk_size,
+        )
     f32_grade = lax.Precision.HIGHEST if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
     def pad_tok(x, d):
@@ -1503,6 +1537,7 @@ def momentum_delta_rule_pallas(
         backward,
         _inverse_fn(inverse, f32_grade),
         run,
+        state_kernel,
     )
     o, st, mt = _mdn_core(args, cfg)
     o = o[:, :t, :, :vdim]

@@ -421,3 +421,92 @@ def test_lowers_through_triton_for_h200(dtype, K, V):
         one += [sds((B, H), jnp.float32)] * 4 + [sds((2, B, H, K, V), jnp.float32)]
         text = jax.jit(step).trace(*one).lower(lowering_platforms=("cuda",)).as_text()
         assert "triton" in text
+
+
+# ------------------------------------------------------------------------------------------
+# The Mosaic GPU forward state kernel (state_kernel="mosaic_gpu"): GPU interpret mode on CPU
+# (race detector on, unwritten outputs NaN), lowering for an H200, compiled on a GPU.
+# ------------------------------------------------------------------------------------------
+
+
+def test_mosaic_state_kernel_matches_triton_state_kernel():
+    """Same preparation, both state kernels: Vt and the per-chunk states (bfloat16) agree to
+    one bf16 rounding, the final states to float32 rounding. Four chunks (the two-slot
+    buffers are each reused), K = 128 (the benchmark's), two V-blocks, nonzero S0, M0."""
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _prep_call, _state_fwd_call
+    from jaxlib_ext.pallas_kernels.mdn.mosaic import state_fwd_mosaic
+
+    B, T, H, K, V, C, BV = 1, 256, 2, 128, 64, 64, 32
+    args, s0 = make_inputs(40, B, T, H, K, V, jnp.bfloat16)
+    prec = jax.lax.Precision.DEFAULT
+    run = _Run(interpret=True, poison=True)
+    prep = _prep_call(*args, chunk=C, scale=K**-0.5, precision=prec, inverse=_subst(), run=run)
+    tri = _state_fwd_call(prep, s0[0], s0[1], chunk=C, block_v=BV, precision=prec, run=run)
+    mos = state_fwd_mosaic(prep, s0[0], s0[1], chunk=C, block_v=BV, interpret=True)
+    for name, a, b in zip(("vt", "hs", "hm", "st", "mt"), mos, tri, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert not bool(jnp.isnan(a.astype(jnp.float32)).any()), f"{name}: unwritten (NaN)"
+        assert rel_rmse(a, b) < (1e-5 if a.dtype == jnp.float32 else 4e-3), name
+
+
+def _subst():
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _inverse_forward_substitution
+
+    return _inverse_forward_substitution
+
+
+def test_mosaic_state_kernel_op_forward_and_grads():
+    """The op with the Mosaic forward state kernel (Triton backward) against the recurrence:
+    bfloat16, odd T (padding), K != V (both padded), batch 2, nonzero initial state."""
+    check_case(30, 2, 130, 2, 64, 40, 64, jnp.bfloat16, 1e-2, state_kernel="mosaic_gpu",
+               block_v=32)  # fmt: skip
+
+
+def test_mosaic_state_kernel_bad_arguments():
+    args, s0 = make_inputs(31, 1, 64, 1, 64, 64, jnp.bfloat16)
+    op = functools.partial(momentum_delta_rule_pallas, scale=0.125, interpret=True)
+    with pytest.raises(ValueError, match="state_kernel"):
+        op(*args, state_kernel="cuda")
+    with pytest.raises(ValueError, match="state_kernel='mosaic_gpu': needs bfloat16"):
+        f32 = tuple(x.astype(jnp.float32) for x in args[:4]) + args[4:]
+        op(*f32, state_kernel="mosaic_gpu")
+    with pytest.raises(ValueError, match="chunk_size"):
+        op(*args, state_kernel="mosaic_gpu", chunk_size=32)
+    small_k, _ = make_inputs(31, 1, 64, 1, 16, 64, jnp.bfloat16)
+    with pytest.raises(ValueError, match="k: "):
+        op(*small_k, state_kernel="mosaic_gpu")
+    big_k, _ = make_inputs(31, 1, 64, 1, 128, 128, jnp.bfloat16)
+    with pytest.raises(ValueError, match="block_v: .*227 KiB"):
+        op(*big_k, state_kernel="mosaic_gpu", block_v=64)
+
+
+def test_mosaic_state_kernel_lowers_for_h200():
+    """On CPU: forward and forward+backward with the Mosaic state kernel lower for CUDA with
+    an abstract H200, which runs Mosaic GPU's own lowering (layout inference, the wgmma
+    operand checks, its shared-memory limit) down to the mosaic_gpu custom call."""
+    try:
+        from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+    except ImportError as e:  # older JAX: no abstract GPU device to lower against
+        pytest.skip(f"no abstract-device lowering in this JAX: {e}")
+
+    B, T, H, K, V = 1, 200, 2, 128, 256
+    sds = jax.ShapeDtypeStruct
+    args = [sds((B, T, H, K), jnp.bfloat16)] * 2 + [sds((B, T, H, V), jnp.bfloat16)]
+    args += [sds((B, T, H, K), jnp.bfloat16)] + [sds((B, T, H), jnp.float32)] * 4
+    fwd = lambda *a: momentum_delta_rule_pallas(  # noqa: E731
+        *a, scale=K**-0.5, state_kernel="mosaic_gpu", block_v=32
+    )[0]
+    loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))  # noqa: E731
+    dev = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=dev)
+    with use_abstract_mesh(mesh), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "Pallas Triton is deprecated"
+        for f in (fwd, jax.grad(loss, argnums=tuple(range(8)))):
+            text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+            assert "mosaic_gpu" in text
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_mosaic_state_kernel():
+    check_case(18, 2, 257, 2, 128, 256, 64, jnp.bfloat16, 1e-2, interpret=False,
+               state_kernel="mosaic_gpu", block_v=32)  # fmt: skip
