@@ -390,11 +390,6 @@ def test_gpu_layer_shape_forward_vs_recurrent():
 def test_lowers_through_triton_for_h200(dtype, K, V):
     """On CPU: trace and lower forward and forward+backward for CUDA with an abstract H200, which
     runs the Pallas Triton lowering of every kernel (the Triton compile itself needs a GPU)."""
-    try:
-        from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
-    except ImportError as e:  # older JAX: no abstract GPU device to lower against
-        pytest.skip(f"no abstract-device lowering in this JAX: {e}")
-
     B, T, H = 1, 70, 2
     sds = lambda s, d=dtype: jax.ShapeDtypeStruct(s, d)
     args = [sds((B, T, H, K)), sds((B, T, H, K)), sds((B, T, H, V)), sds((B, T, H, K))]
@@ -409,18 +404,26 @@ def test_lowers_through_triton_for_h200(dtype, K, V):
         o, fs = fwd(*a)
         return jnp.sum(o.astype(jnp.float32)) + jnp.sum(fs)
 
+    for f in (fwd, jax.grad(loss, argnums=tuple(range(9)))):
+        assert "triton" in lower_for_h200(f, args)
+    step = functools.partial(momentum_delta_rule_step_pallas, scale=0.1)
+    one = [sds((B, H, K)), sds((B, H, K)), sds((B, H, V)), sds((B, H, K))]
+    one += [sds((B, H), jnp.float32)] * 4 + [sds((2, B, H, K, V), jnp.float32)]
+    assert "triton" in lower_for_h200(step, one)
+
+
+def lower_for_h200(fn, args):
+    """StableHLO text of ``fn`` lowered for CUDA against an abstract H200 (on CPU: runs each
+    Pallas backend's own lowering; skips where this JAX has no abstract GPU device)."""
+    try:
+        from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+    except ImportError as e:  # older JAX: no abstract GPU device to lower against
+        pytest.skip(f"no abstract-device lowering in this JAX: {e}")
     dev = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
     mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=dev)
     with use_abstract_mesh(mesh), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "Pallas Triton is deprecated"
-        for f in (fwd, jax.grad(loss, argnums=tuple(range(9)))):
-            text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-            assert "triton" in text
-        step = functools.partial(momentum_delta_rule_step_pallas, scale=0.1)
-        one = [sds((B, H, K)), sds((B, H, K)), sds((B, H, V)), sds((B, H, K))]
-        one += [sds((B, H), jnp.float32)] * 4 + [sds((2, B, H, K, V), jnp.float32)]
-        text = jax.jit(step).trace(*one).lower(lowering_platforms=("cuda",)).as_text()
-        assert "triton" in text
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 # ------------------------------------------------------------------------------------------
@@ -484,11 +487,6 @@ def test_mosaic_state_kernel_lowers_for_h200():
     """On CPU: forward and forward+backward with the Mosaic state kernel lower for CUDA with
     an abstract H200, which runs Mosaic GPU's own lowering (layout inference, the wgmma
     operand checks, its shared-memory limit) down to the mosaic_gpu custom call."""
-    try:
-        from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
-    except ImportError as e:  # older JAX: no abstract GPU device to lower against
-        pytest.skip(f"no abstract-device lowering in this JAX: {e}")
-
     B, T, H, K, V = 1, 200, 2, 128, 256
     sds = jax.ShapeDtypeStruct
     args = [sds((B, T, H, K), jnp.bfloat16)] * 2 + [sds((B, T, H, V), jnp.bfloat16)]
@@ -497,13 +495,8 @@ def test_mosaic_state_kernel_lowers_for_h200():
         *a, scale=K**-0.5, state_kernel="mosaic_gpu", block_v=32
     )[0]
     loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))  # noqa: E731
-    dev = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
-    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=dev)
-    with use_abstract_mesh(mesh), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # "Pallas Triton is deprecated"
-        for f in (fwd, jax.grad(loss, argnums=tuple(range(8)))):
-            text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-            assert "mosaic_gpu" in text
+    for f in (fwd, jax.grad(loss, argnums=tuple(range(8)))):
+        assert "mosaic_gpu" in lower_for_h200(f, args)
 
 
 @pytest.mark.gpu
