@@ -1,4 +1,5 @@
-"""Mosaic GPU (Hopper) variant of the forward state recurrence of the momentum delta rule.
+"""Mosaic GPU (Hopper) variant of the forward state recurrence of the momentum delta rule
+(Momentum DeltaNet, arXiv 2605.05838).
 
 Same job as ``kernel._state_fwd_kernel`` (equations (11), (7), (8) of the kernel module, one
 (batch, head, V-block) per block, a sequential loop over chunks), written for the Pallas Mosaic
@@ -13,8 +14,9 @@ What differs from the Triton kernel: the chunk tiles (Uv, Y, Z, Kgs, Kgm) stream
 through a two-slot ``emit_pipeline``, so chunk n + 1 loads while chunk n computes (the Triton
 kernel at ``num_stages=1`` waits for every load); the dots are warpgroup MMAs (wgmma) with the
 operands in swizzled shared memory, and the bf16 copies of S and M that the dots read are the
-same shared tiles that go to HBM as the per-chunk states (hs, hm), double-buffered so that a
-TMA store of chunk n - 1 never races the writes of chunk n + 1. The chunk-end gate products
+same shared tiles that go to HBM as the per-chunk states (hs, hm); these and Vt are
+double-buffered, and chunk n + 2 writes a slot only after the TMA stores of chunk n from it
+have finished reading. The chunk-end gate products
 (A_C, b_C, U_C) of the whole sequence are loaded once and read as scalars: a pipeline slot is
 refilled by TMA right after its step, and GPU interpret mode's race detector flags scalar
 reads of it.
