@@ -194,6 +194,11 @@ def main(argv=None):
         momentum_delta_rule, scale=K**-0.5, method="chunk", chunk_size=args.chunk
     )
     failed = []
+
+    def fail(what, label, e):  # on GPU a failure is reported and the run goes on; exit 1 at end
+        failed.append(f"{label}: {type(e).__name__}: {str(e)[:2000]}")
+        print(f"{what} FAILED: {failed[-1]}", flush=True)
+
     if args.check:
         tol = 1e-2 if dtype == jnp.bfloat16 else 1e-4
         # forward at the benchmark shape; forward and gradients at a small one
@@ -203,21 +208,20 @@ def main(argv=None):
             try:
                 check(case, K, args.chunk, interpret, tol, grads=grads)
             except Exception as e:  # noqa: BLE001 - on GPU a failed check must not cost the
-                # timings of this (rare) run: report, time anyway, exit 1 at the end
+                # timings of this (rare) run
                 if args.cpu:
                     raise
-                failed.append(f"check: {type(e).__name__}: {str(e)[:2000]}")
-                print(f"CHECK FAILED: {failed[-1]}", flush=True)
+                fail("CHECK", "check", e)
     cands = TUNE_CANDIDATES[:2] if interpret else TUNE_CANDIDATES  # CPU: exercise the path
-    if not mosaic_applies(K, V, T, args.chunk, dtype):
-        cands = tuple(c for c in cands if c is not MOSAIC_CANDIDATE)
-    elif args.check and not args.cpu:
+    use_mosaic = mosaic_applies(K, V, T, args.chunk, dtype)
+    if use_mosaic and args.check and not args.cpu:
         try:  # the Mosaic GPU state kernel is a tuning candidate: it must be right to win
             check(small, K, args.chunk, interpret, tol, grads=True, **MOSAIC_CANDIDATE[1])
         except Exception as e:  # noqa: BLE001 - report, drop the candidate, go on
-            failed.append(f"check (mosaic state_fwd): {type(e).__name__}: {str(e)[:2000]}")
-            print(f"CHECK FAILED: {failed[-1]}", flush=True)
-            cands = tuple(c for c in cands if c is not MOSAIC_CANDIDATE)
+            fail("CHECK", "check (mosaic state_fwd)", e)
+            use_mosaic = False
+    if not use_mosaic:
+        cands = tuple(c for c in cands if c is not MOSAIC_CANDIDATE)
     if args.tune:
         tuned = tune(pallas, inputs, args.warmup, args.iters, cands)
         if tuned is None:
@@ -238,8 +242,7 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001 - report and keep timing the other paths
                 if args.cpu:
                     raise
-                failed.append(f"{name} {direction}: {type(e).__name__}: {str(e)[:2000]}")
-                print(f"TIMING FAILED: {failed[-1]}", flush=True)
+                fail("TIMING", f"{name} {direction}", e)
         print(f"timed {name}", flush=True)
     print_table(rows, args, dtype)
     decode_table(inputs, K, interpret, args.warmup, args.iters)
@@ -299,18 +302,15 @@ def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES):
 
 
 def mosaic_applies(K, V, T, chunk, dtype):
-    """Whether MOSAIC_CANDIDATE runs at this shape (bfloat16, chunk 64, K padded to 64 or 128;
-    ``mosaic.check_supported``)."""
-    from jaxlib_ext.pallas_kernels.mdn import mosaic
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _pow2
+    """Whether MOSAIC_CANDIDATE runs at this shape (bfloat16, chunk 64, K padded to 64 or 128,
+    its block_v dividing the padded V)."""
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel, _pow2
 
     block_v = MOSAIC_CANDIDATE[1]["block_v"]
     if _pow2(V) % block_v:
         return False
     try:
-        mosaic.check_supported(
-            dot_dtype=dtype, chunk=chunk, kp=_pow2(K), block_v=block_v, n_chunks=-(-T // chunk)
-        )
+        _check_mosaic_state_kernel(dtype, T, K, chunk, block_v)
     except ValueError:
         return False
     return True

@@ -266,25 +266,15 @@ def _pallas(shape, chunk, **kwargs):
 def _mosaic_options(shape, dtype, chunk):
     """Keyword options selecting the Mosaic GPU forward state kernel at this shape (block_v
     32, or 16 where 32 does not fit), or None where it does not apply (float32, small K)."""
-    import jax.numpy as jnp
-
-    from jaxlib_ext.pallas_kernels.mdn import mosaic
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _pow2
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel, _pow2
 
     _, t, _, kdim, vdim = shape
-    kp, n = _pow2(kdim), -(-t // chunk)
-    for block_v in (32, 16):
+    for block_v in (min(32, _pow2(vdim)), min(16, _pow2(vdim))):
         try:
-            mosaic.check_supported(
-                dot_dtype=jnp.bfloat16 if dtype == "bfloat16" else jnp.float32,
-                chunk=chunk,
-                kp=kp,
-                block_v=min(block_v, _pow2(vdim)),
-                n_chunks=n,
-            )
+            _check_mosaic_state_kernel(dtype, t, kdim, chunk, block_v)
         except ValueError:
             continue
-        return dict(state_kernel="mosaic_gpu", block_v=min(block_v, _pow2(vdim)))
+        return dict(state_kernel="mosaic_gpu", block_v=block_v)
     return None
 
 

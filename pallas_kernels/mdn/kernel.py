@@ -81,9 +81,9 @@ Limits (as of this version): the Pallas Triton backend is deprecated from JAX 0.
 DeprecationWarning at lowering) and only the forward state recurrence has a Mosaic GPU
 version so far; ``jax.vmap`` of the op adds a grid axis, which the Triton lowering refuses
 beyond three axes (fold batch dims into B instead); no sharding rule (wrap in ``shard_map``
-over batch/heads). Checked on CPU with JAX 0.12.0.1 and
-0.11.2 in interpret mode, and compiled by XLA of both versions for an H200 (deviceless, down to
-SASS: every program compiles, every kernel fits); not yet run or timed on a GPU.
+over batch/heads). Checked on CPU with JAX 0.12.0.1 and 0.11.2 in interpret mode, and compiled
+by XLA of both versions for an H200 (deviceless, down to SASS: every program compiles, every
+kernel fits); not yet run or timed on a GPU.
 
 Triton constraints honoured by the wrapper (interpret mode does not enforce them): every block
 dimension is a power of two and >= 16 (K and V are zero-padded to ``max(16, next_pow2)``, the
@@ -1002,6 +1002,23 @@ _BACKWARDS = ("pallas", "pallas_split", "xla")
 _STATE_KERNELS = ("triton", "mosaic_gpu")
 
 
+def _check_mosaic_state_kernel(dtype, t, kdim, chunk_size, block_v):
+    """Raise ValueError, naming the argument, where ``state_kernel="mosaic_gpu"`` cannot run
+    for these arguments of ``momentum_delta_rule_pallas`` (input dtype, sequence length,
+    unpadded K): ``mosaic.check_supported`` on the padded sizes. Any input dtype but float32
+    takes bfloat16 dot operands (``_dot_dtype``). The benchmarks call it to skip the option
+    where it does not apply."""
+    from jaxlib_ext.pallas_kernels.mdn.mosaic import check_supported
+
+    check_supported(
+        dot_dtype=_F32 if jnp.dtype(dtype) == _F32 else jnp.bfloat16,
+        chunk=chunk_size,
+        kp=_pow2(kdim),
+        block_v=block_v,
+        n_chunks=-(-t // chunk_size),
+    )
+
+
 def _check_launch(launch):
     """Validate the ``launch`` overrides; returns them as a hashable tuple of triples."""
     out = []
@@ -1248,18 +1265,31 @@ def _chunk_bwd_split_call(
 # --------------------------------------------------------------------------------------------
 
 
+class _Config(NamedTuple):
+    """The static options of one call, resolved (``nondiff_argnums`` of the custom VJP)."""
+
+    chunk: int
+    block_v: int
+    scale: float
+    precision: object  # lax.Precision or DotAlgorithmPreset of the in-kernel dots (``_mm``)
+    backward: str  # one of _BACKWARDS
+    inverse: object  # the in-kernel triangular inverse (``_inverse_fn``)
+    run: _Run
+    state_kernel: str  # one of _STATE_KERNELS
+
+
 def _forward(args, cfg):
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
-    chunk, block_v, scale, precision, _, inverse, run, state_kernel = cfg
-    kw = dict(precision=precision, run=run)
+    chunk, block_v = cfg.chunk, cfg.block_v
+    kw = dict(precision=cfg.precision, run=cfg.run)
     prep = _prep_call(
-        q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=scale, inverse=inverse, **kw
+        q, k, v, p, la, lm, beta, eta, chunk=chunk, scale=cfg.scale, inverse=cfg.inverse, **kw
     )
-    if state_kernel == "mosaic_gpu":
+    if cfg.state_kernel == "mosaic_gpu":
         from jaxlib_ext.pallas_kernels.mdn.mosaic import state_fwd_mosaic
 
         state = state_fwd_mosaic(
-            prep, s0, m0, chunk=chunk, block_v=block_v, interpret=run.interpret
+            prep, s0, m0, chunk=chunk, block_v=block_v, interpret=cfg.run.interpret
         )
     else:
         state = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
@@ -1279,7 +1309,8 @@ def _mdn_core_fwd(args, cfg):
 
 
 def _mdn_core_bwd(cfg, residuals, cotangents):
-    chunk, block_v, scale, precision, backward, inverse, run, _ = cfg
+    chunk, block_v, scale, precision = cfg.chunk, cfg.block_v, cfg.scale, cfg.precision
+    backward, inverse, run = cfg.backward, cfg.inverse, cfg.run
     args, (vt, hs, hm) = residuals
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
     do, dst, dmt = cotangents
@@ -1413,14 +1444,13 @@ def momentum_delta_rule_pallas(
       launch: ``((kernel_name, num_warps, num_stages), ...)`` overriding the tuned defaults of
         ``_launch_params`` for the named kernels (``mdn_prep``, ``mdn_state_fwd``, ``mdn_out``,
         ``mdn_state_bwd``, ``mdn_chunk_bwd``, ``mdn_chunk_bwd_v``, ``mdn_prep_bwd``); for
-        tuning on a GPU
-        (``benchmarks/mdn_gpu.py --tune``). No effect in interpret mode.
+        tuning on a GPU (``benchmarks/mdn_gpu.py --tune``). No effect in interpret mode.
       backward: how the chunk-parallel half of the backward runs, after the reverse state
         recurrence kernel: ``"pallas"``, one fused kernel (mdn_chunk_bwd); ``"pallas_split"``,
         two kernels (mdn_chunk_bwd_v, then mdn_prep_bwd) with the contracted cotangents
         round-tripping through HBM; ``"xla"``, XLA einsums and ``jax.vjp`` of the jnp mirror
         of the preparation. Default (None): ``_default_backward``, i.e. ``"pallas"`` for padded
-        K <= 128 and ``"pallas_split"`` beyond, where the fused kernel comes within 10% of the
+        K <= 128 and ``"pallas_split"`` beyond, where the fused kernel comes within 12% of the
         H200's shared memory.
       inverse: how the kernels form the unit-lower-triangular inverse T of (9):
         ``"substitution"`` (default), forward substitution, C - 1 dependent row updates with
@@ -1493,15 +1523,7 @@ def momentum_delta_rule_pallas(
     if state_kernel not in _STATE_KERNELS:
         raise ValueError(f"state_kernel: expected one of {_STATE_KERNELS}, got {state_kernel!r}")
     if state_kernel == "mosaic_gpu":
-        from jaxlib_ext.pallas_kernels.mdn.mosaic import check_supported
-
-        check_supported(
-            dot_dtype=_dot_dtype(precision),
-            chunk=chunk_size,
-            kp=kp,
-            block_v=block_v,
-            n_chunks=tp // chunk_size,
-        )
+        _check_mosaic_state_kernel(q.dtype, t, kdim, chunk_size, block_v)
     f32_grade = lax.Precision.HIGHEST if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
     def pad_tok(x, d):
@@ -1529,15 +1551,15 @@ def momentum_delta_rule_pallas(
         m0,
     )
     run = _Run(interpret, poison_outputs, _check_launch(launch))
-    cfg = (
-        chunk_size,
-        block_v,
-        float(scale),
-        precision,
-        backward,
-        _inverse_fn(inverse, f32_grade),
-        run,
-        state_kernel,
+    cfg = _Config(
+        chunk=chunk_size,
+        block_v=block_v,
+        scale=float(scale),
+        precision=precision,
+        backward=backward,
+        inverse=_inverse_fn(inverse, f32_grade),
+        run=run,
+        state_kernel=state_kernel,
     )
     o, st, mt = _mdn_core(args, cfg)
     o = o[:, :t, :, :vdim]

@@ -436,26 +436,25 @@ def test_mosaic_state_kernel_matches_triton_state_kernel():
     """Same preparation, both state kernels: Vt and the per-chunk states (bfloat16) agree to
     one bf16 rounding, the final states to float32 rounding. Four chunks (the two-slot
     buffers are each reused), K = 128 (the benchmark's), two V-blocks, nonzero S0, M0."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _prep_call, _state_fwd_call
+    from jaxlib_ext.pallas_kernels.mdn.kernel import (
+        _inverse_forward_substitution,
+        _prep_call,
+        _state_fwd_call,
+    )
     from jaxlib_ext.pallas_kernels.mdn.mosaic import state_fwd_mosaic
 
     B, T, H, K, V, C, BV = 1, 256, 2, 128, 64, 64, 32
     args, s0 = make_inputs(40, B, T, H, K, V, jnp.bfloat16)
     prec = jax.lax.Precision.DEFAULT
     run = _Run(interpret=True, poison=True)
-    prep = _prep_call(*args, chunk=C, scale=K**-0.5, precision=prec, inverse=_subst(), run=run)
+    inverse = _inverse_forward_substitution
+    prep = _prep_call(*args, chunk=C, scale=K**-0.5, precision=prec, inverse=inverse, run=run)
     tri = _state_fwd_call(prep, s0[0], s0[1], chunk=C, block_v=BV, precision=prec, run=run)
     mos = state_fwd_mosaic(prep, s0[0], s0[1], chunk=C, block_v=BV, interpret=True)
     for name, a, b in zip(("vt", "hs", "hm", "st", "mt"), mos, tri, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         assert not bool(jnp.isnan(a.astype(jnp.float32)).any()), f"{name}: unwritten (NaN)"
         assert rel_rmse(a, b) < (1e-5 if a.dtype == jnp.float32 else 4e-3), name
-
-
-def _subst():
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _inverse_forward_substitution
-
-    return _inverse_forward_substitution
 
 
 def test_mosaic_state_kernel_op_forward_and_grads():
