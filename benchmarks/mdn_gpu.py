@@ -45,10 +45,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule  # noqa: E402
+from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas  # noqa: E402
 from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
     flops_forward,
     momentum_delta_rule_pallas,
-    momentum_delta_rule_step_pallas,
 )
 
 # (label, keyword overrides of momentum_delta_rule_pallas), most informative first (the budget
@@ -304,7 +304,8 @@ def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES):
 def mosaic_applies(K, V, T, chunk, dtype):
     """Whether MOSAIC_CANDIDATE runs at this shape (bfloat16, chunk 64, K padded to 64 or 128,
     its block_v dividing the padded V)."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel, _pow2
+    from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _pow2
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel
 
     block_v = MOSAIC_CANDIDATE[1]["block_v"]
     if _pow2(V) % block_v:

@@ -135,10 +135,8 @@ def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
     import jax
     import jax.numpy as jnp
 
-    from jaxlib_ext.pallas_kernels.mdn.kernel import (
-        momentum_delta_rule_pallas,
-        momentum_delta_rule_step_pallas,
-    )
+    from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas
+    from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
 
     try:
         from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh

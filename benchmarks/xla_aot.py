@@ -204,7 +204,7 @@ _ENTRY = re.compile(r"\.entry\s+([\w$.]+)\s*\((?:[^()]|\([^()]*\))*\)\s*((?:\.\w
 def _entry_directives(ptx):
     """{entry name: its performance directives (.reqntid, .maxntid, .maxnreg, .minnctapersm)}.
     Without ``.maxnreg`` / ``.minnctapersm`` ptxas may settle on 32 registers and spill tens of
-    KB (see ``_launch_params`` in the kernel module)."""
+    KB (see ``_launch_params`` in ``pallas_kernels/mdn/_launch.py``)."""
     return {m.group(1): " ".join(m.group(2).split()) for m in _ENTRY.finditer(ptx)}
 
 
@@ -266,7 +266,8 @@ def _pallas(shape, chunk, **kwargs):
 def _mosaic_options(shape, dtype, chunk):
     """Keyword options selecting the Mosaic GPU forward state kernel at this shape (block_v
     32, or 16 where 32 does not fit), or None where it does not apply (float32, small K)."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel, _pow2
+    from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _pow2
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel
 
     _, t, _, kdim, vdim = shape
     for block_v in (min(32, _pow2(vdim)), min(16, _pow2(vdim))):
@@ -282,7 +283,7 @@ def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
     """[(name, fn, args)]: each fn is named ``mdn_*`` so that its XLA module is jit_mdn_*.
     ``launch`` reaches every sequence kernel (the decode step has fixed launch parameters)."""
     from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
-    from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_step_pallas
+    from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas
 
     seq, one = abstract_inputs(shape, dtype)
     scale = shape[3] ** -0.5
@@ -519,7 +520,7 @@ def main(argv=None):
     if args.sweep:
         sweep = {}
         for warps, stages in SWEEP:
-            from jaxlib_ext.pallas_kernels.mdn.kernel import _KERNELS
+            from jaxlib_ext.pallas_kernels.mdn._launch import _KERNELS
 
             launch = tuple((name, warps, stages) for name in _KERNELS)
             sweep[(warps, stages)] = compile_programs(

@@ -56,8 +56,8 @@ What runs where:
   ``triangular_solve`` instead of forward substitution): an independent check of the
   hand-written reverse, and a fallback.
 
-* decode: ``momentum_delta_rule_step_pallas`` is one kernel for a single token against the
-  cached (S, M) (forward only).
+* decode: ``decode.momentum_delta_rule_step_pallas`` is one kernel for a single token
+  against the cached (S, M) (forward only).
 * ``state_kernel="mosaic_gpu"`` swaps ``_state_fwd_kernel`` for its Pallas Mosaic GPU
   version (``mosaic.py``, Hopper: TMA-pipelined chunk tiles, wgmma dots), same inputs and
   outputs; every other kernel stays Triton.
@@ -75,7 +75,13 @@ recomputed.
 
 Launch parameters (warps, stages, the V-tile) come from XLA's own compile of the programs for
 an H200 without a GPU (``benchmarks/xla_aot.py``: jaxlib's Triton, then ptxas): every kernel
-stays under the H200's 227 KB of shared memory per block; see ``_launch_params``.
+stays under the H200's 227 KB of shared memory per block; see ``_launch._launch_params``.
+
+Modules: this one holds the forward and backward kernels, their ``pallas_call`` wrappers, the
+custom VJP and the public op; ``_chunk_algebra.py`` the in-chunk algebra the kernels run on
+tiles (and its XLA mirror ``_prep_xla``); ``_launch.py`` the launch defaults and the
+``pallas_call`` wrapper; ``mosaic.py`` the Mosaic GPU state kernel; ``decode.py`` the
+single-token step.
 
 Limits (as of this version): the Pallas Triton backend is deprecated from JAX 0.11 on (a
 DeprecationWarning at lowering) and only the forward state recurrence has a Mosaic GPU
@@ -99,398 +105,32 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["momentum_delta_rule_pallas", "momentum_delta_rule_step_pallas"]
+from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import (
+    _INVERSES,
+    _chunk_coefficients,
+    _chunk_parts,
+    _chunk_prep,
+    _chunk_prep_bwd,
+    _dot_dtype,
+    _inverse_fn,
+    _mm,
+    _pow2,
+    _prep_xla,
+    _Reduced,
+)
+from jaxlib_ext.pallas_kernels.mdn._launch import (
+    _check_launch,
+    _default_backward,
+    _default_block_v,
+    _launch,
+    _Run,
+    _sds,
+)
+
+__all__ = ["momentum_delta_rule_pallas"]
 
 _F32 = jnp.float32
-
-
-def _pow2(n: int, minimum: int = 16) -> int:
-    return max(minimum, 1 << (int(n) - 1).bit_length())
-
-
-def _dot_dtype(precision):
-    """Operand dtype of the in-kernel dots (see ``_mm``); intermediates that only feed dots are
-    stored in it, which halves their HBM traffic on the bfloat16 path at no cost in accuracy."""
-    return jnp.bfloat16 if precision == lax.Precision.DEFAULT else _F32
-
-
-def _mm(a, b, *, ta=False, tb=False, precision=None):
-    """Matrix product over the last two axes (leading axes batched), float32 accumulation.
-
-    ``Precision.DEFAULT`` (the bfloat16-input path) rounds both operands to bfloat16 first, so
-    the tensor cores run bf16 MMAs with float32 accumulation and the operands take half the
-    shared memory of TF32 ones; any other precision (float32 inputs) keeps float32 operands.
-    Choice: this is what fla's Triton kernels do for bf16 (states and the triangular inverse
-    cast to the input dtype before ``tl.dot``); it doubles the bf16 error against the float32
-    recurrence (2e-3 to 5e-3 relative RMS at T = 130, K = 64, V = 128, against 1e-3 to 3e-3
-    with float32 operands; CPU, interpret mode), well inside the 1e-2 bound. With TF32
-    operands the fused backward kernel needed 250-400 KB of shared memory at K = 128 (pip
-    Triton 3.9 for sm_90a), beyond the H200's 227 KB per block.
-    """
-    ca = a.ndim - 2 if ta else a.ndim - 1
-    cb = b.ndim - 1 if tb else b.ndim - 2
-    batch = tuple(range(a.ndim - 2))
-    dot = _dot_dtype(precision)
-    a, b = a.astype(dot), b.astype(dot)
-    return lax.dot_general(
-        a, b, (((ca,), (cb,)), (batch, batch)), precision=precision, preferred_element_type=_F32
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Chunk math shared by the kernel body (2-D tiles) and the XLA mirror (leading batch axes).
-# --------------------------------------------------------------------------------------------
-
-
-def _identity(c):
-    """The float32 [c, c] identity from iotas (lowers in Triton kernels and in XLA)."""
-    rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
-    return jnp.where(rows == lax.broadcasted_iota(jnp.int32, (c, c), 1), 1.0, 0.0).astype(_F32)
-
-
-def _inverse_forward_substitution(lmat):
-    """(I + L)^{-1} for strictly lower L [C, C] by forward substitution, row by row.
-
-    Row r of the inverse is ``e_r - L[r, :] @ T`` where only rows < r of T are used (L is
-    strictly lower). Only masked selects and reductions: lowers to Triton and to XLA.
-    """
-    c = lmat.shape[-1]
-    rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
-    eye = _identity(c)
-
-    def body(r, tinv):
-        lrow = jnp.sum(jnp.where(rows == r, lmat, 0.0), axis=0)  # L[r, :]
-        acc = jnp.sum(lrow[:, None] * tinv, axis=0)  # sum_j L[r, j] T[j, :]
-        return jnp.where(rows == r, eye - acc[None, :], tinv)
-
-    return lax.fori_loop(1, c, body, eye)
-
-
-def _inverse_neumann(lmat, precision=None):
-    """(I + L)^{-1} for strictly lower L [C, C], C a power of two, by matmuls only.
-
-    L is nilpotent (L^C = 0), so the Neumann series is finite and factors as
-    ``sum_{n<C} (-L)^n = (I - L)(I + L^2)(I + L^4) ... (I + L^{C/2})``: log2(C) - 1 squarings
-    and as many products, (2 log2(C) - 2) C^3 multiply-adds on the tensor cores, where forward
-    substitution makes C - 1 dependent row updates, each two cross-thread reductions.
-    ``precision`` should be float32-grade (3xTF32 compiled, HIGHEST interpreted): the powers
-    of L are not rounded to bfloat16 on the bfloat16 path.
-    """
-    c = lmat.shape[-1]
-    if c & (c - 1):
-        raise ValueError(f"_inverse_neumann: C must be a power of two, got {c}")
-    power = -lmat  # (-L)^(2^j)
-    inv = _identity(c) + power  # I - L
-    for _ in range(c.bit_length() - 2):  # static: log2(C) - 1 more factors
-        power = _mm(power, power, precision=precision)
-        inv = inv + _mm(inv, power, precision=precision)  # inv (I + power)
-    return inv
-
-
-_INVERSES = ("substitution", "neumann")
-
-
-def _inverse_fn(name, precision):
-    """The in-kernel ``inverse(lmat)`` for the ``inverse=`` option (see
-    ``momentum_delta_rule_pallas``)."""
-    if name == "neumann":
-        return functools.partial(_inverse_neumann, precision=precision)
-    return _inverse_forward_substitution
-
-
-def _inverse_triangular_solve(lmat):
-    """(I + L)^{-1} with XLA's batched triangular solve (used by the differentiable mirror)."""
-    c = lmat.shape[-1]
-    eye = jnp.eye(c, dtype=_F32)
-    eye_b = jnp.broadcast_to(eye, lmat.shape)
-    return lax.linalg.triangular_solve(
-        eye + lmat, eye_b, left_side=True, lower=True, unit_diagonal=True
-    )
-
-
-def _masked_decay(row_log, col_log, mask):
-    """exp(row_log[t] - col_log[i]) where mask, else 0; the exponent is clamped first so the
-    masked-out (positive, possibly huge) entries never overflow and carry no gradient."""
-    d = row_log[..., :, None] - col_log[..., None, :]
-    return jnp.where(mask, jnp.exp(jnp.where(mask, d, 0.0)), 0.0)
-
-
-class _Parts(NamedTuple):
-    """Forward intermediates of one chunk (recomputed by the backward kernel)."""
-
-    incl: jax.Array
-    last: jax.Array
-    d1: jax.Array
-    d1p: jax.Array
-    d2: jax.Array
-    bd2: jax.Array
-    gam: jax.Array
-    gam_prev: jax.Array
-    u_vec: jax.Array
-    bu: jax.Array
-    a_vec: jax.Array
-    a_prev: jax.Array
-    b_vec: jax.Array
-    b_prev: jax.Array
-    kt: jax.Array
-    kp_mat: jax.Array
-    tinv: jax.Array
-    sq: jax.Array
-    qk: jax.Array
-    g_last: jax.Array
-    u_last: jax.Array
-
-
-class _Decays(NamedTuple):
-    """Masks, cumulative log-gates and the two masked decay matrices of a chunk."""
-
-    incl: jax.Array  # i <= t
-    strict: jax.Array  # i < t
-    last: jax.Array  # row t = C
-    log_a: jax.Array  # log A_t
-    log_u: jax.Array  # log U_t
-    log_a_prev: jax.Array  # log A_{t-1}
-    d1: jax.Array  # A_t / A_i, i <= t
-    d2: jax.Array  # U_i / U_j, j <= i
-
-
-def _chunk_decays(la, lm):
-    c = la.shape[-1]
-    t_idx = lax.broadcasted_iota(jnp.int32, (c, c), 0)
-    i_idx = lax.broadcasted_iota(jnp.int32, (c, c), 1)
-    incl = t_idx >= i_idx
-
-    def cumsum(x):  # inclusive prefix sum along the chunk as a masked reduction
-        return jnp.sum(jnp.where(incl, x[..., None, :], 0.0), axis=-1)
-
-    log_a = cumsum(la)
-    log_u = cumsum(lm)
-    return _Decays(
-        incl=incl,
-        strict=t_idx > i_idx,
-        last=t_idx == c - 1,
-        log_a=log_a,
-        log_u=log_u,
-        log_a_prev=log_a - la,
-        d1=_masked_decay(log_a, log_a, incl),
-        d2=_masked_decay(log_u, log_u, incl),
-    )
-
-
-def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
-    """Gate products (5), (6), the triangular inverse of (9) and the dot products of a chunk."""
-    dec = _chunk_decays(la, lm)
-    d1, d2 = dec.d1, dec.d2
-    d1p = _masked_decay(dec.log_a_prev, dec.log_a, dec.strict)  # A_{t-1} / A_i, i < t
-    bd2 = beta[..., :, None] * d2
-    gam = _mm(d1, bd2, precision=precision)  # (5) gamma_{t,j}
-    gam_prev = _mm(d1p, bd2, precision=precision)  # gamma_{t-1,j}
-    u_vec = jnp.exp(dec.log_u)
-    bu = beta * u_vec
-    b_vec = jnp.sum(d1 * bu[..., None, :], axis=-1)  # (6) b_t
-    b_prev = jnp.sum(d1p * bu[..., None, :], axis=-1)  # b_{t-1}
-    kt = eta[..., :, None] * k
-    kp_mat = _mm(p, kt, tb=True, precision=precision)
-    tinv = inverse(gam_prev * kp_mat)  # (9): L strictly lower
-    sq = scale * q
-    qk = _mm(sq, kt, tb=True, precision=precision)
-    return _Parts(
-        incl=dec.incl,
-        last=dec.last,
-        d1=d1,
-        d1p=d1p,
-        d2=d2,
-        bd2=bd2,
-        gam=gam,
-        gam_prev=gam_prev,
-        u_vec=u_vec,
-        bu=bu,
-        a_vec=jnp.exp(dec.log_a),
-        a_prev=jnp.exp(dec.log_a_prev),
-        b_vec=b_vec,
-        b_prev=b_prev,
-        kt=kt,
-        kp_mat=kp_mat,
-        tinv=tinv,
-        sq=sq,
-        qk=qk,
-        g_last=jnp.sum(jnp.where(dec.last, gam, 0.0), axis=-2),  # gamma_{C,j}
-        u_last=jnp.sum(jnp.where(dec.last, d2, 0.0), axis=-2),  # U_C / U_j
-    )
-
-
-class _Coefficients(NamedTuple):
-    """The per-chunk factors that multiply the state-side cotangents (a subset of ``_Parts``,
-    with the same names, so ``_contract_over_v`` takes either)."""
-
-    a_vec: jax.Array
-    b_vec: jax.Array
-    sq: jax.Array
-    kt: jax.Array
-    g_last: jax.Array
-    u_last: jax.Array
-
-
-def _chunk_coefficients(q, k, la, lm, beta, eta, *, scale):
-    """``_Coefficients`` without the triangular inverse or any dot: gamma_{C,j} of (5) as
-    sum_i (A_C / A_i) beta_i (U_i / U_j), a masked column reduction."""
-    dec = _chunk_decays(la, lm)
-    bu = beta * jnp.exp(dec.log_u)
-    d1_last = jnp.sum(jnp.where(dec.last, dec.d1, 0.0), axis=-2)  # A_C / A_i
-    return _Coefficients(
-        a_vec=jnp.exp(dec.log_a),
-        b_vec=jnp.sum(dec.d1 * bu[..., None, :], axis=-1),  # (6)
-        sq=scale * q,
-        kt=eta[..., :, None] * k,
-        g_last=jnp.sum((d1_last * beta)[..., :, None] * dec.d2, axis=-2),  # (5) at t = C
-        u_last=jnp.sum(jnp.where(dec.last, dec.d2, 0.0), axis=-2),  # U_C / U_j
-    )
-
-
-def _chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
-    """Per-chunk quantities of equations (5), (6), (9), (10), (11).
-
-    Shapes: q, k, p [..., C, K]; v [..., C, V]; gates [..., C]; all float32.
-    Returns (uv, y, z, kgs, kgm, qa, qb, attn, avec, bvec, uvec):
-      uv [..., C, V]; y, z, kgs, kgm, qa, qb [..., C, K]; attn [..., C, C];
-      avec = A_t, bvec = b_t, uvec = U_t [..., C] (the recurrence uses their last entry).
-    """
-    f = _chunk_parts(q, k, p, la, lm, beta, eta, scale=scale, precision=precision, inverse=inverse)
-    uv = _mm(f.tinv, v, precision=precision)  # (11)
-    y = _mm(f.tinv, f.a_prev[..., :, None] * p, precision=precision)
-    z = _mm(f.tinv, f.b_prev[..., :, None] * p, precision=precision)
-    attn = f.gam * f.qk  # (10), intra-chunk part
-    qa = f.a_vec[..., :, None] * f.sq
-    qb = f.b_vec[..., :, None] * f.sq
-    kgs = f.g_last[..., :, None] * f.kt  # (7) at t = C
-    kgm = f.u_last[..., :, None] * f.kt  # (8) at t = C
-    return uv, y, z, kgs, kgm, qa, qb, attn, f.a_vec, f.b_vec, f.u_vec
-
-
-class _Reduced(NamedTuple):
-    """Cotangents of ``_chunk_prep``'s outputs, already contracted with the forward parts
-    they multiply (so the V axis is gone: the backward kernel accumulates these over V-blocks).
-
-    dsq: from qa, qb (a_t dqa + b_t dqb); davec, dbvec, duvec: the gate vectors (incl. qa, qb);
-    dattn; dtinv_v = duv v^T; dy, dz; dkt: from kgs, kgm; dg_last, du_last."""
-
-    dsq: jax.Array
-    davec: jax.Array
-    dbvec: jax.Array
-    duvec: jax.Array
-    dattn: jax.Array
-    dtinv_v: jax.Array
-    dy: jax.Array
-    dz: jax.Array
-    dkt: jax.Array
-    dg_last: jax.Array
-    du_last: jax.Array
-
-
-def _reduce_cotangents(f, v, cts, precision):
-    """Full output cotangents of ``_chunk_prep`` -> ``_Reduced`` (the XLA-side twin of what the
-    backward kernel accumulates)."""
-    duv, dy, dz, dkgs, dkgm, dqa, dqb, dattn, davec, dbvec, duvec = cts
-    return _Reduced(
-        dsq=f.a_vec[..., :, None] * dqa + f.b_vec[..., :, None] * dqb,
-        davec=davec + jnp.sum(dqa * f.sq, axis=-1),
-        dbvec=dbvec + jnp.sum(dqb * f.sq, axis=-1),
-        duvec=duvec,
-        dattn=dattn,
-        dtinv_v=_mm(duv, v, tb=True, precision=precision),
-        dy=dy,
-        dz=dz,
-        dkt=f.g_last[..., :, None] * dkgs + f.u_last[..., :, None] * dkgm,
-        dg_last=jnp.sum(dkgs * f.kt, axis=-1),
-        du_last=jnp.sum(dkgm * f.kt, axis=-1),
-    )
-
-
-def _chunk_prep_bwd(f, r, load_k, p, beta, eta, *, scale, precision, emit):
-    """Reverse mode of ``_chunk_prep`` by hand (chain rule through (5), (6), (9)-(11)).
-
-    ``emit(name, value)`` receives each gradient of ``_GRAD_NAMES`` as soon as it is final, so
-    a kernel stores it there and its registers are free for the rest (dv = T^T duv is formed
-    by the caller). ``load_k()`` gives the chunk's keys, needed only for deta: loading them
-    again there keeps them out of registers in between. Both cut register pressure: offline
-    sm_90a compile at B=8 T=4096 H=6 K=128 V=256 bf16, mdn_chunk_bwd's spill stores went from
-    3756 to 3112 bytes per thread and its shared memory from 120 to 112 KiB (K=256: 7608 to
-    6640 bytes and 216 to 208 KiB).
-    """
-    mm = functools.partial(_mm, precision=precision)
-    row = lambda x: jnp.sum(x, axis=-1)
-    col = lambda x: jnp.sum(x, axis=-2)
-    # kgs, kgm, attn
-    dgam = jnp.where(f.last, r.dg_last[..., None, :], 0.0) + r.dattn * f.qk
-    dd2 = jnp.where(f.last, r.du_last[..., None, :], 0.0)
-    dqk = r.dattn * f.gam
-    emit("dq", scale * (r.dsq + mm(dqk, f.kt)))
-    dkt = r.dkt + mm(dqk, f.sq, ta=True)
-    # y = T diag(A_{t-1}) P, z = T diag(b_{t-1}) P, uv = T V
-    ap_p = f.a_prev[..., :, None] * p
-    bp_p = f.b_prev[..., :, None] * p
-    dtinv = r.dtinv_v + mm(r.dy, ap_p, tb=True) + mm(r.dz, bp_p, tb=True)
-    dap_p = mm(f.tinv, r.dy, ta=True)
-    dbp_p = mm(f.tinv, r.dz, ta=True)
-    dp = f.a_prev[..., :, None] * dap_p + f.b_prev[..., :, None] * dbp_p
-    da_prev = row(dap_p * p)
-    db_prev = row(dbp_p * p)
-    # T = (I + L)^{-1}: dL = -T^T dT T^T; L = gamma_prev * (P Kt^T)
-    dl = -mm(mm(f.tinv, dtinv, ta=True), f.tinv, tb=True)
-    dgam_prev = dl * f.kp_mat
-    dkp = dl * f.gam_prev
-    emit("dp", dp + mm(dkp, f.kt))
-    dkt = dkt + mm(dkp, p, ta=True)
-    emit("dk", eta[..., :, None] * dkt)
-    emit("deta", row(dkt * load_k()))
-    # gamma = D1 diag(beta) D2, gamma_prev = D1p diag(beta) D2, b = D1 bu, b_prev = D1p bu
-    dd1 = mm(dgam, f.bd2, tb=True) + r.dbvec[..., :, None] * f.bu[..., None, :]
-    dd1p = mm(dgam_prev, f.bd2, tb=True) + db_prev[..., :, None] * f.bu[..., None, :]
-    dbd2 = mm(f.d1, dgam, ta=True) + mm(f.d1p, dgam_prev, ta=True)
-    dbu = col(f.d1 * r.dbvec[..., :, None]) + col(f.d1p * db_prev[..., :, None])
-    dbeta = row(dbd2 * f.d2) + dbu * f.u_vec
-    dd2 = dd2 + beta[..., :, None] * dbd2
-    dlog_u = (r.duvec + dbu * beta) * f.u_vec
-    dlog_a = r.davec * f.a_vec
-    dlog_a_prev = da_prev * f.a_prev
-    x = dd1 * f.d1
-    dlog_a = dlog_a + row(x) - col(x)
-    x = dd1p * f.d1p
-    dlog_a_prev = dlog_a_prev + row(x)
-    dlog_a = dlog_a - col(x)
-    x = dd2 * f.d2
-    dlog_u = dlog_u + row(x) - col(x)
-
-    def rcumsum(x):  # sum_{t >= s} x_t, the transpose of the prefix sum
-        return col(jnp.where(f.incl, x[..., :, None], 0.0))
-
-    emit("dbeta", dbeta)
-    emit("dla", rcumsum(dlog_a + dlog_a_prev) - dlog_a_prev)
-    emit("dlm", rcumsum(dlog_u))
-
-
-def _prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
-    """Plain-jnp mirror of ``_prep_kernel`` on [B, Tp, H, ...] arrays (differentiable)."""
-    b, tp, h, _ = q.shape
-    n = tp // chunk
-
-    def to_chunks(x):  # [B, Tp, H, ...] -> [B, N, H, C, ...]
-        x = x.astype(_F32).reshape((b, n, chunk, h) + x.shape[3:])
-        return jnp.moveaxis(x, 2, 3)
-
-    def from_chunks(x):  # [B, N, H, C, ...] -> [B, Tp, H, ...]
-        x = jnp.moveaxis(x, 3, 2)
-        return x.reshape((b, tp, h) + x.shape[4:])
-
-    outs = _chunk_prep(
-        *(to_chunks(x) for x in (q, k, v, p, la, lm, beta, eta)),
-        scale=scale,
-        precision=precision,
-        inverse=_inverse_triangular_solve,
-    )
-    return tuple(from_chunks(x) for x in outs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -860,144 +500,6 @@ def _prep_bwd_kernel(
 # Launchers
 # --------------------------------------------------------------------------------------------
 
-
-def _default_block_v(kp: int) -> int:
-    """V-tile of the sequence kernels for a padded K: two float32 [K, block_v] states plus the
-    dot operands fit 8 warps' registers (K = 128: 32 has no spills, 64 spills; see
-    ``_launch_params``)."""
-    return 64 if kp <= 64 else 32 if kp <= 128 else 16
-
-
-def _default_backward(kp: int) -> str:
-    """Fused chunk-parallel backward up to padded K = 128, split beyond. Offline compile for
-    sm_90a (pip Triton 3.9), shared KiB / spill bytes per thread, fused vs the split's two
-    kernels (mdn_chunk_bwd_v, mdn_prep_bwd):
-
-    ======================  ==================  ===============================
-    case                    fused               split
-    ======================  ==================  ===============================
-    K=128 V=256 bf16, C=64  112 / 3112          48 / 320, 80 / 3608
-    K=256 V=256 bf16, C=64  208 / 6640          64 / 2864, 144 / 6516
-    K=256 V=256 f32, C=32   196 / 125040        16 / 1496, 64 / 129068
-    ======================  ==================  ===============================
-
-    The split costs a round trip of the contracted cotangents through HBM (float32: four
-    [C, K], two [C, C] and five [C] tiles per chunk; about 1 GB at B=8 T=4096 H=6 K=128) and
-    does not reduce the spills (they come from the reverse of the preparation, which both
-    variants run), so at K <= 128 the fused kernel is the default; at K = 256 the fused
-    kernel comes within 12% of the 227 KiB limit, so the split is the safe default there.
-    XLA's own compile (``benchmarks/xla_aot.py``, jaxlib 0.11.2) gives the same picture:
-    K=128 fused 104 / 4080, split 40 / 612 and 88 / 4604; K=256 fused 200 / 10336, split
-    64 / 3370 and 168 / 9480. ``benchmarks/mdn_gpu.py --tune`` times both on a GPU.
-    """
-    return "pallas" if kp <= 128 else "pallas_split"
-
-
-def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
-    """(num_warps, num_stages) of each kernel on Hopper, chosen from XLA's own compile for an
-    H200 (``benchmarks/xla_aot.py --sweep``: jaxlib 0.11.2's Triton, ptxas 13.0, no GPU), not
-    from GPU timings (none yet; ``benchmarks/mdn_gpu.py --tune`` times alternatives).
-    ``launch`` entries ``(name, warps, stages)`` override these.
-
-    Constraints: at most 227 KB of shared memory per block (XLA refuses to compile more), no
-    register spills where avoidable, and for the latency-bound sequential state kernels as
-    many programs resident per SM as registers allow. At B=8 T=4096 H=6 K=128 V=256 bfloat16,
-    block_v 32 (shared KB / registers / spill-store bytes per thread):
-
-    ===============  ===========  ====================================================
-    kernel           chosen       measured, and why
-    ===============  ===========  ====================================================
-    mdn_prep         8 w, 1 st    64 / 255 / 272; 4 warps spill 3.8 KB
-    mdn_state_fwd    4 w, 1 st    32 / 236 / 0: two programs per SM (8 warps: 172
-                                  registers, but one 256-thread program per SM)
-    mdn_out          4 w, 1 st    24 / 78 / 0; no loop to pipeline
-    mdn_state_bwd    4 w, 1 st    36 / 209 / 0; 2 stages need 232 KB: XLA refuses
-    mdn_chunk_bwd    8 w, 1 st    104 / 255 / 4080: 21 C x C and C x K float32 tiles
-                                  are live at once; the weakest kernel (4 warps: 9.5 KB
-                                  spills, 2 or 3 stages: more)
-    mdn_chunk_bwd_v  8 w, 1 st    40 / 255 / 612 (4 warps: 3.4 KB spills)
-    mdn_prep_bwd     8 w, 1 st    88 / 255 / 4604 (4 warps: 8.8 KB spills)
-    mdn_step         4 w, 1 st    1 / 254 / 0
-    ===============  ===========  ====================================================
-
-    16 warps cap registers at 128 per thread: mdn_chunk_bwd then spills 4.7 KB per thread,
-    2.4 MB per program against 0.9 MB at 8 warps (jaxlib 0.12.0.1), and likewise the others.
-
-    K = 256 (block_v 16): the state kernels take 8 warps (254 and 232 registers, no spills);
-    the fused mdn_chunk_bwd needs 200 KB, near the limit, and spills 10 KB; the split
-    backward's two kernels need 64 and 168 KB (3.4 and 9.5 KB of spills), hence the split
-    there (``_default_backward``). Float32 inputs (3xTF32 dots, chunks capped at 32 for
-    K > 64) fit too, with spills (performance is not a target).
-
-    ptxas caveat: without a register bound in the PTX (Triton emits only ``.reqntid``; Pallas
-    cannot pass Triton's ``maxnreg``), ptxas at -O3 sometimes settles on 32 registers and
-    spills tens of KB per thread. In XLA's compile this hits the float32 backward kernels at
-    C = 32 (mdn_chunk_bwd_v and mdn_prep_bwd; mdn_chunk_bwd too with jaxlib 0.11.2). The same
-    PTX with ``.maxnreg 255`` or ``.minnctapersm 1``, or at ptxas -O1, gets 255 registers and
-    a tenth of the spills. No bf16 kernel is affected.
-    """
-    for kernel, warps, stages in launch:  # caller's overrides, e.g. from a tuning run
-        if kernel == name:
-            return warps, stages
-    if name in ("mdn_state_fwd", "mdn_state_bwd"):
-        return (4, 1) if kp <= 128 else (8, 1)
-    return {"mdn_out": (4, 1), "mdn_step": (4, 1)}.get(name, (8, 1))
-
-
-class _Run(NamedTuple):
-    """How every kernel of one call runs: ``interpret`` (Pallas interpreter), ``poison``
-    (outputs start as NaN, a testing aid) and the ``launch`` overrides of ``_launch_params``."""
-
-    interpret: bool
-    poison: bool
-    launch: tuple = ()
-
-
-def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, name, kp, run):
-    """pallas_call; with ``run.poison`` every output buffer starts as NaN (aliased input), so
-    an element the kernel never writes stays NaN and a test can see it. ``kp``: the padded K."""
-    interpret, poison = run.interpret, run.poison
-    warps, stages = _launch_params(name, kp, run.launch)
-    compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
-    if not poison:
-        return pl.pallas_call(
-            kernel,
-            out_shape=out_shape,
-            grid=grid,
-            in_specs=in_specs,
-            out_specs=out_specs,
-            compiler_params=compiler_params,
-            interpret=interpret,
-            name=name,
-        )(*args)
-    n_in, n_out = len(args), len(out_shape)
-    bufs = [jnp.full(s.shape, jnp.nan, s.dtype) for s in out_shape]
-
-    def poisoned(*refs):
-        kernel(*refs[:n_in], *refs[n_in + n_out :])
-
-    return pl.pallas_call(
-        poisoned,
-        out_shape=out_shape,
-        grid=grid,
-        in_specs=list(in_specs) + list(out_specs),
-        out_specs=out_specs,
-        input_output_aliases={n_in + i: i for i in range(n_out)},
-        compiler_params=compiler_params,
-        interpret=interpret,
-        name=name,
-    )(*args, *bufs)
-
-
-_KERNELS = (
-    "mdn_prep",
-    "mdn_state_fwd",
-    "mdn_out",
-    "mdn_state_bwd",
-    "mdn_chunk_bwd",
-    "mdn_chunk_bwd_v",
-    "mdn_prep_bwd",
-)
 _BACKWARDS = ("pallas", "pallas_split", "xla")
 _STATE_KERNELS = ("triton", "mosaic_gpu")
 
@@ -1017,28 +519,6 @@ def _check_mosaic_state_kernel(dtype, t, kdim, chunk_size, block_v):
         block_v=block_v,
         n_chunks=-(-t // chunk_size),
     )
-
-
-def _check_launch(launch):
-    """Validate the ``launch`` overrides; returns them as a hashable tuple of triples."""
-    out = []
-    for entry in launch:
-        if (
-            not isinstance(entry, tuple | list)
-            or len(entry) != 3
-            or entry[0] not in _KERNELS
-            or not all(isinstance(x, int) and x >= 1 for x in entry[1:])
-        ):
-            raise ValueError(
-                "launch: expected ((kernel_name, num_warps, num_stages), ...) with kernel_name "
-                f"in {_KERNELS} and positive ints, got entry {entry!r}"
-            )
-        out.append((entry[0], int(entry[1]), int(entry[2])))
-    return tuple(out)
-
-
-def _sds(shape, dtype=_F32):
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, inverse, run):
@@ -1583,81 +1063,3 @@ def flops_forward(b, t, h, kdim, vdim, chunk=64):
         + 2 * c * c * vdim  # Attn Vt
     )
     return b * h * n * per_chunk
-
-
-# --------------------------------------------------------------------------------------------
-# Decode: one token against the cached (S, M)
-# --------------------------------------------------------------------------------------------
-
-
-def _step_kernel(q_ref, k_ref, v_ref, p_ref, g_ref, s_ref, m_ref, o_ref, s_out, m_out, *, scale):
-    """One (batch, head, V-block): equations (1)-(4) for a single step, reading S and M once.
-
-    The four gates arrive packed in a 16-wide row (alpha, mu, beta, eta in columns 0..3)."""
-    g = g_ref[...].astype(_F32)
-    col = jnp.arange(g.shape[-1])
-    pick = lambda i: jnp.sum(jnp.where(col == i, g, 0.0))
-    log_alpha, log_mu, beta, eta = pick(0), pick(1), pick(2), pick(3)
-    s = s_ref[...]
-    m = m_ref[...]
-    w = jnp.sum(s * p_ref[...].astype(_F32)[:, None], axis=0) - v_ref[...].astype(_F32)  # (1)
-    m = jnp.exp(log_mu) * m + eta * (k_ref[...].astype(_F32)[:, None] * w[None, :])  # (2)
-    s = jnp.exp(log_alpha) * s - beta * m  # (3)
-    o = jnp.sum(s * (scale * q_ref[...].astype(_F32))[:, None], axis=0)  # (4)
-    o_ref[...] = o.astype(o_ref.dtype)
-    s_out[...] = s
-    m_out[...] = m
-
-
-@functools.partial(jax.jit, static_argnames=("scale", "interpret", "block_v"))
-def momentum_delta_rule_step_pallas(
-    q, k, v, p, log_alpha, log_mu, beta, eta, state, *, scale, interpret=False, block_v=None
-):
-    """One decoding step of the momentum delta rule as a single Pallas kernel (no autodiff).
-
-    Args:
-      q, k, p: [B, H, K]; v: [B, H, V]; log_alpha, log_mu, beta, eta: [B, H];
-      state: [2, B, H, K, V] float32 (S, M) before the step; scale: Python float.
-
-    Returns:
-      ``(o, new_state)``: o [B, H, V] in q's dtype, new_state float32 [2, B, H, K, V].
-
-    Each program owns a [K, block_v] column block of S and M (the columns of (1)-(4) are
-    independent), so the state is read once and written once, which is what a memory-bound step
-    needs; XLA's version reads S again for the output.
-    """
-    b, h, kdim = q.shape
-    vdim = v.shape[-1]
-    if state.shape != (2, b, h, kdim, vdim):
-        raise ValueError(f"state: expected shape {(2, b, h, kdim, vdim)}, got {state.shape}")
-    kp, vp = _pow2(kdim), _pow2(vdim)
-    if block_v is None:
-        block_v = min(vp, 64 if kp <= 128 else 32)
-    pad_k = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, kp - kdim)))
-    gates = jnp.stack([x.astype(_F32) for x in (log_alpha, log_mu, beta, eta)], axis=-1)
-    gates = jnp.pad(gates, ((0, 0), (0, 0), (0, 12)))
-    st = jnp.pad(state.astype(_F32), ((0, 0),) * 3 + ((0, kp - kdim), (0, vp - vdim)))
-    vec_k = pl.BlockSpec((None, None, kp), lambda i, j, l: (i, j, 0))
-    vec_v = pl.BlockSpec((None, None, block_v), lambda i, j, l: (i, j, l))
-    vec_g = pl.BlockSpec((None, None, 16), lambda i, j, l: (i, j, 0))
-    blk = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
-    warps, stages = _launch_params("mdn_step", kp)
-    o, s, m = pl.pallas_call(
-        functools.partial(_step_kernel, scale=float(scale)),
-        out_shape=[_sds((b, h, vp), q.dtype), _sds((b, h, kp, vp)), _sds((b, h, kp, vp))],
-        grid=(b, h, vp // block_v),
-        in_specs=[vec_k, vec_k, vec_v, vec_k, vec_g, blk, blk],
-        out_specs=[vec_v, blk, blk],
-        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
-        interpret=interpret,
-        name="mdn_step",
-    )(
-        pad_k(q),
-        pad_k(k),
-        jnp.pad(v, ((0, 0), (0, 0), (0, vp - vdim))),
-        pad_k(p),
-        gates,
-        st[0],
-        st[1],
-    )
-    return o[..., :vdim], jnp.stack([s, m])[:, :, :, :kdim, :vdim]

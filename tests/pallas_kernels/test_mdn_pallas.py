@@ -17,12 +17,9 @@ import numpy as np
 import pytest
 
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
-from jaxlib_ext.pallas_kernels.mdn.kernel import (
-    _launch,
-    _Run,
-    momentum_delta_rule_pallas,
-    momentum_delta_rule_step_pallas,
-)
+from jaxlib_ext.pallas_kernels.mdn._launch import _launch, _Run
+from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas
+from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
 from jaxlib_ext.pallas_kernels.mdn.reference import momentum_delta_rule_recurrent
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,7 +166,7 @@ def test_grads_backward_pallas_split_path():
 def test_neumann_inverse_matches_triangular_solve(c):
     """(I - L)(I + L^2)(I + L^4)... = (I + L)^{-1} for strictly lower L, at a mild scale and
     at one where the inverse has entries of 10 to 70 (relative RMS error then 2e-7 to 4e-7)."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import (
+    from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import (
         _inverse_forward_substitution,
         _inverse_neumann,
         _inverse_triangular_solve,
@@ -198,7 +195,7 @@ def test_neumann_inverse_path():
 
 
 def test_default_backward_splits_beyond_k128():
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _default_backward
+    from jaxlib_ext.pallas_kernels.mdn._launch import _default_backward
 
     assert [_default_backward(kp) for kp in (16, 64, 128, 256)] == ["pallas"] * 3 + ["pallas_split"]
 
@@ -298,7 +295,7 @@ def test_bad_arguments():
 def test_launch_overrides_change_only_the_schedule():
     """Overriding warps/stages (what the GPU tuner does) leaves the interpret-mode result
     bitwise unchanged, and the overrides reach the Triton compiler params of that kernel."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _launch_params
+    from jaxlib_ext.pallas_kernels.mdn._launch import _launch_params
 
     args, s0 = make_inputs(6, 1, 20, 1, 16, 16)
     launch = (("mdn_state_fwd", 8, 2), ("mdn_chunk_bwd", 4, 1))
@@ -436,11 +433,8 @@ def test_mosaic_state_kernel_matches_triton_state_kernel():
     """Same preparation, both state kernels: Vt and the per-chunk states (bfloat16) agree to
     one bf16 rounding, the final states to float32 rounding. Four chunks (the two-slot
     buffers are each reused), K = 128 (the benchmark's), two V-blocks, nonzero S0, M0."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import (
-        _inverse_forward_substitution,
-        _prep_call,
-        _state_fwd_call,
-    )
+    from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _inverse_forward_substitution
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _prep_call, _state_fwd_call
     from jaxlib_ext.pallas_kernels.mdn.mosaic import state_fwd_mosaic
 
     B, T, H, K, V, C, BV = 1, 256, 2, 128, 64, 64, 32

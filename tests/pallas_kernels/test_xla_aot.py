@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxlib_ext.pallas_kernels.mdn.kernel import _KERNELS
+from jaxlib_ext.pallas_kernels.mdn._launch import _KERNELS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "xla_aot.py"
