@@ -226,13 +226,13 @@ def _ptxas_per_entry(stderr):
 # --------------------------------------------------------------------------------------------
 
 
-def h200_device():
-    """The H200 of a one-device deviceless CUDA topology (needs the CUDA PJRT plugin)."""
+def h200_devices(n=1):
+    """The H200s of an n-device deviceless CUDA topology (needs the CUDA PJRT plugin)."""
     from jax.experimental import topologies
 
     try:
         topo = topologies.get_topology_desc(
-            "h200", platform="cuda", topology="1x1x1", target_config=H200_TARGET_CONFIG
+            "h200", platform="cuda", topology=f"1x{n}x1", target_config=H200_TARGET_CONFIG
         )
     except Exception as e:  # noqa: BLE001 - any plugin failure means the same thing here
         import jax
@@ -243,7 +243,7 @@ def h200_device():
             f"jax-cuda13-plugin=={jax.__version__} jax-cuda13-pjrt=={jax.__version__} and put "
             "that folder on PYTHONPATH"
         ) from None
-    return topo.devices[0]
+    return topo.devices
 
 
 def _fwd_bwd(forward):
@@ -316,6 +316,40 @@ def candidate_programs(shape, dtype, chunk):
     ]
 
 
+SHARDED_MESH = {"data": 2, "tensor": 2}  # batch over "data", heads over "tensor"
+
+
+def sharded_program(shape, dtype, chunk, devices):
+    """``(mesh, program)``: the Pallas forward+backward under ``jit`` on a data x tensor mesh
+    of H200s, every input sharded over batch and heads, as in sharded training. The op's
+    sharding rule (``pallas_kernels/_partition.py``) should leave no collective and give each
+    kernel a grid over its device's batch rows and heads only."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    sizes = tuple(SHARDED_MESH.values())
+    mesh = Mesh(np.array(devices[: np.prod(sizes)]).reshape(sizes), tuple(SHARDED_MESH))
+    split = NamedSharding(mesh, PartitionSpec("data", None, "tensor"))  # [B, T, H, ...]
+    seq, _ = abstract_inputs(shape, dtype)
+    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=split) for x in seq]
+    label = "mdn_fwd_bwd_sharded " + "x".join(map(str, sizes))
+    return mesh, ("mdn_fwd_bwd_sharded", _fwd_bwd(_pallas(shape, chunk)), args, label)
+
+
+_COLLECTIVE = re.compile(
+    r"\b(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(?:-start)?\("
+)
+
+
+def _collectives(hlo_text):
+    """{collective op: count} in a compiled module's text."""
+    found = {}
+    for op in _COLLECTIVE.findall(hlo_text):
+        found[op] = found.get(op, 0) + 1
+    return found
+
+
 def _named(fn, name):
     @functools.wraps(fn)
     def program(*a):
@@ -364,9 +398,12 @@ def _kernels(thunk_files, ptx_files):
     return out
 
 
-def compile_programs(device, progs, tool):
-    """Lower each ``(name, fn, args[, label])`` for ``device`` and compile it; [{program,
-    label, ok, seconds, memory, kernels | error}]."""
+def compile_programs(device, progs, tool, mesh=None):
+    """Lower each ``(name, fn, args[, label])`` for ``device`` (under ``mesh`` if given: the
+    partitioner runs inside the compile) and compile it; [{program, label, ok, seconds,
+    memory, collectives, kernels | error}]."""
+    import contextlib
+
     import jax
 
     results = []
@@ -375,12 +412,14 @@ def compile_programs(device, progs, tool):
         start = time.perf_counter()
         res = dict(program=name, label=label[0] if label else name)
         try:
-            with jax.default_device(device), warnings.catch_warnings():
+            in_mesh = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
+            with jax.default_device(device), in_mesh, warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # Pallas Triton deprecation
                 compiled = jax.jit(_named(fn, name)).lower(*args).compile()
             mem = compiled.memory_analysis()
             res |= dict(
                 ok=True,
+                collectives=_collectives(compiled.as_text()),
                 memory={
                     k: getattr(mem, f"{k}_size_in_bytes", None)
                     for k in ("argument", "output", "temp")
@@ -414,11 +453,14 @@ def _flag(k):
 
 
 def print_report(results):
-    print("| program | compiled | seconds | temp MiB |\n|---|---|---:|---:|")
+    print(
+        "| program | compiled | seconds | temp MiB | collectives |\n|---|---|---:|---:|---|"
+    )
     for r in results:
         temp = (r.get("memory") or {}).get("temp")
         status = "yes" if r["ok"] else f"NO: {r['error'].splitlines()[0][:120]}"
-        print(f"| {r['label']} | {status} | {r['seconds']} | {_fmt(temp, 2**20)} |")
+        coll = ", ".join(f"{op} x{n}" for op, n in r.get("collectives", {}).items()) or "-"
+        print(f"| {r['label']} | {status} | {r['seconds']} | {_fmt(temp, 2**20)} | {coll} |")
     print(
         "\n| program | kernel | grid | threads | shared KiB | registers | spill-store B | note |"
         "\n|---|---|---|---:|---:|---:|---:|---|"
@@ -488,7 +530,8 @@ def main(argv=None):
     import jax
     import jaxlib
 
-    device = h200_device()
+    devices = h200_devices(4)
+    device = devices[0]
     print(
         f"jax {jax.__version__}, jaxlib {jaxlib.__version__}; deviceless target: "
         f"{device.device_kind}; ptxas {tool['release']} ({tool['ptxas']})\n"
@@ -498,6 +541,8 @@ def main(argv=None):
     )
     progs = programs(args.shape, args.dtype, args.chunk, with_xla=not args.no_xla_chunk)
     results = compile_programs(device, progs, tool)
+    mesh, sharded = sharded_program(args.shape, args.dtype, args.chunk, devices)
+    results += compile_programs(device, [sharded], tool, mesh=mesh)
     print_report(results)
     everything = dict(
         jax=jax.__version__,

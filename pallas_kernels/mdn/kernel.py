@@ -69,6 +69,16 @@ their cotangents) are stored in bfloat16; the running (S, M) and (dS, dM), Uv, t
 the final state stay float32. With float32 inputs everything is float32 and the dots run
 3xTF32 when compiled (IEEE in interpret mode).
 
+Sharding: every (batch row, head) is independent, so the forward and the backward each carry
+a sharding rule (``pallas_kernels/_partition.py``, ``custom_partitioning`` with a Shardy rule):
+under ``jit`` with inputs sharded over batch and heads, each device runs the kernels on its
+own rows and heads with no collective; an axis sharded otherwise (sequence, K, V) is gathered
+first. Without the rule XLA all-gathers every input and each device runs the kernels on the
+whole batch (XLA compile for a 2 x 2 mesh of H200s, ``benchmarks/xla_aot.py``). With one
+device the rule is left out (no ``custom_partitioning``), so lowering against an
+``AbstractMesh`` works there. ``jax.vmap`` folds the mapped axis into B (the same
+module's vmap rule): the kernels run once on the larger batch.
+
 Memory: the forward keeps Vt [B, T, H, V] and the states entering every chunk,
 2 x [B, H, T/C, K, V] (bfloat16 for bfloat16 inputs), for the backward; everything else is
 recomputed.
@@ -85,11 +95,10 @@ single-token step.
 
 Limits (as of this version): the Pallas Triton backend is deprecated from JAX 0.11 on (a
 DeprecationWarning at lowering) and only the forward state recurrence has a Mosaic GPU
-version so far; ``jax.vmap`` of the op adds a grid axis, which the Triton lowering refuses
-beyond three axes (fold batch dims into B instead); no sharding rule (wrap in ``shard_map``
-over batch/heads). Checked on CPU with JAX 0.12.0.1 and 0.11.2 in interpret mode, and compiled
-by XLA of both versions for an H200 (deviceless, down to SASS: every program compiles, every
-kernel fits); not yet run or timed on a GPU.
+version so far. Checked on CPU with JAX 0.12.0.1 and 0.11.2 in interpret mode, and
+compiled by XLA of both versions for an H200 (deviceless, down to SASS: every program
+compiles, every kernel fits; and on a 2 x 2 mesh of H200s, sharded over batch and heads);
+not yet run or timed on a GPU.
 
 Triton constraints honoured by the wrapper (interpret mode does not enforce them): every block
 dimension is a power of two and >= 16 (K and V are zero-padded to ``max(16, next_pow2)``, the
@@ -106,6 +115,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jaxlib_ext.pallas_kernels._partition import batch_and_head_parallel
 from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import (
     _INVERSES,
     _chunk_coefficients,
@@ -778,22 +788,55 @@ def _forward(args, cfg):
     return (o, st, mt), (vt, hs, hm)
 
 
+# Layouts of the padded arrays for ``batch_and_head_parallel``: every (batch row, head) is
+# independent, so the kernels run on each device's rows and heads (n: N * Kp stacked states).
+_ARG_LAYOUTS = ("b t h k", "b t h k", "b t h v", "b t h k") + ("b t h",) * 4 + ("b h k v",) * 2
+_OUT_LAYOUTS = ("b t h v", "b h k v", "b h k v")
+_RES_LAYOUTS = ("b t h v", "b h n v", "b h n v")  # Vt and the per-chunk states
+
+
+def _forward_sharded(args, cfg):
+    """``_forward`` partitioned over batch and heads (``_partition.py``)."""
+
+    def forward(*args):
+        out, res = _forward(args, cfg)
+        return out + res
+
+    if not (cfg.run.interpret and cfg.state_kernel == "mosaic_gpu"):
+        # (GPU interpret mode's callbacks carry ordered effects, which custom_partitioning
+        # cannot lower; interpreted kernels are plain XLA ops that XLA partitions itself.)
+        forward = batch_and_head_parallel(forward, _ARG_LAYOUTS, _OUT_LAYOUTS + _RES_LAYOUTS)
+    outs = forward(*args)
+    return outs[:3], outs[3:]
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _mdn_core(args, cfg):
-    return _forward(args, cfg)[0]
+    return _forward_sharded(args, cfg)[0]
 
 
 def _mdn_core_fwd(args, cfg):
-    out, res = _forward(args, cfg)
+    out, res = _forward_sharded(args, cfg)
     return out, (args, res)
 
 
 def _mdn_core_bwd(cfg, residuals, cotangents):
+    args, res = residuals
+
+    def backward(*arrays):
+        return _backward(arrays, cfg)
+
+    layouts = _ARG_LAYOUTS + _RES_LAYOUTS + _OUT_LAYOUTS
+    return (batch_and_head_parallel(backward, layouts, _ARG_LAYOUTS)(*args, *res, *cotangents),)
+
+
+def _backward(arrays, cfg):
+    """Gradients of the ten padded inputs from the inputs, the residuals and the cotangents of
+    (o, S_T, M_T)."""
     chunk, block_v, scale, precision = cfg.chunk, cfg.block_v, cfg.scale, cfg.precision
     backward, inverse, run = cfg.backward, cfg.inverse, cfg.run
-    args, (vt, hs, hm) = residuals
+    args, (vt, hs, hm, do, dst, dmt) = arrays[:10], arrays[10:]
     q, k, v, p, la, lm, beta, eta, s0, m0 = args
-    do, dst, dmt = cotangents
     kw = dict(precision=precision, run=run)
     if backward != "xla":
         prep = _prep_call(
@@ -825,7 +868,7 @@ def _mdn_core_bwd(cfg, residuals, cotangents):
     else:
         grads = prep_vjp(_param_cotangents_xla(do, vt, dvt, hs, hm, dhs, dhm, chunk, precision))
     grads = tuple(g.astype(a.dtype) for g, a in zip(grads, args[:8], strict=True))
-    return (grads + (ds0, dm0),)
+    return grads + (ds0, dm0)
 
 
 def _param_cotangents_xla(do, vt, dvt, hs, hm, dhs, dhm, chunk, precision):

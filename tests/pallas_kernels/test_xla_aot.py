@@ -132,9 +132,11 @@ def _have_cuda_plugin():
 @pytest.mark.skipif(not _have_cuda_plugin(), reason="no CUDA PJRT plugin (make xla-aot)")
 def test_xla_compiles_every_kernel_for_h200(tmp_path):
     """Small shape, bfloat16: every program compiles, every Pallas kernel is there with its
-    launch facts and ptxas resources, none over the shared-memory limit."""
+    launch facts and ptxas resources, none over the shared-memory limit; on a 2 x 2 mesh of
+    H200s the sharded forward+backward needs no collective and each kernel's grid spans one
+    batch row and one head (B = H = 2)."""
     out = tmp_path / "r.json"
-    cmd = [sys.executable, str(SCRIPT), "--shape", "1,128,2,32,64", "--no-xla-chunk"]
+    cmd = [sys.executable, str(SCRIPT), "--shape", "2,128,2,32,64", "--no-xla-chunk"]
     r = subprocess.run(cmd + ["--json", str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -143,3 +145,8 @@ def test_xla_compiles_every_kernel_for_h200(tmp_path):
     assert sorted(kernels) == sorted([*_KERNELS, "mdn_step"])
     for k in kernels.values():
         assert k["shared"] is not None and k["registers"] is not None, k
+    (sharded,) = [p for p in report["results"] if p["program"] == "mdn_fwd_bwd_sharded"]
+    assert sharded["collectives"] == {}
+    grids = {k["name"]: k["grid"] for k in sharded["kernels"]}
+    assert grids["mdn_state_fwd"] == grids["mdn_state_bwd"] == "1,1,1", grids  # (B, H, V-blocks)
+    assert grids["mdn_prep"] == grids["mdn_chunk_bwd"] == "2,1,1", grids  # (chunks, B, H)
