@@ -154,3 +154,24 @@ def test_weight_decay_skips_vectors_and_flagged_parameters():
     moved = {jax.tree_util.keystr(k).removesuffix(".value"): bool(jnp.any(u != 0))
              for k, u in jax.tree_util.tree_flatten_with_path(updates)[0]}
     assert moved == names  # with zero gradients only decayed parameters move
+
+
+def test_mdn_pallas_kernels_train_on_a_data_tensor_mesh_as_on_one_device(tmp_path, corpus):
+    """The MDN LM with the Pallas op (interpret mode on CPU): two steps on a 2 x 2 mesh, batch
+    over data, heads over tensor (the op's sharding rule), give the losses of one device."""
+    from flax import nnx
+
+    from jaxlib_ext.models.mdn import build_mdn
+
+    def fit(out, mesh):
+        model = build_mdn(
+            "tiny", vocab_size=256, rngs=nnx.Rngs(0), method="pallas", chunk_size=16
+        )
+        cfg = train.TrainConfig(
+            steps=2, out_dir=str(out), **{**SMALL, "batch_size": 4, "eval_every": 100}
+        )
+        return train.fit(model, optax.adamw(1e-3), corpus, cfg, mesh)
+
+    one = fit(tmp_path / "one", sharding.make_mesh("data=1", jax.devices()[:1]))
+    four = fit(tmp_path / "four", sharding.make_mesh("data=2,tensor=2", jax.devices()[:4]))
+    np.testing.assert_allclose(four.losses, one.losses, rtol=1e-5)
