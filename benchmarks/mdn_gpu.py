@@ -24,9 +24,10 @@ Usage::
 
 The defaults of the kernels' tiling and launch parameters come from an offline compile for
 sm_90a (``benchmarks/xla_aot.py``: shared memory, registers, spills), not from GPU
-timings; ``--tune`` is the measurement that confirms or replaces them. One candidate swaps the
-Triton forward state kernel for the Mosaic GPU one (``MOSAIC_CANDIDATE``); with ``--check`` it
-is first checked against the recurrence (forward and gradients) and dropped if it fails.
+timings; ``--tune`` is the measurement that confirms or replaces them. Two candidates swap
+the Triton forward state kernel for the Mosaic GPU one (``MOSAIC_CANDIDATES``: two pipeline
+slots, or one for two blocks per SM); with ``--check`` each is first checked against the
+recurrence (forward and gradients) and dropped if it fails.
 """
 
 from __future__ import annotations
@@ -58,15 +59,21 @@ from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
 # (0.6 KB + 4.6 KB, plus ~1 GB of HBM round trip at this shape). XLA compiles all of them for
 # an H200 (benchmarks/xla_aot.py --candidates; figures: jaxlib 0.11.2, see BENCHMARKS.md).
 _STATE_8W = (("mdn_state_fwd", 8, 1), ("mdn_state_bwd", 8, 1))
-MOSAIC_CANDIDATE = ("mosaic state_fwd", {"state_kernel": "mosaic_gpu", "block_v": 32})
+_MOSAIC = {"state_kernel": "mosaic_gpu", "block_v": 32}
+MOSAIC_CANDIDATES = (
+    # TMA-pipelined chunk tiles, wgmma; 167 registers, ~185 KiB of shared memory: one block
+    # per SM against two for Triton's
+    ("mosaic state_fwd", _MOSAIC),
+    # single buffers: ~95 KiB, two blocks per SM, no prefetch
+    ("mosaic state_fwd 1 stage", _MOSAIC | {"launch": (("mdn_state_fwd_mosaic", 4, 1),)}),
+)
 TUNE_CANDIDATES = (
     ("default", {}),
     # T = (I + L)^{-1} by 10 chained 64 x 64 3xTF32 matmuls instead of 63 dependent row
     # updates (each two cross-thread reductions); runs in mdn_prep and both backward kernels
     ("neumann inverse", {"inverse": "neumann"}),
-    # the forward state recurrence in Pallas Mosaic GPU (TMA-pipelined chunk tiles, wgmma;
-    # 167 registers, ~185 KiB of shared memory: one block per SM against two for Triton's)
-    MOSAIC_CANDIDATE,
+    # the forward state recurrence in Pallas Mosaic GPU
+    *MOSAIC_CANDIDATES,
     ("split backward", {"backward": "pallas_split"}),
     ("state 8 warps", {"launch": _STATE_8W}),
     ("block_v=16", {"block_v": 16}),
@@ -213,15 +220,16 @@ def main(argv=None):
                     raise
                 fail("CHECK", "check", e)
     cands = TUNE_CANDIDATES[:2] if interpret else TUNE_CANDIDATES  # CPU: exercise the path
-    use_mosaic = mosaic_applies(K, V, T, args.chunk, dtype)
-    if use_mosaic and args.check and not args.cpu:
-        try:  # the Mosaic GPU state kernel is a tuning candidate: it must be right to win
-            check(small, K, args.chunk, interpret, tol, grads=True, **MOSAIC_CANDIDATE[1])
-        except Exception as e:  # noqa: BLE001 - report, drop the candidate, go on
-            fail("CHECK", "check (mosaic state_fwd)", e)
-            use_mosaic = False
-    if not use_mosaic:
-        cands = tuple(c for c in cands if c is not MOSAIC_CANDIDATE)
+    for cand in MOSAIC_CANDIDATES:
+        ok = mosaic_applies(K, V, T, args.chunk, dtype, cand[1])
+        if ok and args.check and not args.cpu:
+            try:  # the Mosaic GPU state kernel is a tuning candidate: it must be right to win
+                check(small, K, args.chunk, interpret, tol, grads=True, **cand[1])
+            except Exception as e:  # noqa: BLE001 - report, drop the candidate, go on
+                fail("CHECK", f"check ({cand[0]})", e)
+                ok = False
+        if not ok:
+            cands = tuple(c for c in cands if c is not cand)
     if args.tune:
         tuned = tune(pallas, inputs, args.warmup, args.iters, cands)
         if tuned is None:
@@ -301,17 +309,17 @@ def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES):
     return best[2]
 
 
-def mosaic_applies(K, V, T, chunk, dtype):
-    """Whether MOSAIC_CANDIDATE runs at this shape (bfloat16, chunk 64, K padded to 64 or 128,
-    its block_v dividing the padded V)."""
+def mosaic_applies(K, V, T, chunk, dtype, options):
+    """Whether a Mosaic candidate's ``options`` run at this shape (bfloat16, chunk 64, K padded
+    to 64 or 128, its block_v dividing the padded V and fitting shared memory)."""
     from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _pow2
     from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel
 
-    block_v = MOSAIC_CANDIDATE[1]["block_v"]
+    block_v = options["block_v"]
     if _pow2(V) % block_v:
         return False
     try:
-        _check_mosaic_state_kernel(dtype, T, K, chunk, block_v)
+        _check_mosaic_state_kernel(dtype, T, K, chunk, block_v, options.get("launch", ()))
     except ValueError:
         return False
     return True

@@ -93,10 +93,16 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     C = 32 (mdn_chunk_bwd_v and mdn_prep_bwd; mdn_chunk_bwd too with jaxlib 0.11.2). The same
     PTX with ``.maxnreg 255`` or ``.minnctapersm 1``, or at ptxas -O1, gets 255 registers and
     a tenth of the spills. No bf16 kernel is affected.
+
+    ``mdn_state_fwd_mosaic`` (``state_kernel="mosaic_gpu"``) is one warpgroup (4 warps) and
+    its stages are the slots of its TMA pipeline and output buffers: 2 by default, 1 for two
+    blocks per SM (``mosaic.py``).
     """
     for kernel, warps, stages in launch:  # caller's overrides, e.g. from a tuning run
         if kernel == name:
             return warps, stages
+    if name == "mdn_state_fwd_mosaic":
+        return 4, 2
     if name in ("mdn_state_fwd", "mdn_state_bwd"):
         return (4, 1) if kp <= 128 else (8, 1)
     return {"mdn_out": (4, 1), "mdn_step": (4, 1)}.get(name, (8, 1))
@@ -156,6 +162,7 @@ _KERNELS = (
     "mdn_chunk_bwd_v",
     "mdn_prep_bwd",
 )
+_MOSAIC_KERNELS = ("mdn_state_fwd_mosaic",)  # one warpgroup: num_warps must be 4
 
 
 def _check_launch(launch):
@@ -165,12 +172,14 @@ def _check_launch(launch):
         if (
             not isinstance(entry, tuple | list)
             or len(entry) != 3
-            or entry[0] not in _KERNELS
+            or entry[0] not in _KERNELS + _MOSAIC_KERNELS
             or not all(isinstance(x, int) and x >= 1 for x in entry[1:])
+            or (entry[0] in _MOSAIC_KERNELS and entry[1] != 4)
         ):
             raise ValueError(
                 "launch: expected ((kernel_name, num_warps, num_stages), ...) with kernel_name "
-                f"in {_KERNELS} and positive ints, got entry {entry!r}"
+                f"in {_KERNELS + _MOSAIC_KERNELS} and positive ints (num_warps 4 for "
+                f"{_MOSAIC_KERNELS[0]}), got entry {entry!r}"
             )
         out.append((entry[0], int(entry[1]), int(entry[2])))
     return tuple(out)

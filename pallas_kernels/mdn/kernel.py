@@ -134,6 +134,7 @@ from jaxlib_ext.pallas_kernels.mdn._launch import (
     _default_backward,
     _default_block_v,
     _launch,
+    _launch_params,
     _Run,
     _sds,
 )
@@ -514,20 +515,22 @@ _BACKWARDS = ("pallas", "pallas_split", "xla")
 _STATE_KERNELS = ("triton", "mosaic_gpu")
 
 
-def _check_mosaic_state_kernel(dtype, t, kdim, chunk_size, block_v):
+def _check_mosaic_state_kernel(dtype, t, kdim, chunk_size, block_v, launch=()):
     """Raise ValueError, naming the argument, where ``state_kernel="mosaic_gpu"`` cannot run
     for these arguments of ``momentum_delta_rule_pallas`` (input dtype, sequence length,
-    unpadded K): ``mosaic.check_supported`` on the padded sizes. Any input dtype but float32
-    takes bfloat16 dot operands (``_dot_dtype``). The benchmarks call it to skip the option
-    where it does not apply."""
+    unpadded K, the ``launch`` overrides): ``mosaic.check_supported`` on the padded sizes.
+    Any input dtype but float32 takes bfloat16 dot operands (``_dot_dtype``). The benchmarks
+    call it to skip the option where it does not apply."""
     from jaxlib_ext.pallas_kernels.mdn.mosaic import check_supported
 
+    kp = _pow2(kdim)
     check_supported(
         dot_dtype=_F32 if jnp.dtype(dtype) == _F32 else jnp.bfloat16,
         chunk=chunk_size,
-        kp=_pow2(kdim),
+        kp=kp,
         block_v=block_v,
         n_chunks=-(-t // chunk_size),
+        stages=_launch_params("mdn_state_fwd_mosaic", kp, _check_launch(launch))[1],
     )
 
 
@@ -778,8 +781,9 @@ def _forward(args, cfg):
     if cfg.state_kernel == "mosaic_gpu":
         from jaxlib_ext.pallas_kernels.mdn.mosaic import state_fwd_mosaic
 
+        _, stages = _launch_params("mdn_state_fwd_mosaic", q.shape[-1], cfg.run.launch)
         state = state_fwd_mosaic(
-            prep, s0, m0, chunk=chunk, block_v=block_v, interpret=cfg.run.interpret
+            prep, s0, m0, chunk=chunk, block_v=block_v, stages=stages, interpret=cfg.run.interpret
         )
     else:
         state = _state_fwd_call(prep, s0, m0, chunk=chunk, block_v=block_v, **kw)
@@ -967,7 +971,9 @@ def momentum_delta_rule_pallas(
       launch: ``((kernel_name, num_warps, num_stages), ...)`` overriding the tuned defaults of
         ``_launch_params`` for the named kernels (``mdn_prep``, ``mdn_state_fwd``, ``mdn_out``,
         ``mdn_state_bwd``, ``mdn_chunk_bwd``, ``mdn_chunk_bwd_v``, ``mdn_prep_bwd``); for
-        tuning on a GPU (``benchmarks/mdn_gpu.py --tune``). No effect in interpret mode.
+        tuning on a GPU (``benchmarks/mdn_gpu.py --tune``). No effect in interpret mode, but
+        for ``mdn_state_fwd_mosaic`` (4 warps; num_stages 2, the default, or 1: the slots of
+        its pipeline and output buffers, see ``mosaic.py``).
       backward: how the chunk-parallel half of the backward runs, after the reverse state
         recurrence kernel: ``"pallas"``, one fused kernel (mdn_chunk_bwd); ``"pallas_split"``,
         two kernels (mdn_chunk_bwd_v, then mdn_prep_bwd) with the contracted cotangents
@@ -1046,7 +1052,7 @@ def momentum_delta_rule_pallas(
     if state_kernel not in _STATE_KERNELS:
         raise ValueError(f"state_kernel: expected one of {_STATE_KERNELS}, got {state_kernel!r}")
     if state_kernel == "mosaic_gpu":
-        _check_mosaic_state_kernel(q.dtype, t, kdim, chunk_size, block_v)
+        _check_mosaic_state_kernel(q.dtype, t, kdim, chunk_size, block_v, launch)
     f32_grade = lax.Precision.HIGHEST if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
     def pad_tok(x, d):

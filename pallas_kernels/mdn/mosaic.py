@@ -16,7 +16,14 @@ kernel at ``num_stages=1`` waits for every load); the dots are warpgroup MMAs (w
 operands in swizzled shared memory, and the bf16 copies of S and M that the dots read are the
 same shared tiles that go to HBM as the per-chunk states (hs, hm); these and Vt are
 double-buffered, and chunk n + 2 writes a slot only after the TMA stores of chunk n from it
-have finished reading. The chunk-end gate products
+have finished reading.
+
+``stages`` (the ``num_stages`` of the op's ``launch=(("mdn_state_fwd_mosaic", 4, stages),)``)
+is the number of slots: 2 as above, or 1, where every buffer is single (chunk n + 1 loads
+after chunk n, chunk n + 1 writes its states after chunk n's stores are done). One slot takes
+half the shared memory (about 95 KiB at K = 128, block_v 32, against 185 KiB), so two blocks
+fit on an SM, as two programs of the Triton kernel do: the other block's work hides the
+loads instead of the prefetch. Which wins is for the GPU timings. The chunk-end gate products
 (A_C, b_C, U_C) of the whole sequence are loaded once and read as scalars: a pipeline slot is
 refilled by TMA right after its step, and GPU interpret mode's race detector flags scalar
 reads of it.
@@ -43,23 +50,30 @@ __all__ = ["check_supported", "smem_bytes", "state_fwd_mosaic"]
 
 _F32 = jnp.float32
 _SMEM_LIMIT = 227 * 1024  # H200: opt-in shared memory per block
-_SLOTS = 2  # pipeline depth and output double-buffering
+_STAGES = (1, 2)  # slots of the input pipeline and of the output buffers
 _TMA_ROWS = 256  # a TMA box spans at most 256 elements per dimension
 
 
-def smem_bytes(chunk: int, kp: int, block_v: int, n_chunks: int) -> int:
-    """Shared memory of ``state_fwd_mosaic`` (bfloat16 operands): the pipeline's slots of
-    Uv (float32) and Y, Z, Kgs, Kgm, the output slots of Vt, hs, hm, and the gate scalars
-    (16 bytes per chunk). The float32 staging of the entering and final states is allocated
-    outside the pipeline's lifetime and is smaller. Mosaic GPU's own count at chunk 64, K 128,
-    64 chunks: 246824 B at block_v 64 (this gives 246848), refused; 185 KiB at block_v 32."""
+def smem_bytes(chunk: int, kp: int, block_v: int, n_chunks: int, stages: int = 2) -> int:
+    """Shared memory of ``state_fwd_mosaic`` (bfloat16 operands): ``stages`` slots of the
+    pipeline's Uv (float32) and Y, Z, Kgs, Kgm tiles and of the outputs Vt, hs, hm, and the
+    gate scalars (16 bytes per chunk). The float32 staging of the entering and final states is
+    allocated outside the pipeline's lifetime and is smaller. Mosaic GPU's own count at chunk
+    64, K 128, 64 chunks, 2 stages: 246824 B at block_v 64 (this gives 246848), refused;
+    185 KiB at block_v 32."""
     inputs = chunk * block_v * 4 + 4 * chunk * kp * 2
     outputs = (chunk + 2 * kp) * block_v * 2
-    return _SLOTS * (inputs + outputs) + 16 * n_chunks + 64  # + barriers, alignment
+    return stages * (inputs + outputs) + 16 * n_chunks + 64  # + barriers, alignment
 
 
-def check_supported(*, dot_dtype, chunk: int, kp: int, block_v: int, n_chunks: int) -> None:
+def check_supported(
+    *, dot_dtype, chunk: int, kp: int, block_v: int, n_chunks: int, stages: int = 2
+) -> None:
     """Raise ValueError, naming the argument, where the Mosaic GPU kernel cannot run."""
+    if stages not in _STAGES:
+        raise ValueError(
+            f"launch: mdn_state_fwd_mosaic takes num_stages in {_STAGES}, got {stages}"
+        )
     if jnp.dtype(dot_dtype) != jnp.bfloat16:
         raise ValueError(
             "state_kernel='mosaic_gpu': needs bfloat16 inputs (wgmma takes float32 operands "
@@ -73,11 +87,11 @@ def check_supported(*, dot_dtype, chunk: int, kp: int, block_v: int, n_chunks: i
         raise ValueError(
             f"k: state_kernel='mosaic_gpu' needs K padded to a multiple of 64, got padded K {kp}"
         )
-    if (need := smem_bytes(chunk, kp, block_v, n_chunks)) > _SMEM_LIMIT:
+    if (need := smem_bytes(chunk, kp, block_v, n_chunks, stages)) > _SMEM_LIMIT:
         raise ValueError(
             f"block_v: state_kernel='mosaic_gpu' at chunk {chunk}, padded K {kp}, block_v "
-            f"{block_v} and {n_chunks} chunks needs {need // 1024} KiB of shared memory, over "
-            "the H200's 227 KiB; use a smaller block_v"
+            f"{block_v}, {stages} stage(s) and {n_chunks} chunks needs {need // 1024} KiB of "
+            "shared memory, over the H200's 227 KiB; use a smaller block_v"
         )
 
 
@@ -95,19 +109,23 @@ def _chunk_end(vec, chunk):
     return jnp.moveaxis(vec.reshape(b, tp // chunk, chunk, h)[:, :, -1, :], 1, 2)
 
 
-def state_fwd_mosaic(prep, s0, m0, *, chunk, block_v, interpret=False):
+def state_fwd_mosaic(prep, s0, m0, *, chunk, block_v, stages=2, interpret=False):
     """Forward state recurrence; returns ``(vt, hs, hm, st, mt)`` exactly as the Triton
     ``_state_fwd_call`` (vt [B, Tp, H, Vp] and the per-chunk entering states hs, hm
     [B, H, N*Kp, Vp] in bfloat16; the final states st, mt [B, H, Kp, Vp] float32).
 
     ``prep``: the outputs of the preparation kernel (Uv, Y, Z, Kgs, Kgm, ..., A_t, b_t, U_t).
+    ``stages``: 2 (prefetch the next chunk, double-buffered outputs) or 1 (single buffers,
+    half the shared memory); see the module docstring.
     """
     uv, y, z, kgs, kgm, _, _, _, avec, bvec, uvec = prep
     b, tp, h, kp = y.shape
     vp = uv.shape[-1]
     n = tp // chunk
     dot = y.dtype
-    check_supported(dot_dtype=dot, chunk=chunk, kp=kp, block_v=block_v, n_chunks=n)
+    check_supported(
+        dot_dtype=dot, chunk=chunk, kp=kp, block_v=block_v, n_chunks=n, stages=stages
+    )
     # (A_C, b_C, U_C, 0) per chunk: one 16-byte row, the smallest TMA transfer.
     ends = [_chunk_end(x, chunk) for x in (avec, bvec, uvec)]
     coef = jnp.stack(ends + [jnp.zeros_like(ends[0])], axis=-1)  # [B, H, N, 4]
@@ -145,11 +163,11 @@ def state_fwd_mosaic(prep, s0, m0, *, chunk, block_v, interpret=False):
         def step(idx, uv_s, y_s, z_s, kgs_s, kgm_s, carry):
             s, m = carry
             (i,) = idx
-            slot = lax.rem(i, _SLOTS)
+            slot = lax.rem(i, stages)
             vt_s, hs_s, hm_s = vt_buf.at[slot], hs_buf.at[slot], hm_buf.at[slot]
-            # Each step commits three stores (hs, hm, vt): at most three pending means the
-            # stores of step i - 2, which read this slot, are done.
-            plgpu.wait_smem_to_gmem(3, wait_read_only=True)
+            # Each step commits three stores (hs, hm, vt): at most 3 (stages - 1) pending means
+            # the stores of step i - stages, which read this slot, are done.
+            plgpu.wait_smem_to_gmem(3 * (stages - 1), wait_read_only=True)
             hs_s[...] = s.astype(dot)
             hm_s[...] = m.astype(dot)
             plgpu.commit_smem()  # the register writes, visible to wgmma and TMA
@@ -169,7 +187,7 @@ def state_fwd_mosaic(prep, s0, m0, *, chunk, block_v, interpret=False):
             step,
             grid=(n,),
             in_specs=[tile(block_v, ()), *[tile(kp, operand)] * 4],
-            max_concurrent_steps=_SLOTS,
+            max_concurrent_steps=stages,
             init_carry=(s, m),
         )
         seq = lambda x_g: x_g.at[bi, :, hi, :]
@@ -193,9 +211,9 @@ def state_fwd_mosaic(prep, s0, m0, *, chunk, block_v, interpret=False):
         jax.ShapeDtypeStruct((b, h, kp, vp), _F32),
     ]
     scratch = [
-        plgpu.SMEM((_SLOTS, chunk, block_v), dot, transforms=operand),
-        plgpu.SMEM((_SLOTS, kp, block_v), dot, transforms=operand),
-        plgpu.SMEM((_SLOTS, kp, block_v), dot, transforms=operand),
+        plgpu.SMEM((stages, chunk, block_v), dot, transforms=operand),
+        plgpu.SMEM((stages, kp, block_v), dot, transforms=operand),
+        plgpu.SMEM((stages, kp, block_v), dot, transforms=operand),
         plgpu.SMEM((n, 4), _F32),
         plgpu.Barrier(num_barriers=1),
     ]

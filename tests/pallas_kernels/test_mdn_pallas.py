@@ -482,10 +482,12 @@ def lower_for_h200(fn, args):
 # ------------------------------------------------------------------------------------------
 
 
-def test_mosaic_state_kernel_matches_triton_state_kernel():
+@pytest.mark.parametrize("stages", [2, 1])
+def test_mosaic_state_kernel_matches_triton_state_kernel(stages):
     """Same preparation, both state kernels: Vt and the per-chunk states (bfloat16) agree to
-    one bf16 rounding, the final states to float32 rounding. Four chunks (the two-slot
-    buffers are each reused), K = 128 (the benchmark's), two V-blocks, nonzero S0, M0."""
+    one bf16 rounding, the final states to float32 rounding. Four chunks (every buffer slot
+    is reused), K = 128 (the benchmark's), two V-blocks, nonzero S0, M0; with the two-slot
+    pipeline and with single buffers (the race detector checks the waits of both)."""
     from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _inverse_forward_substitution
     from jaxlib_ext.pallas_kernels.mdn.kernel import _prep_call, _state_fwd_call
     from jaxlib_ext.pallas_kernels.mdn.mosaic import state_fwd_mosaic
@@ -497,7 +499,8 @@ def test_mosaic_state_kernel_matches_triton_state_kernel():
     inverse = _inverse_forward_substitution
     prep = _prep_call(*args, chunk=C, scale=K**-0.5, precision=prec, inverse=inverse, run=run)
     tri = _state_fwd_call(prep, s0[0], s0[1], chunk=C, block_v=BV, precision=prec, run=run)
-    mos = state_fwd_mosaic(prep, s0[0], s0[1], chunk=C, block_v=BV, interpret=True)
+    mos = state_fwd_mosaic(prep, s0[0], s0[1], chunk=C, block_v=BV, stages=stages,
+                           interpret=True)  # fmt: skip
     for name, a, b in zip(("vt", "hs", "hm", "st", "mt"), mos, tri, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         assert not bool(jnp.isnan(a.astype(jnp.float32)).any()), f"{name}: unwritten (NaN)"
@@ -527,6 +530,13 @@ def test_mosaic_state_kernel_bad_arguments():
     big_k, _ = make_inputs(31, 1, 64, 1, 128, 128, jnp.bfloat16)
     with pytest.raises(ValueError, match="block_v: .*227 KiB"):
         op(*big_k, state_kernel="mosaic_gpu", block_v=64)
+    for bad in (("mdn_state_fwd_mosaic", 4, 3), ("mdn_state_fwd_mosaic", 8, 1)):
+        with pytest.raises(ValueError, match="launch: "):
+            op(*args, state_kernel="mosaic_gpu", block_v=32, launch=(bad,))
+    # one stage halves the shared memory: block_v 64 fits at K = 128 (about 120 KiB)
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel
+
+    _check_mosaic_state_kernel(jnp.bfloat16, 64, 128, 64, 64, (("mdn_state_fwd_mosaic", 4, 1),))
 
 
 def test_mosaic_state_kernel_lowers_for_h200():
@@ -537,12 +547,15 @@ def test_mosaic_state_kernel_lowers_for_h200():
     sds = jax.ShapeDtypeStruct
     args = [sds((B, T, H, K), jnp.bfloat16)] * 2 + [sds((B, T, H, V), jnp.bfloat16)]
     args += [sds((B, T, H, K), jnp.bfloat16)] + [sds((B, T, H), jnp.float32)] * 4
-    fwd = lambda *a: momentum_delta_rule_pallas(  # noqa: E731
-        *a, scale=K**-0.5, state_kernel="mosaic_gpu", block_v=32
-    )[0]
-    loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))  # noqa: E731
-    for f in (fwd, jax.grad(loss, argnums=tuple(range(8)))):
-        assert "mosaic_gpu" in lower_for_h200(f, args)
+    one_stage = (("mdn_state_fwd_mosaic", 4, 1),)
+    for launch in ((), one_stage):
+        fwd = lambda *a, launch=launch: momentum_delta_rule_pallas(  # noqa: E731
+            *a, scale=K**-0.5, state_kernel="mosaic_gpu", block_v=32, launch=launch
+        )[0]
+        loss = lambda *a, fwd=fwd: jnp.sum(fwd(*a).astype(jnp.float32))  # noqa: E731
+        fns = (fwd, jax.grad(loss, argnums=tuple(range(8)))) if not launch else (fwd,)
+        for f in fns:
+            assert "mosaic_gpu" in lower_for_h200(f, args)
 
 
 @pytest.mark.gpu
