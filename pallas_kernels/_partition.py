@@ -10,7 +10,11 @@ three. :func:`batch_and_head_parallel` declares what the kernels' caller knows, 
 
 * sharding: ``jax.experimental.custom_partitioning`` with a Shardy rule that keeps the batch
   and head axes as the inputs are sharded and replicates every other axis (sequence, feature,
-  state), so each device runs the kernels on its own rows and heads with no collective;
+  state), so each device runs the kernels on its own rows and heads with no collective. On a
+  mesh with ``Explicit`` axes the shardings are in the types at trace time, so there it is a
+  ``jax.shard_map`` over the batch and head axes of the first operand's type instead
+  (``custom_partitioning`` does not support explicit axes: jax-ml/jax#34811, and on CPU the
+  compile fails with "No registered implementation for untyped custom call to Sharding");
 * vmap: ``jax.custom_batching.custom_vmap`` folds the mapped axis into the batch axis (an
   unmapped operand is broadcast first), so the kernels see one larger batch.
 
@@ -22,8 +26,9 @@ Where there is only one device (``jax.device_count() == 1``, or a context mesh o
 the sharding rule is left out: ``custom_partitioning`` cannot be lowered against an
 ``AbstractMesh`` (JAX refuses: it needs concrete devices; the offline lowering for an H200
 in the tests and in ``benchmarks/triton_resources.py`` does exactly that), and one device
-needs no partitioning. Single-device programs and bodies of a fully manual ``shard_map`` run the
-function inline either way.
+needs no partitioning. Inside a ``shard_map`` the function is called as it is too: on the local
+blocks where every axis is manual, and where only some are, XLA gathers over the others
+(``custom_partitioning`` gets no mesh axis names there).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ["batch_and_head_parallel"]
+__all__ = ["batch_and_head_parallel", "with_shardings_of"]
 
 _PARALLEL = ("b", "h")
 
@@ -91,9 +96,26 @@ def batch_and_head_parallel(
     partitioned = custom_partitioning(fn)
     partitioned.def_partition(partition, sharding_rule=rule, need_replication_factors=tuple(whole))
 
+    def shard_mapped(*args):
+        mesh = jax.typeof(args[0]).sharding.mesh
+        spec = tuple(jax.typeof(args[0]).sharding.spec)
+        spec += (None,) * (len(ins[0]) - len(spec))
+        axes = {f: spec[ins[0].index(f)] for f in _PARALLEL}
+        in_specs = tuple(PartitionSpec(*(axes.get(f) for f in x)) for x in ins)
+        out_specs = tuple(PartitionSpec(*(axes.get(f) for f in x)) for x in outs)
+        args = [jax.sharding.reshard(x, s) for x, s in zip(args, in_specs, strict=True)]
+        # check_vma off: a pallas_call's outputs carry no varying-axes type
+        body = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+        return body(*args)
+
     @jax.custom_batching.custom_vmap
     def call(*args):
-        return fn(*args) if _one_device() else partitioned(*args)
+        mesh = jax.sharding.get_abstract_mesh()
+        if _one_device() or mesh.manual_axes:
+            return fn(*args)
+        if mesh.explicit_axes or jax.typeof(args[0]).sharding.mesh.explicit_axes:
+            return shard_mapped(*args)
+        return partitioned(*args)
 
     @call.def_vmap
     def fold_into_batch(axis_size, in_batched, *args):
@@ -112,6 +134,20 @@ def batch_and_head_parallel(
         return tuple(results), (True,) * len(results)
 
     return call
+
+
+def with_shardings_of(values, like):
+    """Each of ``values`` resharded to the sharding in the type of its counterpart in ``like``,
+    where that type has ``Explicit`` mesh axes (elsewhere the value as it is): a custom VJP's
+    cotangents must have the primal inputs' types, and a replicated input (a zero initial
+    state built inside the op) gets a cotangent computed sharded."""
+    out = []
+    for x, ref in zip(values, like, strict=True):
+        sharding = jax.typeof(ref).sharding
+        if sharding.mesh.explicit_axes and jax.typeof(x).sharding.spec != sharding.spec:
+            x = jax.sharding.reshard(x, sharding.spec)
+        out.append(x)
+    return tuple(out)
 
 
 def _one_device() -> bool:

@@ -73,11 +73,13 @@ Sharding: every (batch row, head) is independent, so the forward and the backwar
 a sharding rule (``pallas_kernels/_partition.py``, ``custom_partitioning`` with a Shardy rule):
 under ``jit`` with inputs sharded over batch and heads, each device runs the kernels on its
 own rows and heads with no collective; an axis sharded otherwise (sequence, K, V) is gathered
-first. Without the rule XLA all-gathers every input and each device runs the kernels on the
-whole batch (XLA compile for a 2 x 2 mesh of H200s, ``benchmarks/xla_aot.py``). With one
-device the rule is left out (no ``custom_partitioning``), so lowering against an
-``AbstractMesh`` works there. ``jax.vmap`` folds the mapped axis into B (the same
-module's vmap rule): the kernels run once on the larger batch.
+first. On a mesh with ``Explicit`` axes the same split is a ``shard_map`` read off the input
+types; inside a ``shard_map`` the kernels run on the local blocks. Without the rule XLA
+all-gathers every input and each device runs the kernels on the whole batch (XLA compile for
+a 2 x 2 mesh of H200s, ``benchmarks/xla_aot.py``). With one device the rule is left out (no
+``custom_partitioning``), so lowering against an ``AbstractMesh`` works there. ``jax.vmap``
+folds the mapped axis into B (the same module's vmap rule): the kernels run once on the
+larger batch.
 
 Memory: the forward keeps Vt [B, T, H, V] and the states entering every chunk,
 2 x [B, H, T/C, K, V] (bfloat16 for bfloat16 inputs), for the backward; everything else is
@@ -115,7 +117,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxlib_ext.pallas_kernels._partition import batch_and_head_parallel
+from jaxlib_ext.pallas_kernels._partition import batch_and_head_parallel, with_shardings_of
 from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import (
     _INVERSES,
     _chunk_coefficients,
@@ -831,7 +833,8 @@ def _mdn_core_bwd(cfg, residuals, cotangents):
         return _backward(arrays, cfg)
 
     layouts = _ARG_LAYOUTS + _RES_LAYOUTS + _OUT_LAYOUTS
-    return (batch_and_head_parallel(backward, layouts, _ARG_LAYOUTS)(*args, *res, *cotangents),)
+    grads = batch_and_head_parallel(backward, layouts, _ARG_LAYOUTS)(*args, *res, *cotangents)
+    return (with_shardings_of(grads, args),)
 
 
 def _backward(arrays, cfg):

@@ -292,10 +292,12 @@ def test_bad_arguments():
         momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, launch=(("mdn_out", 0, 1),))
 
 
-def test_sharded_over_batch_and_heads_without_collectives():
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+def test_sharded_over_batch_and_heads_without_collectives(axis_type):
     """Under jit with inputs split over batch (data) and heads (tensor) on four devices, the
     op's sharding rule runs the kernels on each device's rows and heads: same outputs and
-    gradients as one device, outputs sharded like the inputs, no all-gather."""
+    gradients as one device, outputs sharded like the inputs, no all-gather. Auto mesh axes
+    (custom_partitioning) and Explicit ones (shard_map from the types)."""
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -309,18 +311,25 @@ def test_sharded_over_batch_and_heads_without_collectives():
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
     (ref, (o_ref, fs_ref)), g_ref = step(args, s0)
-    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
+    types = (getattr(AxisType, axis_type),) * 2
+    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=types)
     split = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
-    args_s = tuple(split(x, P("data", None, "tensor")) for x in args)
-    s0_s = split(s0, P(None, "data", "tensor"))
-    (val, (o, fs)), g = step(args_s, s0_s)
-    assert o.sharding.spec == P("data", None, "tensor")
-    assert rel_rmse(o, o_ref) < 1e-6 and rel_rmse(fs, fs_ref) < 1e-6
+    with jax.set_mesh(mesh):
+        args_s = tuple(split(x, P("data", None, "tensor")) for x in args)
+        s0_s = split(s0, P(None, "data", "tensor"))
+        (val, (o, fs)), g = step(args_s, s0_s)
+        hlo = step.lower(args_s, s0_s).compile().as_text()
+        # no initial state: the op's zero state is replicated, its cotangent is not
+        g0 = jax.jit(jax.grad(lambda a: jnp.sum(op(*a, scale=0.25)[0] ** 2)))(args_s)
+    assert tuple(o.sharding.spec)[:3] == ("data", None, "tensor")
+    local = lambda x: np.asarray(x, np.float32)  # noqa: E731 (explicit arrays: no jnp math)
+    assert rel_rmse(local(o), o_ref) < 1e-6 and rel_rmse(local(fs), fs_ref) < 1e-6
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref), strict=True):
-        assert rel_rmse(a, b) < 1e-6
+        assert rel_rmse(local(a), b) < 1e-6
     assert abs(float(val) - float(ref)) <= 1e-5 * abs(float(ref))
-    hlo = step.lower(args_s, s0_s).compile().as_text()
     assert "all-gather" not in hlo
+    g0_ref = jax.jit(jax.grad(lambda a: jnp.sum(op(*a, scale=0.25)[0] ** 2)))(args)
+    assert rel_rmse(local(g0[2]), g0_ref[2]) < 1e-6
 
 
 def test_vmap_folds_into_the_batch():

@@ -39,6 +39,46 @@ def test_runs_on_each_devices_rows_and_heads_without_collectives():
     assert "all-gather" not in hlo and "all-reduce" not in hlo
 
 
+def test_explicit_axes_shard_map_from_the_types():
+    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(AxisType.Explicit,) * 2)
+    x = jnp.arange(4 * 6 * 2, dtype=jnp.float32).reshape(4, 6, 2)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P("data", None, "tensor")))
+        ws = jax.device_put(jnp.ones((4, 2)), NamedSharding(mesh, P("data", "tensor")))
+        scaled, prefix = jax.jit(f)(xs, ws)
+        assert jax.typeof(scaled).sharding.spec == P("data", None, "tensor")
+        # T split too: resharded (gathered over T) before the call
+        xt = jax.device_put(x, NamedSharding(mesh, P(None, "data", "tensor")))
+        _, prefix_t = jax.jit(f)(xt, ws)
+    np.testing.assert_array_equal(np.asarray(scaled), x * 2 + 1)  # 2 of the 4 rows per call
+    np.testing.assert_array_equal(np.asarray(prefix), np.cumsum(x, axis=1))
+    np.testing.assert_array_equal(np.asarray(prefix_t), np.cumsum(x, axis=1))
+
+
+def test_inside_shard_map_the_function_sees_the_local_block():
+    mesh = mesh_2x2()
+    x = jnp.arange(4 * 6 * 2, dtype=jnp.float32).reshape(4, 6, 2)
+    w = jnp.ones((4, 2))
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P("data", None, "tensor")))
+        ws = jax.device_put(w, NamedSharding(mesh, P("data", "tensor")))
+        manual = jax.shard_map(  # every axis manual: rows and heads local
+            lambda x, w: f(x, w)[0],
+            in_specs=(P("data", None, "tensor"), P("data", "tensor")),
+            out_specs=P("data", None, "tensor"),
+        )
+        partial = jax.shard_map(  # only data manual: heads gathered by XLA
+            lambda x, w: f(x, w)[0],
+            in_specs=(P("data"), P("data")),
+            out_specs=P("data"),
+            axis_names={"data"},
+        )
+        local = jax.jit(manual)(xs, ws)
+        part = jax.jit(partial)(xs, ws)
+    np.testing.assert_array_equal(np.asarray(local), x * 2 + 1)
+    np.testing.assert_array_equal(np.asarray(part), x * 2 + 1)
+
+
 def test_other_axes_are_gathered_first():
     mesh = mesh_2x2()
     x = jax.random.normal(jax.random.key(0), (4, 8, 2))
