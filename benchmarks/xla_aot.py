@@ -319,22 +319,27 @@ def candidate_programs(shape, dtype, chunk):
 SHARDED_MESH = {"data": 2, "tensor": 2}  # batch over "data", heads over "tensor"
 
 
-def sharded_program(shape, dtype, chunk, devices):
+def sharded_program(shape, dtype, chunk, devices, axis_type="Auto"):
     """``(mesh, program)``: the Pallas forward+backward under ``jit`` on a data x tensor mesh
-    of H200s, every input sharded over batch and heads, as in sharded training. The op's
-    sharding rule (``pallas_kernels/_partition.py``) should leave no collective and give each
-    kernel a grid over its device's batch rows and heads only."""
+    of H200s, every input sharded over batch and heads, as in sharded training; mesh axes
+    ``Auto`` (custom_partitioning) or ``Explicit`` (shard_map). The op's sharding rule
+    (``pallas_kernels/_partition.py``) should leave no collective and give each kernel a grid
+    over its device's batch rows and heads only."""
     import jax
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
     sizes = tuple(SHARDED_MESH.values())
-    mesh = Mesh(np.array(devices[: np.prod(sizes)]).reshape(sizes), tuple(SHARDED_MESH))
+    types = (getattr(AxisType, axis_type),) * len(sizes)
+    mesh = Mesh(
+        np.array(devices[: np.prod(sizes)]).reshape(sizes), tuple(SHARDED_MESH), axis_types=types
+    )
     split = NamedSharding(mesh, PartitionSpec("data", None, "tensor"))  # [B, T, H, ...]
     seq, _ = abstract_inputs(shape, dtype)
     args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=split) for x in seq]
-    label = "mdn_fwd_bwd_sharded " + "x".join(map(str, sizes))
-    return mesh, ("mdn_fwd_bwd_sharded", _fwd_bwd(_pallas(shape, chunk)), args, label)
+    name = "mdn_fwd_bwd_sharded" + ("_explicit" if axis_type == "Explicit" else "")
+    label = f"{name} " + "x".join(map(str, sizes))
+    return mesh, (name, _fwd_bwd(_pallas(shape, chunk)), args, label)
 
 
 _COLLECTIVE = re.compile(
@@ -541,8 +546,9 @@ def main(argv=None):
     )
     progs = programs(args.shape, args.dtype, args.chunk, with_xla=not args.no_xla_chunk)
     results = compile_programs(device, progs, tool)
-    mesh, sharded = sharded_program(args.shape, args.dtype, args.chunk, devices)
-    results += compile_programs(device, [sharded], tool, mesh=mesh)
+    for axis_type in ("Auto", "Explicit"):
+        mesh, sharded = sharded_program(args.shape, args.dtype, args.chunk, devices, axis_type)
+        results += compile_programs(device, [sharded], tool, mesh=mesh)
     print_report(results)
     everything = dict(
         jax=jax.__version__,
