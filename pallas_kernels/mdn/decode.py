@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxlib_ext.pallas_kernels._partition import batch_and_head_parallel
 from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _pow2
 from jaxlib_ext.pallas_kernels.mdn._launch import _launch_params, _sds
 
@@ -55,7 +56,8 @@ def momentum_delta_rule_step_pallas(
 
     Each program owns a [K, block_v] column block of S and M (the columns of (1)-(4) are
     independent), so the state is read once and written once, which is what a memory-bound step
-    needs; XLA's version reads S again for the output.
+    needs; XLA's version reads S again for the output. Sharded over batch and heads, each
+    device runs the kernel on its own rows and heads (``_partition.batch_and_head_parallel``).
     """
     b, h, kdim = q.shape
     vdim = v.shape[-1]
@@ -73,16 +75,23 @@ def momentum_delta_rule_step_pallas(
     vec_g = pl.BlockSpec((None, None, 16), lambda i, j, l: (i, j, 0))
     blk = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
     warps, stages = _launch_params("mdn_step", kp)
-    o, s, m = pl.pallas_call(
-        functools.partial(_step_kernel, scale=float(scale)),
-        out_shape=[_sds((b, h, vp), q.dtype), _sds((b, h, kp, vp)), _sds((b, h, kp, vp))],
-        grid=(b, h, vp // block_v),
-        in_specs=[vec_k, vec_k, vec_v, vec_k, vec_g, blk, blk],
-        out_specs=[vec_v, blk, blk],
-        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
-        interpret=interpret,
-        name="mdn_step",
-    )(
+
+    def step(*args):
+        b, h = args[0].shape[:2]  # this device's rows and heads
+        return pl.pallas_call(
+            functools.partial(_step_kernel, scale=float(scale)),
+            out_shape=[_sds((b, h, vp), q.dtype), _sds((b, h, kp, vp)), _sds((b, h, kp, vp))],
+            grid=(b, h, vp // block_v),
+            in_specs=[vec_k, vec_k, vec_v, vec_k, vec_g, blk, blk],
+            out_specs=[vec_v, blk, blk],
+            compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
+            interpret=interpret,
+            name="mdn_step",
+        )(*args)
+
+    in_layouts = ["b h k"] * 2 + ["b h v", "b h k", "b h g", "b h k v", "b h k v"]
+    out_layouts = ["b h v", "b h k v", "b h k v"]
+    o, s, m = batch_and_head_parallel(step, in_layouts, out_layouts)(
         pad_k(q),
         pad_k(k),
         jnp.pad(v, ((0, 0), (0, 0), (0, vp - vdim))),

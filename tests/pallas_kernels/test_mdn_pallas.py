@@ -250,6 +250,27 @@ def test_decode_steps_match_recurrence():
     assert rel_rmse(state, fs_ref) < 1e-5
 
 
+def test_decode_step_sharded_over_batch_and_heads():
+    """The step kernel under jit with the token and the state split over batch and heads on a
+    2 x 2 mesh: the unsharded results, outputs sharded alike, no all-gather."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    B, H, K, V = 4, 2, 16, 24
+    args, s0 = make_inputs(9, B, 1, H, K, V)
+    token = tuple(x[:, 0] for x in args)
+    step = jax.jit(functools.partial(momentum_delta_rule_step_pallas, scale=0.3, interpret=True))
+    o_ref, s_ref = step(*token, s0)
+    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
+    split = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, P(*spec)))  # noqa: E731
+    token_s = tuple(split(x, "data", "tensor") for x in token)
+    s0_s = split(s0, None, "data", "tensor")
+    o, s = step(*token_s, s0_s)
+    assert rel_rmse(o, o_ref) < 1e-6 and rel_rmse(s, s_ref) < 1e-6
+    assert o.sharding.spec == P("data", "tensor")
+    assert "all-gather" not in step.lower(*token_s, s0_s).compile().as_text()
+
+
 def test_poison_detects_unwritten_elements():
     """The poisoning used above works: a kernel that writes half its block leaves NaNs."""
     from jax.experimental import pallas as pl
