@@ -994,9 +994,10 @@ def momentum_delta_rule_pallas(
         Pallas Triton like every other kernel) or ``"mosaic_gpu"``, the Pallas Mosaic GPU
         variant for Hopper (``mosaic.py``: TMA pipelining of the chunk tiles, wgmma dots). The
         Mosaic kernel needs bfloat16 inputs, chunk_size 64 (or a multiple), K padded to a
-        multiple of 64 and a block_v whose tiles fit shared memory (32 at K = 128); it raises
-        a ValueError otherwise. Same results as the Triton kernel (tests, interpret mode);
-        ``benchmarks/mdn_gpu.py --tune`` times it. The backward kernels are Triton either way.
+        multiple of 64 and a block_v whose tiles fit shared memory (32 at K = 128, or 64 with
+        one pipeline stage, see ``launch``); it raises a ValueError otherwise. Same results as
+        the Triton kernel (tests, interpret mode); ``benchmarks/mdn_gpu.py --tune`` times it.
+        The backward kernels are Triton either way.
 
     Returns:
       ``(o, final_state)``: o [B, T, H, V] in q's dtype; final_state float32 or None.

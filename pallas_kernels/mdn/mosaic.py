@@ -32,10 +32,11 @@ Limits (checked by ``check_supported``): bfloat16 dot operands only (wgmma reads
 operands as TF32 and cannot transpose them, and ``Kgs^T`` is a transposed operand); chunk a
 multiple of 64 and padded K a multiple of 64 (the M side of a wgmma is 64 rows per
 warpgroup); shared memory within the H200's 227 KiB (``smem_bytes``): K = 128 takes
-block_v <= 32. Interpret mode (``interpret=True``) runs JAX's GPU interpreter with its race
-detector on; it fills unwritten outputs with NaN, so the tests see any element the kernel
-skips. Checked on CPU (interpret mode, JAX 0.11.2 and 0.12.0.1) and compiled by XLA for an
-H200 without a GPU (``benchmarks/xla_aot.py``); not yet run or timed on a GPU.
+block_v <= 32 at two stages, <= 64 at one. Interpret mode (``interpret=True``) runs JAX's
+GPU interpreter with its race detector on; it fills unwritten outputs with NaN, so the tests
+see any element the kernel skips. Checked on CPU (interpret mode, JAX 0.11.2 and 0.12.0.1)
+and compiled by XLA for an H200 without a GPU (``benchmarks/xla_aot.py``); not yet run or
+timed on a GPU.
 """
 
 from __future__ import annotations
