@@ -873,7 +873,10 @@ def _backward(arrays, cfg):
             **kw,
         )
     else:
-        grads = prep_vjp(_param_cotangents_xla(do, vt, dvt, hs, hm, dhs, dhm, chunk, precision))
+        cts = _param_cotangents_xla(do, vt, dvt, hs, hm, dhs, dhm, chunk, precision)
+        # dVt comes from the state kernel in the dot dtype (bf16 on the bf16 path); the jnp
+        # mirror's outputs, whose cotangents these are, are float32
+        grads = prep_vjp(tuple(c.astype(p.dtype) for c, p in zip(cts, prep, strict=True)))
     grads = tuple(g.astype(a.dtype) for g, a in zip(grads, args[:8], strict=True))
     return grads + (ds0, dm0)
 
