@@ -3,7 +3,8 @@
 # on one H200 with JAX 0.11.2 (the device image's python3 holds jax, torch, triton, pytest).
 #
 #   bash benchmarks/gpu_check.sh          # GPU: correctness (pytest -m gpu + checks) and timings
-#   bash benchmarks/gpu_check.sh --cpu    # CPU half: interpret mode, tiny shapes (CI runs this
+#   bash benchmarks/gpu_check.sh --cpu    # CPU half: interpret mode, tiny shapes, float32 and
+#                                         # a bfloat16 run of the GPU-only paths (CI runs this
 #                                         # through tests/pallas_kernels/test_mdn_pallas.py)
 #
 # Steps (GPU), each under its own timeout (360 + 60 + 150 s), timings first:
@@ -50,7 +51,12 @@ fi
 if [ "$MODE" = "cpu" ]; then
   export JAX_PLATFORMS=cpu
   echo "== CPU half: interpret mode, tiny shapes"
-  exec "$PY" benchmarks/mdn_gpu.py --cpu --check --tune --dtype float32
+  "$PY" benchmarks/mdn_gpu.py --cpu --check --tune --dtype float32 || exit 1
+  # bfloat16 at K = 64, chunk 64, without --cpu: the paths only the GPU run takes otherwise
+  # (the Mosaic GPU candidates' checks, the backward="xla" row, the XLA chunk row)
+  echo "== CPU half: the GPU run's bfloat16 paths, interpreted"
+  exec "$PY" benchmarks/mdn_gpu.py --B 1 --T 128 --H 1 --K 64 --V 64 --check --tune \
+    --skip-fla --warmup 1 --iters 1
 fi
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then

@@ -406,6 +406,8 @@ def test_gpu_check_cpu_half_runs():
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "| pallas | fwd+bwd |" in res.stdout
+    assert "| pallas bwd=xla | fwd+bwd |" in res.stdout  # the bf16 run: GPU-only rows
+    assert res.stdout.count("state_kernel=mosaic_gpu") == 2  # both Mosaic candidates checked
 
 
 # ------------------------------------------------------------------------------------------
