@@ -323,16 +323,19 @@ def _reduce_cotangents(f, v, cts, precision):
     )
 
 
-def _chunk_prep_bwd(f, r, load_k, p, beta, eta, *, scale, precision, emit):
+def _chunk_prep_bwd(f, r, load_k, load_p, beta, eta, *, scale, precision, emit):
     """Reverse mode of ``_chunk_prep`` by hand (chain rule through (5), (6), (9)-(11)).
 
     ``emit(name, value)`` receives each gradient of ``_GRAD_NAMES`` as soon as it is final, so
     a kernel stores it there and its registers are free for the rest (dv = T^T duv is formed
-    by the caller). ``load_k()`` gives the chunk's keys, needed only for deta: loading them
-    again there keeps them out of registers in between. Both cut register pressure: offline
-    sm_90a compile at B=8 T=4096 H=6 K=128 V=256 bf16, mdn_chunk_bwd's spill stores went from
-    3756 to 3112 bytes per thread and its shared memory from 120 to 112 KiB (K=256: 7608 to
-    6640 bytes and 216 to 208 KiB).
+    by the caller). ``load_k()`` gives the chunk's keys, needed only for deta, and
+    ``load_p()`` the chunk's p, needed for dy, dz and the key gradient through P Kt^T: loading
+    them again where they are used keeps them out of registers in between. At B=8 T=4096 H=6
+    V=256 bf16, K=128 (K=256 in brackets), spill bytes per thread and shared memory:
+    reloading the keys (pip Triton 3.9 for sm_90a): mdn_chunk_bwd 3756 to 3112 B, 120 to
+    112 KiB (7608 to 6640 B, 216 to 208 KiB); reloading p (XLA's compile, jaxlib 0.11.2):
+    mdn_chunk_bwd 4080 to 3928 B, 104 to 88 KiB (10336 to 9350 B, 200 to 168 KiB), and
+    mdn_prep_bwd 4604 to 4616 B, 88 to 72 KiB.
     """
     mm = functools.partial(_mm, precision=precision)
     row = lambda x: jnp.sum(x, axis=-1)
@@ -344,6 +347,7 @@ def _chunk_prep_bwd(f, r, load_k, p, beta, eta, *, scale, precision, emit):
     emit("dq", scale * (r.dsq + mm(dqk, f.kt)))
     dkt = r.dkt + mm(dqk, f.sq, ta=True)
     # y = T diag(A_{t-1}) P, z = T diag(b_{t-1}) P, uv = T V
+    p = load_p()
     ap_p = f.a_prev[..., :, None] * p
     bp_p = f.b_prev[..., :, None] * p
     dtinv = r.dtinv_v + mm(r.dy, ap_p, tb=True) + mm(r.dz, bp_p, tb=True)
@@ -357,7 +361,7 @@ def _chunk_prep_bwd(f, r, load_k, p, beta, eta, *, scale, precision, emit):
     dgam_prev = dl * f.kp_mat
     dkp = dl * f.gam_prev
     emit("dp", dp + mm(dkp, f.kt))
-    dkt = dkt + mm(dkp, p, ta=True)
+    dkt = dkt + mm(dkp, load_p(), ta=True)
     emit("dk", eta[..., :, None] * dkt)
     emit("deta", row(dkt * load_k()))
     # gamma = D1 diag(beta) D2, gamma_prev = D1p diag(beta) D2, b = D1 bu, b_prev = D1p bu

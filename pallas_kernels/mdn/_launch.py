@@ -46,7 +46,10 @@ def _default_backward(kp: int) -> str:
     kernel comes within 12% of the 227 KiB limit, so the split is the safe default there.
     XLA's own compile (``benchmarks/xla_aot.py``, jaxlib 0.11.2) gives the same picture:
     K=128 fused 104 / 4080, split 40 / 612 and 88 / 4604; K=256 fused 200 / 10336, split
-    64 / 3370 and 168 / 9480. ``benchmarks/mdn_gpu.py --tune`` times both on a GPU.
+    64 / 3370 and 168 / 9480. Since p is reloaded in the reverse of the preparation (session
+    6): K=128 fused 88 / 3928, split 40 / 612 and 72 / 4616; K=256 bf16 fused 168 / 9350, split
+    64 / 3370 and 136 / 9656; but K=256 float32 (C=32) fused still 200 KiB, so the split stays
+    the default beyond K=128. ``benchmarks/mdn_gpu.py --tune`` times both on a GPU.
     """
     return "pallas" if kp <= 128 else "pallas_split"
 
@@ -70,11 +73,11 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
                                   registers, but one 256-thread program per SM)
     mdn_out          4 w, 1 st    24 / 78 / 0; no loop to pipeline
     mdn_state_bwd    4 w, 1 st    36 / 209 / 0; 2 stages need 232 KB: XLA refuses
-    mdn_chunk_bwd    8 w, 1 st    104 / 255 / 4080: 21 C x C and C x K float32 tiles
+    mdn_chunk_bwd    8 w, 1 st    88 / 255 / 3928: 21 C x C and C x K float32 tiles
                                   are live at once; the weakest kernel (4 warps: 9.5 KB
                                   spills, 2 or 3 stages: more)
     mdn_chunk_bwd_v  8 w, 1 st    40 / 255 / 612 (4 warps: 3.4 KB spills)
-    mdn_prep_bwd     8 w, 1 st    88 / 255 / 4604 (4 warps: 8.8 KB spills)
+    mdn_prep_bwd     8 w, 1 st    72 / 255 / 4616 (4 warps: 8.8 KB spills)
     mdn_step         4 w, 1 st    1 / 254 / 0
     ===============  ===========  ====================================================
 

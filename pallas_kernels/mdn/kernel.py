@@ -450,7 +450,8 @@ def _chunk_bwd_kernel(
     )
     out = _store_to((dq_ref, dk_ref, dp_ref, dla_ref, dlm_ref, dbeta_ref, deta_ref))
     load_k = lambda: ld(k_ref)
-    _chunk_prep_bwd(f, r, load_k, p, beta, eta, scale=scale, precision=precision, emit=out)
+    load_p = lambda: ld(p_ref)
+    _chunk_prep_bwd(f, r, load_k, load_p, beta, eta, scale=scale, precision=precision, emit=out)
 
 
 def _chunk_bwd_v_kernel(
@@ -506,7 +507,8 @@ def _prep_bwd_kernel(
     r = _Reduced(*(ld(ref) for ref in reduced_refs))
     out = _store_to((dq_ref, dk_ref, dp_ref, *gate_refs))
     load_k = lambda: ld(k_ref)
-    _chunk_prep_bwd(f, r, load_k, p, beta, eta, scale=scale, precision=precision, emit=out)
+    load_p = lambda: ld(p_ref)
+    _chunk_prep_bwd(f, r, load_k, load_p, beta, eta, scale=scale, precision=precision, emit=out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -985,8 +987,8 @@ def momentum_delta_rule_pallas(
         two kernels (mdn_chunk_bwd_v, then mdn_prep_bwd) with the contracted cotangents
         round-tripping through HBM; ``"xla"``, XLA einsums and ``jax.vjp`` of the jnp mirror
         of the preparation. Default (None): ``_default_backward``, i.e. ``"pallas"`` for padded
-        K <= 128 and ``"pallas_split"`` beyond, where the fused kernel comes within 12% of the
-        H200's shared memory.
+        K <= 128 and ``"pallas_split"`` beyond, where the fused kernel needs up to 200 KiB of
+        the H200's 227 KiB of shared memory (float32, C = 32).
       inverse: how the kernels form the unit-lower-triangular inverse T of (9):
         ``"substitution"`` (default), forward substitution, C - 1 dependent row updates with
         masked reductions; ``"neumann"``, the nilpotent Neumann series in product form,
