@@ -4,8 +4,8 @@ XLA cannot see inside a ``pallas_call``. Under ``jit`` with sharded inputs its p
 treats the kernel's custom call as needing whole arrays, so it all-gathers every input and
 runs the kernel on the full batch on every device (XLA compile for two H200s: every input of
 the momentum delta rule kernels all-gathered, each kernel's grid over the whole batch). And
-``jax.vmap`` of a ``pallas_call`` adds a grid axis, which the Triton lowering refuses beyond
-three. :func:`batch_and_head_parallel` declares what the kernels' caller knows, that every
+``jax.vmap`` of a ``pallas_call`` adds a fourth grid axis to kernels written for three.
+:func:`batch_and_head_parallel` declares what the kernels' caller knows, that every
 (batch row, head) is computed independently, and turns it into two rules:
 
 * sharding: ``jax.experimental.custom_partitioning`` with a Shardy rule that keeps the batch
