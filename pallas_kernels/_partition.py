@@ -78,6 +78,14 @@ def batch_and_head_parallel(
     whole = [f for f in dict.fromkeys(f for x in ins + outs for f in x) if f not in _PARALLEL]
     rule = ", ".join(map(" ".join, ins)) + " -> " + ", ".join(map(" ".join, outs))
 
+    def specs(first_spec):
+        """(operand specs, result specs): the batch and head axes of the first operand's
+        ``first_spec`` on every array, nothing on any other axis."""
+        spec = tuple(first_spec) + (None,) * (len(ins[0]) - len(first_spec))
+        axes = {f: spec[ins[0].index(f)] for f in _PARALLEL}
+        as_spec = lambda layout: PartitionSpec(*(axes.get(f) for f in layout))  # noqa: E731
+        return tuple(map(as_spec, ins)), tuple(map(as_spec, outs))
+
     def partition(mesh, arg_shapes, result_shape):
         first = arg_shapes[0].sharding
         if not isinstance(first, NamedSharding):
@@ -85,27 +93,21 @@ def batch_and_head_parallel(
                 "batch_and_head_parallel: the inputs' sharding has no mesh axis names "
                 f"({type(first).__name__}); shard them with NamedSharding"
             )
-        spec = tuple(first.spec) + (None,) * (len(ins[0]) - len(first.spec))
-        axes = {f: spec[ins[0].index(f)] for f in _PARALLEL}
-
-        def sharding(layout):
-            return NamedSharding(mesh, PartitionSpec(*(axes.get(f) for f in layout)))
-
-        return mesh, fn, tuple(map(sharding, outs)), tuple(map(sharding, ins))
+        in_specs, out_specs = specs(first.spec)
+        named = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+        return mesh, fn, tuple(map(named, out_specs)), tuple(map(named, in_specs))
 
     partitioned = custom_partitioning(fn)
     partitioned.def_partition(partition, sharding_rule=rule, need_replication_factors=tuple(whole))
 
     def shard_mapped(*args):
-        mesh = jax.typeof(args[0]).sharding.mesh
-        spec = tuple(jax.typeof(args[0]).sharding.spec)
-        spec += (None,) * (len(ins[0]) - len(spec))
-        axes = {f: spec[ins[0].index(f)] for f in _PARALLEL}
-        in_specs = tuple(PartitionSpec(*(axes.get(f) for f in x)) for x in ins)
-        out_specs = tuple(PartitionSpec(*(axes.get(f) for f in x)) for x in outs)
+        first = jax.typeof(args[0]).sharding
+        in_specs, out_specs = specs(first.spec)
         args = [jax.sharding.reshard(x, s) for x, s in zip(args, in_specs, strict=True)]
         # check_vma off: a pallas_call's outputs carry no varying-axes type
-        body = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+        body = jax.shard_map(
+            fn, mesh=first.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+        )
         return body(*args)
 
     @jax.custom_batching.custom_vmap
