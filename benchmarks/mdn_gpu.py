@@ -312,17 +312,10 @@ def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES):
 def mosaic_applies(K, V, T, chunk, dtype, options):
     """Whether a Mosaic candidate's ``options`` run at this shape (bfloat16, chunk 64, K padded
     to 64 or 128, its block_v dividing the padded V and fitting shared memory)."""
-    from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _pow2
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _mosaic_state_kernel_applies
 
-    block_v = options["block_v"]
-    if _pow2(V) % block_v:
-        return False
-    try:
-        _check_mosaic_state_kernel(dtype, T, K, chunk, block_v, options.get("launch", ()))
-    except ValueError:
-        return False
-    return True
+    launch = options.get("launch", ())
+    return _mosaic_state_kernel_applies(dtype, T, K, V, chunk, options["block_v"], launch)
 
 
 def check(inputs, K, chunk, interpret, tol, grads, **options):

@@ -38,6 +38,7 @@ nothing is allocated, and no GPU, driver or network is touched.
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import importlib.util
 import json
@@ -267,15 +268,12 @@ def _mosaic_options(shape, dtype, chunk):
     """Keyword options selecting the Mosaic GPU forward state kernel at this shape (block_v
     32, or 16 where 32 does not fit), or None where it does not apply (float32, small K)."""
     from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _pow2
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel
+    from jaxlib_ext.pallas_kernels.mdn.kernel import _mosaic_state_kernel_applies
 
     _, t, _, kdim, vdim = shape
     for block_v in (min(32, _pow2(vdim)), min(16, _pow2(vdim))):
-        try:
-            _check_mosaic_state_kernel(dtype, t, kdim, chunk, block_v)
-        except ValueError:
-            continue
-        return dict(state_kernel="mosaic_gpu", block_v=block_v)
+        if _mosaic_state_kernel_applies(dtype, t, kdim, vdim, chunk, block_v):
+            return dict(state_kernel="mosaic_gpu", block_v=block_v)
     return None
 
 
@@ -349,10 +347,7 @@ _COLLECTIVE = re.compile(
 
 def _collectives(hlo_text):
     """{collective op: count} in a compiled module's text."""
-    found = {}
-    for op in _COLLECTIVE.findall(hlo_text):
-        found[op] = found.get(op, 0) + 1
-    return found
+    return dict(collections.Counter(_COLLECTIVE.findall(hlo_text)))
 
 
 def _named(fn, name):

@@ -523,8 +523,7 @@ def _check_mosaic_state_kernel(dtype, t, kdim, chunk_size, block_v, launch=()):
     """Raise ValueError, naming the argument, where ``state_kernel="mosaic_gpu"`` cannot run
     for these arguments of ``momentum_delta_rule_pallas`` (input dtype, sequence length,
     unpadded K, the ``launch`` overrides): ``mosaic.check_supported`` on the padded sizes.
-    Any input dtype but float32 takes bfloat16 dot operands (``_dot_dtype``). The benchmarks
-    call it to skip the option where it does not apply."""
+    Any input dtype but float32 takes bfloat16 dot operands (``_dot_dtype``)."""
     from jaxlib_ext.pallas_kernels.mdn.mosaic import check_supported
 
     kp = _pow2(kdim)
@@ -536,6 +535,18 @@ def _check_mosaic_state_kernel(dtype, t, kdim, chunk_size, block_v, launch=()):
         n_chunks=-(-t // chunk_size),
         stages=_launch_params("mdn_state_fwd_mosaic", kp, _check_launch(launch))[1],
     )
+
+
+def _mosaic_state_kernel_applies(dtype, t, kdim, vdim, chunk_size, block_v, launch=()):
+    """Whether ``state_kernel="mosaic_gpu"`` with this ``block_v`` (which must divide the
+    padded V) and ``launch`` runs for these arguments; the benchmarks skip it where not."""
+    if _pow2(vdim) % block_v:
+        return False
+    try:
+        _check_mosaic_state_kernel(dtype, t, kdim, chunk_size, block_v, launch)
+    except ValueError:
+        return False
+    return True
 
 
 def _prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, inverse, run):
