@@ -48,12 +48,16 @@ test: venv lint
 # XLA's own compile of the Pallas kernels for an H200, without a GPU (benchmarks/xla_aot.py;
 # e.g. XLA_AOT_ARGS="--sweep"). Fetches the CUDA PJRT plugin of the venv's JAX (~145 MB) into
 # .cache/xla-aot once; ptxas comes from the kernel-check extra (pip Triton) or a CUDA toolkit.
+# nvdisasm (5 MB, optional) gives the spills' local-memory traffic in and out of loops.
 XLA_AOT_ARGS ?=
+NVDISASM_VERSION ?= 13.5.37
 xla-aot: venv
 	@jv=$$($(BIN)/python -c 'import jax; print(jax.__version__)'); dir=.cache/xla-aot/$$jv; \
 	  [ -d $$dir ] || $(BIN)/python -m pip install -q --no-deps --target $$dir \
 	    jax-cuda13-plugin==$$jv jax-cuda13-pjrt==$$jv || { rm -rf $$dir; exit 1; }; \
-	  PYTHONPATH=$$dir $(BIN)/python benchmarks/xla_aot.py $(XLA_AOT_ARGS)
+	  nd=.cache/xla-aot/nvdisasm-$(NVDISASM_VERSION); [ -d $$nd ] || $(BIN)/python -m pip \
+	    install -q --no-deps --target $$nd nvidia-cuda-nvdisasm==$(NVDISASM_VERSION) || rm -rf $$nd; \
+	  PYTHONPATH=$$dir:$$nd $(BIN)/python benchmarks/xla_aot.py $(XLA_AOT_ARGS)
 
 notebooks: venv
 	$(BIN)/jupytext --sync notebooks/*.py

@@ -25,10 +25,10 @@
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-#       --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0
+#       --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0 nvidia-cuda-nvdisasm==13.5.37
 # and run this script with the device tool's carry=[".whl"]; it installs .whl/*.whl into
 # /tmp/site itself (fla-core needs torch, triton and einops, all in the device image).
-# Without .whl/ the fla rows are skipped with a note.
+# Without .whl/ the fla rows are skipped with a note (and step 2 has no SASS columns).
 set -u
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"

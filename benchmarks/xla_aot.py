@@ -9,7 +9,10 @@ it, as it will on the GPU. A ptxas wrapper first on PATH keeps each PTX and adds
 thunk sequence (``--xla_dump_to``) gives each kernel's grid, threads and shared memory.
 
 Reported per kernel: grid, threads, shared KiB, registers, spill-store bytes (and the PTX
-directives). Per program: compile time and XLA's temporary buffer (``memory_analysis``).
+directives); with ``nvdisasm`` (pip ``nvidia-cuda-nvdisasm``, fetched by ``make xla-aot``),
+from the SASS of the cubin the wrapper keeps: instructions and local-memory (spill) bytes per
+thread outside loops and per iteration of each loop, which ptxas' static spill count does not
+tell apart. Per program: compile time and XLA's temporary buffer (``memory_analysis``).
 ``--sweep`` compiles the Pallas programs once per (num_warps, num_stages) pair for every kernel
 at once (the ``launch=`` override) and tabulates each kernel's resources per pair;
 ``--candidates`` compiles the forward+backward of each of ``mdn_gpu.py``'s TUNE_CANDIDATES.
@@ -51,6 +54,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from triton_resources import DEFAULT_SHAPE, SHARED_LIMIT, _shape, abstract_inputs  # noqa: E402
@@ -89,12 +93,16 @@ _THUNK = re.compile(
     r"\s(?P<name>[\w.$]+) grid: \[(?P<grid>[^\]]*)\] threads: \[(?P<threads>[^\]]*)\]"
     r"\s+shared_memory: (?P<shared>\d+) bytes"
 )
-# The wrapper XLA runs as ptxas: keeps the PTX and ptxas' -v report side by side.
+# The wrapper XLA runs as ptxas: keeps the PTX, ptxas' -v report and the cubin side by side.
 _WRAPPER = """#!/bin/sh
 src=""
+out=""
 prev=""
 for a in "$@"; do
-  case "$a" in -*) ;; *) [ "$prev" != "-o" ] && [ -f "$a" ] && src="$a" ;; esac
+  case "$a" in
+    -*) ;;
+    *) if [ "$prev" = "-o" ]; then out="$a"; elif [ -f "$a" ]; then src="$a"; fi ;;
+  esac
   prev="$a"
 done
 [ -z "$src" ] && exec "{real}" "$@"  # --version and other probes
@@ -103,6 +111,7 @@ cp "$src" "$keep"
 echo "$*" > "$keep.args"
 "{real}" "$@" -v 2> "$keep.log"
 rc=$?
+[ $rc -eq 0 ] && [ -n "$out" ] && [ -f "$out" ] && cp "$out" "$keep.cubin"
 cat "$keep.log" >&2
 exit $rc
 """
@@ -168,6 +177,25 @@ def find_libdevice():
     return found
 
 
+def find_nvdisasm():
+    """An nvdisasm (pip ``nvidia-cuda-nvdisasm``, which ``make xla-aot`` puts beside the
+    plugin, or a CUDA toolkit's), or None: without it the local-memory columns stay empty."""
+    cands = [os.environ.get("XLA_AOT_NVDISASM")]
+    cands += [d / "nvidia" / "cu13" / "bin" / "nvdisasm" for d in _site_dirs()]
+    if os.environ.get("CUDA_HOME"):
+        cands.append(Path(os.environ["CUDA_HOME"]) / "bin" / "nvdisasm")
+    cands += [shutil.which("nvdisasm"), "/usr/local/cuda/bin/nvdisasm"]
+    for c in cands:
+        if c and Path(c).is_file():
+            if not os.access(c, os.X_OK):  # pip --target does not always keep the mode bits
+                try:
+                    Path(c).chmod(0o755)
+                except OSError:
+                    continue
+            return str(c)
+    return None
+
+
 def prepare_toolchain(work):
     """A CUDA root under ``work`` for XLA (``bin/ptxas`` = the wrapper, nvvm/libdevice), first
     on PATH and named by ``--xla_gpu_cuda_data_dir``, plus a dump folder. Must run before JAX
@@ -192,7 +220,13 @@ def prepare_toolchain(work):
         + [f"--xla_dump_to={dump}", "--xla_dump_hlo_module_re=jit_mdn_.*"]
     ).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # never touch a local GPU or driver
-    return dict(ptxas=real, release=f"{release[0]}.{release[1]}", save=save, dump=dump)
+    return dict(
+        ptxas=real,
+        release=f"{release[0]}.{release[1]}",
+        save=save,
+        dump=dump,
+        nvdisasm=find_nvdisasm(),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,6 +254,85 @@ def _ptxas_per_entry(stderr):
         elif (m := re.search(r"Used (\d+) registers", line)) and name:
             out[name] = (int(m.group(1)), spills)
     return out
+
+
+_SASS_FUNCTION = re.compile(r"^\s*//-+ \.text\.(\S+)\s")
+_SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+_SASS_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_SASS_BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+_LOCAL_WIDTH = {"": 4, ".U8": 1, ".S8": 1, ".U16": 2, ".S16": 2, ".64": 8, ".128": 16}
+
+
+def _local_bytes(instruction):
+    """Bytes one thread moves through local memory (LDL, STL: register spills) in one SASS
+    instruction, or 0."""
+    ops = instruction.split()
+    op = ops[1] if ops[0].startswith("@") and len(ops) > 1 else ops[0]
+    for prefix in ("LDL", "STL"):
+        if op.startswith(prefix):
+            return _LOCAL_WIDTH.get(op[len(prefix) :], 4)
+    return 0
+
+
+class SassLoop(NamedTuple):
+    """A span of SASS instructions: its length and the bytes one thread moves through local
+    memory (register spills) in one pass."""
+
+    instructions: int
+    local_bytes: int
+
+
+def _sass_profile(sass):
+    """{kernel: (outside, [loop, ...])}, each a ``SassLoop``, from ``nvdisasm`` output:
+    what runs once and what runs once per iteration of each loop.
+
+    ptxas' "spill stores" counts spill instructions once each, wherever they are; what they
+    cost depends on how often they run, and so does an instruction count. A loop is the span
+    from a label back to a branch that jumps up to it; multiply a loop's figures by its trip
+    count, which the caller knows (the V loop of the backward kernels runs V / block_v times,
+    the in-kernel forward substitution C - 1)."""
+    funcs, name, pending = {}, None, []
+    for line in sass.splitlines():
+        if m := _SASS_FUNCTION.match(line):
+            name, pending = m.group(1), []
+            funcs[name] = ({}, [])
+        elif name is None:
+            continue
+        elif m := _SASS_LABEL.match(line):
+            pending.append(m.group(1))
+        elif m := _SASS_INSTRUCTION.match(line):
+            labels, code = funcs[name]
+            addr = int(m.group(1), 16)
+            labels.update(dict.fromkeys(pending, addr))
+            pending = []
+            code.append((addr, m.group(2)))
+    return {fname: _split_by_loops(*parsed) for fname, parsed in funcs.items()}
+
+
+def _split_by_loops(labels, code):
+    """(outside, [loop, ...]) ``SassLoop``s of one kernel's [(address, instruction)]."""
+    loops = []
+    for addr, text in code:
+        m = _SASS_BRANCH.search(text)
+        if m and labels.get(m.group(1), addr) < addr:  # a backward jump closes a loop
+            loops.append((labels[m.group(1)], addr))
+
+    def span(inside):
+        body = [t for addr, t in code if inside(addr)]
+        return SassLoop(len(body), sum(map(_local_bytes, body)))
+
+    outside = span(lambda addr: not any(a <= addr <= b for a, b in loops))
+    return outside, [span(lambda addr, a=a, b=b: a <= addr <= b) for a, b in loops]
+
+
+def _disassemble(cubin, nvdisasm):
+    try:
+        res = subprocess.run(
+            [nvdisasm, "-c", "-ndf", str(cubin)], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return res.stdout if res.returncode == 0 else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,9 +476,11 @@ def _new_files(folder, before, pattern):
     return sorted(p for p in Path(folder).rglob(pattern) if p not in before)
 
 
-def _kernels(thunk_files, ptx_files):
-    """[{name, grid, threads, shared, registers, spills, directives, ptxas_args}] of the
-    ``mdn_*`` kernels of one program, from its thunk sequence and its PTX + ptxas logs."""
+def _kernels(thunk_files, ptx_files, nvdisasm=None):
+    """[{name, grid, threads, shared, registers, spills, sass, directives, ptxas_args}] of the
+    ``mdn_*`` kernels of one program, from its thunk sequence and its PTX + ptxas logs;
+    ``sass`` is ``_sass_profile``'s (outside, loops) from the SASS of the cubin (None
+    without ``nvdisasm``)."""
     launches = {}
     for f in thunk_files:
         for m in _THUNK.finditer(f.read_text()):
@@ -375,13 +490,21 @@ def _kernels(thunk_files, ptx_files):
     for ptx in ptx_files:
         log, args = ptx.with_name(ptx.name + ".log"), ptx.with_name(ptx.name + ".args")
         stats = _ptxas_per_entry(log.read_text()) if log.is_file() else {}
+        cubin = ptx.with_name(ptx.name + ".cubin")
+        local = {}
+        if nvdisasm and cubin.is_file():
+            local = _sass_profile(_disassemble(cubin, nvdisasm))
         argv = args.read_text().split() if args.is_file() else []
         flags = " ".join(a for a in argv if a.startswith("-") and a != "-o")
         for name, directives in _entry_directives(ptx.read_text()).items():
             if name.startswith("mdn_"):
                 regs, spills = stats.get(name, (None, None))
                 rows[name] = dict(
-                    registers=regs, spills=spills, directives=directives, ptxas_args=flags
+                    registers=regs,
+                    spills=spills,
+                    sass=local.get(name),
+                    directives=directives,
+                    ptxas_args=flags,
                 )
     out = []
     for name in list(launches) + [n for n in rows if n not in launches]:
@@ -393,7 +516,9 @@ def _kernels(thunk_files, ptx_files):
                 threads=int(m.group("threads").split(",")[0]) if m else None,
                 shared=int(m.group("shared")) if m else None,
             )
-            | rows.get(name, dict(registers=None, spills=None, directives="", ptxas_args=""))
+            | rows.get(
+                name, dict(registers=None, spills=None, sass=None, directives="", ptxas_args="")
+            )
         )
     return out
 
@@ -429,7 +554,8 @@ def compile_programs(device, progs, tool, mesh=None):
             res |= dict(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
         res["seconds"] = round(time.perf_counter() - start, 1)
         thunks = _new_files(tool["dump"], before, f"*.jit_{name}.thunk_sequence.txt")
-        res["kernels"] = _kernels(thunks, _new_files(tool["save"], before, "*.ptx"))
+        ptx = _new_files(tool["save"], before, "*.ptx")
+        res["kernels"] = _kernels(thunks, ptx, tool.get("nvdisasm"))
         results.append(res)
     return results
 
@@ -441,6 +567,18 @@ def compile_programs(device, progs, tool, mesh=None):
 
 def _fmt(x, unit=1):
     return "-" if x is None else (f"{x / unit:.0f}" if unit != 1 else str(x))
+
+
+def _fmt_sass(sass, field):
+    """``outside + a/iter + ...``: ``field`` of the code outside loops, then per iteration of
+    each loop (loops with no local-memory traffic are left out of the local bytes); '-'
+    unknown (no nvdisasm)."""
+    if sass is None:
+        return "-"
+    outside, loops = sass
+    per = [getattr(x, field) for x in loops]
+    per = [x for x in per if x or field == "instructions"]
+    return " + ".join([str(getattr(outside, field))] + [f"{x}/iter" for x in per])
 
 
 def _flag(k):
@@ -462,15 +600,17 @@ def print_report(results):
         coll = ", ".join(f"{op} x{n}" for op, n in r.get("collectives", {}).items()) or "-"
         print(f"| {r['label']} | {status} | {r['seconds']} | {_fmt(temp, 2**20)} | {coll} |")
     print(
-        "\n| program | kernel | grid | threads | shared KiB | registers | spill-store B | note |"
-        "\n|---|---|---|---:|---:|---:|---:|---|"
+        "\n| program | kernel | grid | threads | shared KiB | registers | spill-store B "
+        "| SASS instructions | local B/thread | note |"
+        "\n|---|---|---|---:|---:|---:|---:|---|---|---|"
     )
     for r in results:
         for k in r["kernels"]:
             print(
                 f"| {r['label']} | {k['name']} | {k['grid'] or '-'} | {_fmt(k['threads'])} | "
                 f"{_fmt(k['shared'], 1024)} | {_fmt(k['registers'])} | {_fmt(k['spills'])} | "
-                f"{_flag(k)} |"
+                f"{_fmt_sass(k.get('sass'), 'instructions')} | "
+                f"{_fmt_sass(k.get('sass'), 'local_bytes')} | {_flag(k)} |"
             )
     sys.stdout.flush()
 

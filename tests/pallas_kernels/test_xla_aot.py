@@ -49,6 +49,43 @@ THUNKS = (
 )
 
 
+SASS = """\t.target\tsm_90a
+//--------------------- .text.mdn_chunk_bwd     --------------------------
+\t.section\t.text.mdn_chunk_bwd,"ax",@progbits
+mdn_chunk_bwd:
+.text.mdn_chunk_bwd:
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   STL.64 [R1], R2 ;
+.L_x_0:
+        /*0020*/                   LDL R4, [R1] ;
+        /*0030*/                   HMMA.16816.F32.BF16 R8, R12, R16, R8 ;
+        /*0040*/                   STL.128 [R1+0x10], R8 ;
+        /*0050*/               @P0 BRA `(.L_x_0) ;
+        /*0060*/              @!P1 LDL.64 R2, [R1] ;
+        /*0070*/                   EXIT ;
+.L_x_1:
+        /*0080*/                   BRA `(.L_x_1);
+//--------------------- .text.mdn_out     --------------------------
+mdn_out:
+        /*0000*/                   EXIT ;
+"""
+
+
+def test_sass_profile_splits_loops_and_weighs_spills():
+    """Per kernel: instructions and local-memory bytes (LDL/STL by width, predicated too)
+    outside loops and per iteration of each backward-branch loop; the trap after EXIT (a jump
+    to itself) is no loop."""
+    xa = load_script()
+    assert xa._sass_profile(SASS) == {
+        "mdn_chunk_bwd": (xa.SassLoop(5, 16), [xa.SassLoop(4, 20)]),
+        "mdn_out": (xa.SassLoop(1, 0), []),
+    }
+    sass = (xa.SassLoop(5, 16), [xa.SassLoop(4, 20), xa.SassLoop(9, 0)])
+    assert xa._fmt_sass(sass, "instructions") == "5 + 4/iter + 9/iter"
+    assert xa._fmt_sass(sass, "local_bytes") == "16 + 20/iter"
+    assert xa._fmt_sass(None, "local_bytes") == "-"
+
+
 def test_parsers():
     """PTX entry directives, ptxas -v per entry (registers, spill stores)."""
     xa = load_script()
@@ -77,6 +114,7 @@ def test_kernel_rows_join_thunks_and_ptxas(tmp_path):
         shared=65536,
         registers=32,
         spills=75312,
+        sass=None,
         directives=".reqntid 256 .maxnreg 255",
         ptxas_args="-arch=sm_90a",
     )
@@ -119,6 +157,14 @@ def test_ptxas_wrapper_keeps_ptx_and_report(tmp_path, monkeypatch):
     assert kept.read_text() == PTX
     assert "-v" in kept.with_name(kept.name + ".log").read_text()
     assert kept.with_name(kept.name + ".args").read_text().split()[1:] == cmd[2:]
+    assert not kept.with_name(kept.name + ".cubin").exists()  # a failed compile wrote none
+
+    # A compile that succeeds: the cubin it wrote is kept beside the PTX (for nvdisasm).
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\necho CUBIN > "$2"\n')
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    cubins = list(tool["save"].glob("*.ptx.cubin"))
+    assert [c.read_text() for c in cubins] == ["CUBIN\n"]
 
 
 def _have_cuda_plugin():
@@ -145,6 +191,8 @@ def test_xla_compiles_every_kernel_for_h200(tmp_path):
     assert sorted(kernels) == sorted([*_KERNELS, "mdn_step"])
     for k in kernels.values():
         assert k["shared"] is not None and k["registers"] is not None, k
+        if load_script().find_nvdisasm():  # the kept cubin disassembled: it has code
+            assert k["sass"] is not None and k["sass"][0][0] > 0, k
     sharded = [p for p in report["results"] if p["program"].startswith("mdn_fwd_bwd_sharded")]
     assert len(sharded) == 2  # Auto and Explicit mesh axes
     for program in sharded:
