@@ -194,12 +194,29 @@ def _chunk_decays(la, lm):
     )
 
 
+class _DecayTiles(NamedTuple):
+    """The four [C, C] decay tiles that (5) and (6) multiply."""
+
+    d1: jax.Array  # A_t / A_i, i <= t
+    d1p: jax.Array  # A_{t-1} / A_i, i < t
+    d2: jax.Array  # U_i / U_j, j <= i
+    bd2: jax.Array  # beta_i U_i / U_j
+
+
+def _decay_tiles(dec, beta):
+    d1p = _masked_decay(dec.log_a_prev, dec.log_a, dec.strict)
+    return _DecayTiles(d1=dec.d1, d1p=d1p, d2=dec.d2, bd2=beta[..., :, None] * dec.d2)
+
+
+def _chunk_decay_tiles(la, lm, beta):
+    """``_DecayTiles`` from the chunk's log-gates and beta alone (elementwise work, no dot)."""
+    return _decay_tiles(_chunk_decays(la, lm), beta)
+
+
 def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
     """Gate products (5), (6), the triangular inverse of (9) and the dot products of a chunk."""
     dec = _chunk_decays(la, lm)
-    d1, d2 = dec.d1, dec.d2
-    d1p = _masked_decay(dec.log_a_prev, dec.log_a, dec.strict)  # A_{t-1} / A_i, i < t
-    bd2 = beta[..., :, None] * d2
+    d1, d1p, d2, bd2 = _decay_tiles(dec, beta)
     gam = _mm(d1, bd2, precision=precision)  # (5) gamma_{t,j}
     gam_prev = _mm(d1p, bd2, precision=precision)  # gamma_{t-1,j}
     u_vec = jnp.exp(dec.log_u)
@@ -238,7 +255,7 @@ def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
 
 class _Coefficients(NamedTuple):
     """The per-chunk factors that multiply the state-side cotangents (a subset of ``_Parts``,
-    with the same names, so ``_contract_over_v`` takes either)."""
+    with the same names, so ``_reduce_sums`` takes either)."""
 
     a_vec: jax.Array
     b_vec: jax.Array
@@ -286,7 +303,7 @@ def _chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
 
 class _Reduced(NamedTuple):
     """Cotangents of ``_chunk_prep``'s outputs, already contracted with the forward parts
-    they multiply (so the V axis is gone: the backward kernel accumulates these over V-blocks).
+    they multiply, so the V axis is gone (``_reduce_sums`` forms them from ``_VSums``).
 
     dsq: from qa, qb (a_t dqa + b_t dqb); davec, dbvec, duvec: the gate vectors (incl. qa, qb);
     dattn; dtinv_v = duv v^T; dy, dz; dkt: from kgs, kgm; dg_last, du_last."""
@@ -304,33 +321,65 @@ class _Reduced(NamedTuple):
     du_last: jax.Array
 
 
-def _reduce_cotangents(f, v, cts, precision):
-    """Full output cotangents of ``_chunk_prep`` -> ``_Reduced`` (the XLA-side twin of what the
-    backward kernel accumulates)."""
-    duv, dy, dz, dkgs, dkgm, dqa, dqb, dattn, davec, dbvec, duvec = cts
+class _VSums(NamedTuple):
+    """One chunk's state-side products, summed over V. With S, M the states entering the chunk
+    and dS, dM the cotangents of the chunk-end states ([K, V]), dO and dVt the cotangents of
+    the output and of the pseudo-values ([C, V]):
+
+    qs = dO S^T, qm = dO M^T, ks = Vt dS^T, km = Vt dM^T, ys = dVt S^T, ym = dVt M^T  [C, K]
+    attn = dO Vt^T, tv = dVt V^T  [C, C];  ss = <S, dS>, ms = <M, dS>, mm = <M, dM>  scalars
+
+    Each is a bare sum of dots, so a kernel accumulating them over V-blocks keeps every sum in
+    its MMA accumulator (``acc + dot`` is one instruction) and does no per-block elementwise
+    work; ``_reduce_sums`` applies the chunk's coefficients once, after the sum."""
+
+    qs: jax.Array
+    qm: jax.Array
+    ks: jax.Array
+    km: jax.Array
+    ys: jax.Array
+    ym: jax.Array
+    attn: jax.Array
+    tv: jax.Array
+    ss: jax.Array
+    ms: jax.Array
+    mm: jax.Array
+
+
+def _reduce_sums(f, s):
+    """``_VSums`` -> ``_Reduced``: the cotangents of ``_chunk_prep``'s outputs (qa, qb through
+    the state terms of (10), kgs, kgm through (7), (8) at t = C, Y, Z and Uv through (11),
+    attn), contracted with the forward parts ``f`` (``_Parts`` or ``_Coefficients``) they
+    multiply. The chunk-end state terms enter the gate vectors at t = C."""
+    row = lambda x: jnp.sum(x, axis=-1)
+    is_last = jnp.arange(f.kt.shape[-2]) == f.kt.shape[-2] - 1
+    at_last = lambda x: jnp.where(is_last, x[..., None], 0.0)
     return _Reduced(
-        dsq=f.a_vec[..., :, None] * dqa + f.b_vec[..., :, None] * dqb,
-        davec=davec + jnp.sum(dqa * f.sq, axis=-1),
-        dbvec=dbvec + jnp.sum(dqb * f.sq, axis=-1),
-        duvec=duvec,
-        dattn=dattn,
-        dtinv_v=_mm(duv, v, tb=True, precision=precision),
-        dy=dy,
-        dz=dz,
-        dkt=f.g_last[..., :, None] * dkgs + f.u_last[..., :, None] * dkgm,
-        dg_last=jnp.sum(dkgs * f.kt, axis=-1),
-        du_last=jnp.sum(dkgm * f.kt, axis=-1),
+        dsq=f.a_vec[..., :, None] * s.qs - f.b_vec[..., :, None] * s.qm,
+        davec=row(s.qs * f.sq) + at_last(s.ss),
+        dbvec=-row(s.qm * f.sq) - at_last(s.ms),
+        duvec=at_last(s.mm),
+        dattn=s.attn,
+        dtinv_v=s.tv,
+        dy=-s.ys,
+        dz=s.ym,
+        dkt=f.g_last[..., :, None] * s.ks - f.u_last[..., :, None] * s.km,
+        dg_last=row(s.ks * f.kt),
+        du_last=-row(s.km * f.kt),
     )
 
 
-def _chunk_prep_bwd(f, r, load_k, load_p, beta, eta, *, scale, precision, emit):
+def _chunk_prep_bwd(f, r, load_k, load_p, load_decays, beta, eta, *, scale, precision, emit):
     """Reverse mode of ``_chunk_prep`` by hand (chain rule through (5), (6), (9)-(11)).
 
     ``emit(name, value)`` receives each gradient of ``_GRAD_NAMES`` as soon as it is final, so
     a kernel stores it there and its registers are free for the rest (dv = T^T duv is formed
     by the caller). ``load_k()`` gives the chunk's keys, needed only for deta, and
     ``load_p()`` the chunk's p, needed for dy, dz and the key gradient through P Kt^T: loading
-    them again where they are used keeps them out of registers in between. At B=8 T=4096 H=6
+    them again where they are used keeps them out of registers in between; likewise
+    ``load_decays()`` gives the chunk's ``_DecayTiles``, needed only at the end (the reverse
+    of (5) and (6)), so four [C, C] tiles are recomputed there instead of held through the
+    middle (measured in ``_chunk_bwd_kernel`` and ``_prep_bwd_kernel``). At B=8 T=4096 H=6
     V=256 bf16, K=128 (K=256 in brackets), spill bytes per thread and shared memory:
     reloading the keys (pip Triton 3.9 for sm_90a): mdn_chunk_bwd 3756 to 3112 B, 120 to
     112 KiB (7608 to 6640 B, 216 to 208 KiB); reloading p (XLA's compile, jaxlib 0.11.2):
@@ -365,21 +414,22 @@ def _chunk_prep_bwd(f, r, load_k, load_p, beta, eta, *, scale, precision, emit):
     emit("dk", eta[..., :, None] * dkt)
     emit("deta", row(dkt * load_k()))
     # gamma = D1 diag(beta) D2, gamma_prev = D1p diag(beta) D2, b = D1 bu, b_prev = D1p bu
-    dd1 = mm(dgam, f.bd2, tb=True) + r.dbvec[..., :, None] * f.bu[..., None, :]
-    dd1p = mm(dgam_prev, f.bd2, tb=True) + db_prev[..., :, None] * f.bu[..., None, :]
-    dbd2 = mm(f.d1, dgam, ta=True) + mm(f.d1p, dgam_prev, ta=True)
-    dbu = col(f.d1 * r.dbvec[..., :, None]) + col(f.d1p * db_prev[..., :, None])
-    dbeta = row(dbd2 * f.d2) + dbu * f.u_vec
+    d1, d1p, d2, bd2 = load_decays()
+    dd1 = mm(dgam, bd2, tb=True) + r.dbvec[..., :, None] * f.bu[..., None, :]
+    dd1p = mm(dgam_prev, bd2, tb=True) + db_prev[..., :, None] * f.bu[..., None, :]
+    dbd2 = mm(d1, dgam, ta=True) + mm(d1p, dgam_prev, ta=True)
+    dbu = col(d1 * r.dbvec[..., :, None]) + col(d1p * db_prev[..., :, None])
+    dbeta = row(dbd2 * d2) + dbu * f.u_vec
     dd2 = dd2 + beta[..., :, None] * dbd2
     dlog_u = (r.duvec + dbu * beta) * f.u_vec
     dlog_a = r.davec * f.a_vec
     dlog_a_prev = da_prev * f.a_prev
-    x = dd1 * f.d1
+    x = dd1 * d1
     dlog_a = dlog_a + row(x) - col(x)
-    x = dd1p * f.d1p
+    x = dd1p * d1p
     dlog_a_prev = dlog_a_prev + row(x)
     dlog_a = dlog_a - col(x)
-    x = dd2 * f.d2
+    x = dd2 * d2
     dlog_u = dlog_u + row(x) - col(x)
 
     def rcumsum(x):  # sum_{t >= s} x_t, the transpose of the prefix sum

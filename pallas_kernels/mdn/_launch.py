@@ -41,7 +41,7 @@ def _default_backward(kp: int) -> str:
 
     The split costs a round trip of the contracted cotangents through HBM (float32: four
     [C, K], two [C, C] and five [C] tiles per chunk; about 1 GB at B=8 T=4096 H=6 K=128) and
-    does not reduce the spills (they come from the reverse of the preparation, which both
+    did not reduce the spills (they came from the reverse of the preparation, which both
     variants run), so at K <= 128 the fused kernel is the default; at K = 256 the fused
     kernel comes within 12% of the 227 KiB limit, so the split is the safe default there.
     XLA's own compile (``benchmarks/xla_aot.py``, jaxlib 0.11.2) gives the same picture:
@@ -49,7 +49,13 @@ def _default_backward(kp: int) -> str:
     64 / 3370 and 168 / 9480. Since p is reloaded in the reverse of the preparation (session
     6): K=128 fused 88 / 3928, split 40 / 612 and 72 / 4616; K=256 bf16 fused 168 / 9350, split
     64 / 3370 and 136 / 9656; but K=256 float32 (C=32) fused still 200 KiB, so the split stays
-    the default beyond K=128. ``benchmarks/mdn_gpu.py --tune`` times both on a GPU.
+    the default beyond K=128. Since the V loops sum bare products and the reverse reloads
+    what it reads late (session 7; ``xla_aot.py``'s SASS columns, per thread, loops weighted
+    by trip count, jaxlib 0.11.2): K=128 fused 31.8 K instructions and 12.5 KB of spill
+    traffic, split 6.7 K + 32.4 K and 1.6 + 5.1 KB; K=256 fused 48.8 K and 61.2 KB, split
+    18.1 K + 36.9 K and 41.5 + 12.2 KB. The split now spills half as much at K=128, against
+    more instructions and its HBM round trip: no offline figure settles it, so the default
+    stays; ``benchmarks/mdn_gpu.py --tune`` times both on a GPU.
     """
     return "pallas" if kp <= 128 else "pallas_split"
 

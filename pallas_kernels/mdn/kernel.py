@@ -121,6 +121,7 @@ from jaxlib_ext.pallas_kernels._partition import batch_and_head_parallel, with_s
 from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import (
     _INVERSES,
     _chunk_coefficients,
+    _chunk_decay_tiles,
     _chunk_parts,
     _chunk_prep,
     _chunk_prep_bwd,
@@ -129,7 +130,9 @@ from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import (
     _mm,
     _pow2,
     _prep_xla,
+    _reduce_sums,
     _Reduced,
+    _VSums,
 )
 from jaxlib_ext.pallas_kernels.mdn._launch import (
     _check_launch,
@@ -299,73 +302,45 @@ def _total(x):
     return jnp.sum(jnp.sum(x, axis=-1), axis=-1)
 
 
-def _contract_over_v(f, refs, *, block_v, precision, on_block=None):
-    """Contract the state-side cotangents of one chunk over V-blocks into ``_Reduced``.
+def _contract_over_v(refs, *, block_v, precision, on_block=None):
+    """One chunk's ``_VSums``, accumulated over V-blocks.
 
-    ``f``: the chunk's ``_Parts`` or ``_Coefficients``; ``refs``: (v, do, Vt, dVt, S, M, dS,
-    dM) refs, the states being those entering the chunk ([K, V]) and the cotangents those of
-    the chunk-end states. ``on_block(sv, dvt)``, if given, runs once per V-block (the fused
-    kernel writes dV = T^T dVt there)."""
+    ``refs``: (v, do, Vt, dVt, S, M, dS, dM) refs, the states being those entering the chunk
+    ([K, V]) and the cotangents those of the chunk-end states. ``on_block(sv, dvt)``, if given,
+    runs once per V-block (the fused kernel writes dV = T^T dVt there)."""
     v_ref, do_ref, vt_ref, dvt_ref, hs_ref, hm_ref, dhs_ref, dhm_ref = refs
-    mm = functools.partial(_mm, precision=precision)
-    c, kp = f.kt.shape
-    nv = v_ref.shape[-1] // block_v
+    mm = functools.partial(_mm, tb=True, precision=precision)
+    c, kp = do_ref.shape[0], hs_ref.shape[0]
     zk = jnp.zeros((c, kp), _F32)
     zc = jnp.zeros((c, c), _F32)
-    zv = jnp.zeros((c,), _F32)
     zs = jnp.zeros((), _F32)
 
     def body(j, acc):
-        dsq, davec, dbvec, dattn, dtv, dy, dz, dkt, dgl, dul, da, db, du = acc
         sv = pl.ds(j * block_v, block_v)
         do = do_ref[:, sv].astype(_F32)
-        vt = vt_ref[:, sv]
-        dvt = dvt_ref[:, sv]
-        v = v_ref[:, sv].astype(_F32)
+        vt, dvt = vt_ref[:, sv], dvt_ref[:, sv]
         hs, hm, dhs, dhm = hs_ref[:, sv], hm_ref[:, sv], dhs_ref[:, sv], dhm_ref[:, sv]
-        dqa = mm(do, hs, tb=True)
-        dqb = -mm(do, hm, tb=True)
-        dkgs = mm(vt, dhs, tb=True)
-        dkgm = -mm(vt, dhm, tb=True)
         if on_block is not None:
             on_block(sv, dvt)
-        return (
-            dsq + f.a_vec[:, None] * dqa + f.b_vec[:, None] * dqb,
-            davec + jnp.sum(dqa * f.sq, axis=-1),
-            dbvec + jnp.sum(dqb * f.sq, axis=-1),
-            dattn + mm(do, vt, tb=True),
-            dtv + mm(dvt, v, tb=True),
-            dy - mm(dvt, hs, tb=True),
-            dz + mm(dvt, hm, tb=True),
-            dkt + f.g_last[:, None] * dkgs + f.u_last[:, None] * dkgm,
-            dgl + jnp.sum(dkgs * f.kt, axis=-1),
-            dul + jnp.sum(dkgm * f.kt, axis=-1),
-            da + _total(hs * dhs),
-            db - _total(hm * dhs),
-            du + _total(hm * dhm),
+        return _VSums(
+            qs=acc.qs + mm(do, hs),
+            qm=acc.qm + mm(do, hm),
+            ks=acc.ks + mm(vt, dhs),
+            km=acc.km + mm(vt, dhm),
+            ys=acc.ys + mm(dvt, hs),
+            ym=acc.ym + mm(dvt, hm),
+            attn=acc.attn + mm(do, vt),
+            tv=acc.tv + mm(dvt, v_ref[:, sv].astype(_F32)),
+            ss=acc.ss + _total(hs * dhs),
+            ms=acc.ms + _total(hm * dhs),
+            mm=acc.mm + _total(hm * dhm),
         )
 
-    init = (zk, zv, zv, zc, zc, zk, zk, zk, zv, zv, zs, zs, zs)
-    dsq, davec, dbvec, dattn, dtv, dy, dz, dkt, dgl, dul, da, db, du = lax.fori_loop(
-        0, nv, body, init
-    )
-    is_last = jnp.arange(c) == c - 1
-    return _Reduced(
-        dsq=dsq,
-        davec=davec + jnp.where(is_last, da, 0.0),
-        dbvec=dbvec + jnp.where(is_last, db, 0.0),
-        duvec=jnp.where(is_last, du, 0.0),
-        dattn=dattn,
-        dtinv_v=dtv,
-        dy=dy,
-        dz=dz,
-        dkt=dkt,
-        dg_last=dgl,
-        du_last=dul,
-    )
+    init = _VSums(zk, zk, zk, zk, zk, zk, zc, zc, zs, zs, zs)
+    return lax.fori_loop(0, v_ref.shape[-1] // block_v, body, init)
 
 
-def _chunk_parts_from_refs(q_ref, k, p, la_ref, lm_ref, beta, eta, *, scale, precision, inverse):
+def _chunk_parts_from_refs(q_ref, la_ref, lm_ref, k, p, beta, eta, *, scale, precision, inverse):
     """``_chunk_parts`` inside a kernel: q and the log-gates loaded from their refs."""
     ld = lambda r: r[...].astype(_F32)
     return _chunk_parts(
@@ -431,27 +406,47 @@ def _chunk_bwd_kernel(
     block_v,
     inverse,
 ):
-    """One (batch, head, chunk) tile of the backward (``backward="pallas"``): recompute the
-    chunk's forward parts, contract the state-side cotangents over V-blocks (dQa, dQb, dAttn,
-    dY, dZ, dKgS, dKgM, the chunk-end decays, dV = T^T dVt), then the hand-written reverse of
-    the preparation."""
-    ld = lambda r: r[...].astype(_F32)
-    k, p, beta, eta = ld(k_ref), ld(p_ref), ld(beta_ref), ld(eta_ref)
-    f = _chunk_parts_from_refs(
-        q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision, inverse=inverse
-    )
+    """One (batch, head, chunk) tile of the backward (``backward="pallas"``): the chunk's
+    triangular inverse T, the state-side products summed over V-blocks (``_VSums``, with
+    dV = T^T dVt written per block), then the chunk's other forward parts, the contraction
+    into ``_Reduced`` and the hand-written reverse of the preparation.
 
-    r = _contract_over_v(
-        f,
+    Only T is live across the V loop: the other parts are recomputed after it from inputs
+    loaded again (a load after the loop's stores is not merged with the one before it), and
+    the decay tiles once more where the reverse needs them. The extra work is two [C, C]
+    products (T's right-hand side), against a V loop whose per-block elementwise scaling and
+    row reductions are gone. XLA's compile for an H200 (jaxlib 0.11.2, B=8 T=4096 H=6 K=128
+    V=256 bf16; ``benchmarks/xla_aot.py`` SASS columns, per thread, the loops weighted by their
+    trip counts): before (parts held across the loop, coefficients applied per V-block)
+    44.7 K instructions and 16.5 KB of local-memory spill traffic; after 31.8 K and 12.5 KB
+    (K=256: 78.5 K and 73.8 KB to 48.8 K and 61.2 KB). With jaxlib 0.12.0.1 the traffic
+    stays 14.0 to 14.2 KB (instructions 42.5 K to 31.3 K)."""
+    ld = lambda r: r[...].astype(_F32)
+    gates = lambda: (ld(beta_ref), ld(eta_ref))
+    parts = functools.partial(
+        _chunk_parts_from_refs, q_ref, la_ref, lm_ref, scale=scale, precision=precision
+    )
+    tinv = parts(ld(k_ref), ld(p_ref), *gates(), inverse=inverse).tinv
+    sums = _contract_over_v(
         (v_ref, do_ref, vt_ref, dvt_ref, hs_ref, hm_ref, dhs_ref, dhm_ref),
         block_v=block_v,
         precision=precision,
-        on_block=lambda sv, dvt: _store_dv(dv_ref, sv, f.tinv, dvt, precision),
+        on_block=lambda sv, dvt: _store_dv(dv_ref, sv, tinv, dvt, precision),
     )
-    out = _store_to((dq_ref, dk_ref, dp_ref, dla_ref, dlm_ref, dbeta_ref, deta_ref))
-    load_k = lambda: ld(k_ref)
-    load_p = lambda: ld(p_ref)
-    _chunk_prep_bwd(f, r, load_k, load_p, beta, eta, scale=scale, precision=precision, emit=out)
+    beta, eta = gates()
+    f = parts(ld(k_ref), ld(p_ref), beta, eta, inverse=lambda _: tinv)
+    _chunk_prep_bwd(
+        f,
+        _reduce_sums(f, sums),
+        lambda: ld(k_ref),
+        lambda: ld(p_ref),
+        lambda: _chunk_decay_tiles(ld(la_ref), ld(lm_ref), ld(beta_ref)),
+        beta,
+        eta,
+        scale=scale,
+        precision=precision,
+        emit=_store_to((dq_ref, dk_ref, dp_ref, dla_ref, dlm_ref, dbeta_ref, deta_ref)),
+    )
 
 
 def _chunk_bwd_v_kernel(
@@ -459,16 +454,33 @@ def _chunk_bwd_v_kernel(
 ):
     """First half of the split backward (``backward="pallas_split"``), one (batch, head,
     chunk) tile: the V-contraction of ``_chunk_bwd_kernel`` alone, written out as the eleven
-    ``_Reduced`` arrays. It needs only gate vectors, ``s q`` and ``kt`` of the chunk
-    (``_chunk_coefficients``: no triangular inverse, no dot), so its registers go to the
-    accumulators. ``refs``: the inputs (do, Vt, dVt, S, M, dS, dM), then the outputs."""
+    ``_Reduced`` arrays. After the sum it needs only gate vectors, ``s q`` and ``kt`` of the
+    chunk (``_chunk_coefficients``: no triangular inverse, no dot), so its registers go to the
+    accumulators. ``refs``: the inputs (do, Vt, dVt, S, M, dS, dM), then the outputs.
+
+    Summing bare products and applying the coefficients once after the loop (instead of per
+    V-block), XLA's compile for an H200 (jaxlib 0.11.2, B=8 T=4096 H=6 V=256 bf16, per
+    thread, loops weighted by trip count) went from 12.4 K instructions and 6.9 KB of
+    local-memory spill traffic to 6.7 K and 1.6 KB at K=128 (K=256: 48.2 K and 73.2 KB to
+    18.1 K and 41.5 KB)."""
     state_refs, reduced_refs = refs[:7], refs[7:]
     ld = lambda r: r[...].astype(_F32)
+    sums = _contract_over_v((v_ref, *state_refs), block_v=block_v, precision=precision)
     chunk_inputs = (q_ref, k_ref, la_ref, lm_ref, beta_ref, eta_ref)
     f = _chunk_coefficients(*(ld(r) for r in chunk_inputs), scale=scale)
-    r = _contract_over_v(f, (v_ref, *state_refs), block_v=block_v, precision=precision)
-    for ref, val in zip(reduced_refs, r, strict=True):
+    for ref, val in zip(reduced_refs, _reduce_sums(f, sums), strict=True):
         ref[...] = val.astype(ref.dtype)
+
+
+class _LoadOnRead:
+    """Attribute ``name`` loads ``refs[name]`` as float32 where it is read, so each input of
+    ``_chunk_prep_bwd`` is loaded next to its use rather than all of them at the start."""
+
+    def __init__(self, refs):
+        self._refs = refs
+
+    def __getattr__(self, name):
+        return self._refs[name][...].astype(_F32)
 
 
 def _prep_bwd_kernel(
@@ -488,14 +500,28 @@ def _prep_bwd_kernel(
 ):
     """Second half of the split backward, one (batch, head, chunk) tile: recompute the chunk's
     forward parts, dV = T^T dVt over V-blocks, then ``_chunk_prep_bwd`` from the ``_Reduced``
-    arrays the first half wrote. ``refs``: the eleven reduced inputs, then the eight outputs
-    (dq, dk, dv, dp, dla, dlm, dbeta, deta)."""
+    arrays the first half wrote (each loaded where it is used). ``refs``: the eleven reduced
+    inputs, then the eight outputs (dq, dk, dv, dp, dla, dlm, dbeta, deta).
+
+    Loading each reduced array where it is read and recomputing the decay tiles at the end
+    took XLA's compile for an H200 (as in ``_chunk_bwd_v_kernel``) from 34.1 K instructions
+    and 9.2 KB of spill traffic per thread to 32.4 K and 5.1 KB at K=128 (K=256: 38.3 K and
+    18.0 KB to 36.9 K and 12.2 KB)."""
     n_red = len(_Reduced._fields)
     reduced_refs, (dq_ref, dk_ref, dv_ref, dp_ref, *gate_refs) = refs[:n_red], refs[n_red:]
     ld = lambda r: r[...].astype(_F32)
-    k, p, beta, eta = ld(k_ref), ld(p_ref), ld(beta_ref), ld(eta_ref)
+    beta, eta = ld(beta_ref), ld(eta_ref)
     f = _chunk_parts_from_refs(
-        q_ref, k, p, la_ref, lm_ref, beta, eta, scale=scale, precision=precision, inverse=inverse
+        q_ref,
+        la_ref,
+        lm_ref,
+        ld(k_ref),
+        ld(p_ref),
+        beta,
+        eta,
+        scale=scale,
+        precision=precision,
+        inverse=inverse,
     )
 
     def body(j, carry):
@@ -504,11 +530,18 @@ def _prep_bwd_kernel(
         return carry
 
     lax.fori_loop(0, dvt_ref.shape[-1] // block_v, body, 0)
-    r = _Reduced(*(ld(ref) for ref in reduced_refs))
-    out = _store_to((dq_ref, dk_ref, dp_ref, *gate_refs))
-    load_k = lambda: ld(k_ref)
-    load_p = lambda: ld(p_ref)
-    _chunk_prep_bwd(f, r, load_k, load_p, beta, eta, scale=scale, precision=precision, emit=out)
+    _chunk_prep_bwd(
+        f,
+        _LoadOnRead(dict(zip(_Reduced._fields, reduced_refs, strict=True))),
+        lambda: ld(k_ref),
+        lambda: ld(p_ref),
+        lambda: _chunk_decay_tiles(ld(la_ref), ld(lm_ref), ld(beta_ref)),
+        beta,
+        eta,
+        scale=scale,
+        precision=precision,
+        emit=_store_to((dq_ref, dk_ref, dp_ref, *gate_refs)),
+    )
 
 
 # --------------------------------------------------------------------------------------------
