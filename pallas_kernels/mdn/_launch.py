@@ -79,13 +79,16 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
                                   registers, but one 256-thread program per SM)
     mdn_out          4 w, 1 st    24 / 78 / 0; no loop to pipeline
     mdn_state_bwd    4 w, 1 st    36 / 209 / 0; 2 stages need 232 KB: XLA refuses
-    mdn_chunk_bwd    8 w, 1 st    88 / 255 / 3928: 21 C x C and C x K float32 tiles
+    mdn_chunk_bwd    8 w, 1 st    88 / 255 / 4284: some 20 C x C and C x K float32 tiles
                                   are live at once; the weakest kernel (4 warps: 9.5 KB
-                                  spills, 2 or 3 stages: more)
-    mdn_chunk_bwd_v  8 w, 1 st    40 / 255 / 612 (4 warps: 3.4 KB spills)
-    mdn_prep_bwd     8 w, 1 st    72 / 255 / 4616 (4 warps: 8.8 KB spills)
+                                  spills, 2 or 3 stages: more; session 6: 3928)
+    mdn_chunk_bwd_v  8 w, 1 st    40 / 255 / 436 (4 warps: 3.4 KB spills; before: 612)
+    mdn_prep_bwd     8 w, 1 st    72 / 255 / 2228 (4 warps: 8.8 KB spills; before: 4616)
     mdn_step         4 w, 1 st    1 / 254 / 0
     ===============  ===========  ====================================================
+
+    (Session 7's backward restructure changed these static counts; its dynamic figures, with
+    loops weighted by trip count, are in ``_default_backward``. The 4-warp figures predate it.)
 
     16 warps cap registers at 128 per thread: mdn_chunk_bwd then spills 4.7 KB per thread,
     2.4 MB per program against 0.9 MB at 8 warps (jaxlib 0.12.0.1), and likewise the others.
