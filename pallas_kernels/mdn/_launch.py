@@ -1,6 +1,6 @@
 """How the momentum delta rule's Pallas Triton kernels launch on Hopper: the V-tile, which
-backward variant, warps and pipeline stages per kernel, and the ``pallas_call`` wrapper that
-can poison every output buffer (a testing aid).
+backward variant, warps, pipeline stages and register bound per kernel, and the
+``pallas_call`` wrapper that can poison every output buffer (a testing aid).
 
 Every default here comes from XLA's own compile of the programs for an H200 without a GPU
 (``benchmarks/xla_aot.py``: jaxlib's Triton, then ptxas), not from GPU timings;
@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from jaxlib_ext.pallas_kernels._registers import max_registers
 
 _F32 = jnp.float32
 
@@ -51,9 +53,9 @@ def _default_backward(kp: int) -> str:
     64 / 3370 and 136 / 9656; but K=256 float32 (C=32) fused still 200 KiB, so the split stays
     the default beyond K=128. Since the V loops sum bare products and the reverse reloads
     what it reads late (session 7; ``xla_aot.py``'s SASS columns, per thread, loops weighted
-    by trip count, jaxlib 0.11.2): K=128 fused 31.8 K instructions and 12.5 KB of spill
-    traffic, split 6.7 K + 32.4 K and 1.6 + 5.1 KB; K=256 fused 48.8 K and 61.2 KB, split
-    18.1 K + 36.9 K and 41.5 + 12.2 KB. The split now spills half as much at K=128, against
+    by trip count, jaxlib 0.11.2): K=128 fused 31.8 K instructions and 12.2 KB of spill
+    traffic, split 6.5 K + 32.4 K and 1.7 + 5.1 KB; K=256 fused 49.3 K and 63.1 KB, split
+    17.3 K + 36.9 K and 41.4 + 12.2 KB. The split now spills half as much at K=128, against
     more instructions and its HBM round trip: no offline figure settles it, so the default
     stays; ``benchmarks/mdn_gpu.py --tune`` times both on a GPU.
     """
@@ -104,7 +106,8 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     spills tens of KB per thread. In XLA's compile this hits the float32 backward kernels at
     C = 32 (mdn_chunk_bwd_v and mdn_prep_bwd; mdn_chunk_bwd too with jaxlib 0.11.2). The same
     PTX with ``.maxnreg 255`` or ``.minnctapersm 1``, or at ptxas -O1, gets 255 registers and
-    a tenth of the spills. No bf16 kernel is affected.
+    a tenth of the spills. No bf16 kernel at C = 64 is affected. Since session 7 those kernels
+    carry the bound themselves (``_max_registers``).
 
     ``mdn_state_fwd_mosaic`` (``state_kernel="mosaic_gpu"``) is one warpgroup (4 warps) and
     its stages are the slots of its TMA pipeline and output buffers: 2 by default, 1 for two
@@ -120,6 +123,29 @@ def _launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
     return {"mdn_out": (4, 1), "mdn_step": (4, 1)}.get(name, (8, 1))
 
 
+def _max_registers(name: str, chunk: int | None) -> int | None:
+    """A ``.maxnreg`` bound for the kernel (``pallas_kernels/_registers.py``), or None to
+    leave ptxas its own choice.
+
+    Without a bound ptxas at -O3 gives some kernels 32 (or 128) registers and spills tens of
+    KB per thread. In XLA's compile for an H200 (jaxlib 0.11.2, B=8 T=4096 H=6 K=128 V=256)
+    that happened to the chunk-parallel backward kernels at C = 32 and to no kernel at C = 64:
+    float32 (C = 32 there): mdn_chunk_bwd, mdn_chunk_bwd_v and mdn_prep_bwd all at 32
+    registers; bfloat16 at C = 32: mdn_prep_bwd at 32, later 128. With ``.maxnreg 255`` each
+    gets 255; spill traffic per thread, loops weighted by trip count (mdn_chunk_bwd,
+    mdn_chunk_bwd_v, mdn_prep_bwd), before session 7 and now (with the V loops of
+    ``kernel._contract_over_v`` as chosen by chunk size): float32 290, 184, 151 KB to 67, 26,
+    31 KB; bfloat16 C = 32 8.2, 0.6, 41 KB to 6.0, 0.0, 6.6 KB. At C = 64 the bound changes
+    little and not for the better (bfloat16 mdn_chunk_bwd 12.5 to 13.7 KB), so it is left off
+    there."""
+    if chunk is not None and chunk < 64 and name in _CHUNK_BWD_KERNELS:
+        return 255
+    return None
+
+
+_CHUNK_BWD_KERNELS = ("mdn_chunk_bwd", "mdn_chunk_bwd_v", "mdn_prep_bwd")
+
+
 class _Run(NamedTuple):
     """How every kernel of one call runs: ``interpret`` (Pallas interpreter), ``poison``
     (outputs start as NaN, a testing aid) and the ``launch`` overrides of ``_launch_params``."""
@@ -129,12 +155,15 @@ class _Run(NamedTuple):
     launch: tuple = ()
 
 
-def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, name, kp, run):
+def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, name, kp, run, chunk=None):
     """pallas_call; with ``run.poison`` every output buffer starts as NaN (aliased input), so
-    an element the kernel never writes stays NaN and a test can see it. ``kp``: the padded K."""
+    an element the kernel never writes stays NaN and a test can see it. ``kp``: the padded K;
+    ``chunk``: the chunk size, for ``_max_registers``."""
     interpret, poison = run.interpret, run.poison
     warps, stages = _launch_params(name, kp, run.launch)
     compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
+    if not interpret and (registers := _max_registers(name, chunk)) is not None:
+        kernel = _bounded(kernel, registers)
     if not poison:
         return pl.pallas_call(
             kernel,
@@ -163,6 +192,14 @@ def _launch(kernel, args, in_specs, out_specs, out_shape, *, grid, name, kp, run
         interpret=interpret,
         name=name,
     )(*args, *bufs)
+
+
+def _bounded(kernel, registers):
+    def bounded(*refs):
+        max_registers(registers)
+        kernel(*refs)
+
+    return bounded
 
 
 _KERNELS = (

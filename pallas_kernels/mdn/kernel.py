@@ -302,8 +302,22 @@ def _total(x):
     return jnp.sum(jnp.sum(x, axis=-1), axis=-1)
 
 
-def _contract_over_v(refs, *, block_v, precision, on_block=None):
-    """One chunk's ``_VSums``, accumulated over V-blocks.
+# Below this chunk size the V loops apply the chunk's coefficients to each block's products
+# (``_contract_over_v(..., coefficients=f)``) instead of summing bare products: at C = 32
+# the bare sums spill far more (XLA's compile for an H200, jaxlib 0.11.2, B=8 T=4096 H=6
+# K=128 V=256, spill traffic per thread, loops weighted by trip count, both with the register
+# bound of ``_launch._max_registers``; bf16: mdn_chunk_bwd 55.7 KB against 6.0 KB,
+# mdn_chunk_bwd_v 45.4 KB against 16 B; float32: 218 and 173 KB against 67 and 26 KB). At
+# C = 64 (bf16) the bare sums' V loop runs 539 instructions per block against 1256 (no
+# per-block scaling or cross-thread row sums) for about the same spill traffic (mdn_chunk_bwd
+# 12.2 KB against 11.3 KB; mdn_chunk_bwd_v 1.7 KB against 5.1 KB).
+_BARE_SUMS_MIN_CHUNK = 64
+
+
+def _contract_over_v(refs, *, block_v, precision, on_block=None, coefficients=None):
+    """One chunk's state-side products summed over V-blocks: ``_VSums``, or with
+    ``coefficients`` (the chunk's ``_Parts`` or ``_Coefficients``) each block's products
+    reduced first (``_reduce_sums`` is linear) and ``_Reduced`` accumulated.
 
     ``refs``: (v, do, Vt, dVt, S, M, dS, dM) refs, the states being those entering the chunk
     ([K, V]) and the cotangents those of the chunk-end states. ``on_block(sv, dvt)``, if given,
@@ -313,6 +327,7 @@ def _contract_over_v(refs, *, block_v, precision, on_block=None):
     c, kp = do_ref.shape[0], hs_ref.shape[0]
     zk = jnp.zeros((c, kp), _F32)
     zc = jnp.zeros((c, c), _F32)
+    zv = jnp.zeros((c,), _F32)
     zs = jnp.zeros((), _F32)
 
     def body(j, acc):
@@ -322,21 +337,27 @@ def _contract_over_v(refs, *, block_v, precision, on_block=None):
         hs, hm, dhs, dhm = hs_ref[:, sv], hm_ref[:, sv], dhs_ref[:, sv], dhm_ref[:, sv]
         if on_block is not None:
             on_block(sv, dvt)
-        return _VSums(
-            qs=acc.qs + mm(do, hs),
-            qm=acc.qm + mm(do, hm),
-            ks=acc.ks + mm(vt, dhs),
-            km=acc.km + mm(vt, dhm),
-            ys=acc.ys + mm(dvt, hs),
-            ym=acc.ym + mm(dvt, hm),
-            attn=acc.attn + mm(do, vt),
-            tv=acc.tv + mm(dvt, v_ref[:, sv].astype(_F32)),
-            ss=acc.ss + _total(hs * dhs),
-            ms=acc.ms + _total(hm * dhs),
-            mm=acc.mm + _total(hm * dhm),
+        products = dict(
+            qs=mm(do, hs),
+            qm=mm(do, hm),
+            ks=mm(vt, dhs),
+            km=mm(vt, dhm),
+            ys=mm(dvt, hs),
+            ym=mm(dvt, hm),
+            attn=mm(do, vt),
+            tv=mm(dvt, v_ref[:, sv].astype(_F32)),
+            ss=_total(hs * dhs),
+            ms=_total(hm * dhs),
+            mm=_total(hm * dhm),
         )
+        if coefficients is not None:
+            products = _reduce_sums(coefficients, _VSums(**products))._asdict()
+        return type(acc)(**{name: getattr(acc, name) + x for name, x in products.items()})
 
-    init = _VSums(zk, zk, zk, zk, zk, zk, zc, zc, zs, zs, zs)
+    if coefficients is None:
+        init = _VSums(zk, zk, zk, zk, zk, zk, zc, zc, zs, zs, zs)
+    else:
+        init = _Reduced(zk, zv, zv, zv, zc, zc, zk, zk, zk, zv, zv)
     return lax.fori_loop(0, v_ref.shape[-1] // block_v, body, init)
 
 
@@ -418,26 +439,32 @@ def _chunk_bwd_kernel(
     row reductions are gone. XLA's compile for an H200 (jaxlib 0.11.2, B=8 T=4096 H=6 K=128
     V=256 bf16; ``benchmarks/xla_aot.py`` SASS columns, per thread, the loops weighted by their
     trip counts): before (parts held across the loop, coefficients applied per V-block)
-    44.7 K instructions and 16.5 KB of local-memory spill traffic; after 31.8 K and 12.5 KB
-    (K=256: 78.5 K and 73.8 KB to 48.8 K and 61.2 KB). With jaxlib 0.12.0.1 the traffic
-    stays 14.0 to 14.2 KB (instructions 42.5 K to 31.3 K)."""
+    44.7 K instructions and 16.5 KB of local-memory spill traffic; after 31.8 K and 12.2 KB
+    (K=256: 78.5 K and 73.8 KB to 49.3 K and 63.1 KB). With jaxlib 0.12.0.1 the traffic
+    stays level, 14.0 to 13.7 KB (instructions 42.5 K to 31.3 K). Below C = 64 the V loop
+    applies the coefficients per block (``_BARE_SUMS_MIN_CHUNK``)."""
     ld = lambda r: r[...].astype(_F32)
     gates = lambda: (ld(beta_ref), ld(eta_ref))
     parts = functools.partial(
         _chunk_parts_from_refs, q_ref, la_ref, lm_ref, scale=scale, precision=precision
     )
     tinv = parts(ld(k_ref), ld(p_ref), *gates(), inverse=inverse).tinv
+    per_block = q_ref.shape[0] < _BARE_SUMS_MIN_CHUNK
+    chunk_inputs = (q_ref, k_ref, la_ref, lm_ref, beta_ref, eta_ref)
     sums = _contract_over_v(
         (v_ref, do_ref, vt_ref, dvt_ref, hs_ref, hm_ref, dhs_ref, dhm_ref),
         block_v=block_v,
         precision=precision,
         on_block=lambda sv, dvt: _store_dv(dv_ref, sv, tinv, dvt, precision),
+        coefficients=(
+            _chunk_coefficients(*(ld(x) for x in chunk_inputs), scale=scale) if per_block else None
+        ),
     )
     beta, eta = gates()
     f = parts(ld(k_ref), ld(p_ref), beta, eta, inverse=lambda _: tinv)
     _chunk_prep_bwd(
         f,
-        _reduce_sums(f, sums),
+        sums if per_block else _reduce_sums(f, sums),
         lambda: ld(k_ref),
         lambda: ld(p_ref),
         lambda: _chunk_decay_tiles(ld(la_ref), ld(lm_ref), ld(beta_ref)),
@@ -461,14 +488,20 @@ def _chunk_bwd_v_kernel(
     Summing bare products and applying the coefficients once after the loop (instead of per
     V-block), XLA's compile for an H200 (jaxlib 0.11.2, B=8 T=4096 H=6 V=256 bf16, per
     thread, loops weighted by trip count) went from 12.4 K instructions and 6.9 KB of
-    local-memory spill traffic to 6.7 K and 1.6 KB at K=128 (K=256: 48.2 K and 73.2 KB to
-    18.1 K and 41.5 KB)."""
+    local-memory spill traffic to 6.5 K and 1.7 KB at K=128 (K=256: 48.2 K and 73.2 KB to
+    17.3 K and 41.4 KB). Below C = 64 it applies them per block (``_BARE_SUMS_MIN_CHUNK``)."""
     state_refs, reduced_refs = refs[:7], refs[7:]
     ld = lambda r: r[...].astype(_F32)
-    sums = _contract_over_v((v_ref, *state_refs), block_v=block_v, precision=precision)
     chunk_inputs = (q_ref, k_ref, la_ref, lm_ref, beta_ref, eta_ref)
-    f = _chunk_coefficients(*(ld(r) for r in chunk_inputs), scale=scale)
-    for ref, val in zip(reduced_refs, _reduce_sums(f, sums), strict=True):
+    coefficients = lambda: _chunk_coefficients(*(ld(r) for r in chunk_inputs), scale=scale)
+    contract = functools.partial(
+        _contract_over_v, (v_ref, *state_refs), block_v=block_v, precision=precision
+    )
+    if q_ref.shape[0] < _BARE_SUMS_MIN_CHUNK:
+        reduced = contract(coefficients=coefficients())
+    else:
+        reduced = _reduce_sums(coefficients(), contract())
+    for ref, val in zip(reduced_refs, reduced, strict=True):
         ref[...] = val.astype(ref.dtype)
 
 
@@ -752,6 +785,7 @@ def _chunk_bwd_call(
         grid=(tp // chunk, b, h),
         run=run,
         name="mdn_chunk_bwd",
+        chunk=chunk,
         kp=kp,
     )
 
@@ -785,6 +819,7 @@ def _chunk_bwd_split_call(
         grid=grid,
         run=run,
         name="mdn_chunk_bwd_v",
+        chunk=chunk,
         kp=kp,
     )
     out_specs, out_shape = _grad_specs(b, tp, h, kp, vp, tok, gate)
@@ -797,6 +832,7 @@ def _chunk_bwd_split_call(
         grid=grid,
         run=run,
         name="mdn_prep_bwd",
+        chunk=chunk,
         kp=kp,
     )
 

@@ -150,6 +150,14 @@ def test_forward_and_grads_float32(seed, B, T, H, K, V, chunk):
     check_case(seed, B, T, H, K, V, chunk, jnp.float32, 1e-4)
 
 
+@pytest.mark.parametrize("backward", ["pallas", "pallas_split"])
+def test_grads_at_chunk_64_bare_sums(backward):
+    """At C >= 64 the backward's V loops sum bare products and reduce them once
+    (``_contract_over_v`` without coefficients); below, per block. Both agree with the
+    recurrence (the cases above run at C = 16 and 32)."""
+    check_case(24, 1, 70, 2, 16, 24, 64, jnp.float32, 1e-4, backward=backward)
+
+
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-4), (jnp.bfloat16, 1e-2)])
 def test_grads_backward_xla_path(dtype, tol):
     """backward="xla" (state kernel + XLA einsums + vjp of the jnp mirror) agrees too."""
