@@ -80,8 +80,9 @@ TUNE_CANDIDATES = (
     ("state_fwd 8w/2 stages", {"launch": (("mdn_state_fwd", 8, 2), ("mdn_state_bwd", 8, 1))}),
     ("block_v=64, state 8 warps", {"block_v": 64, "launch": _STATE_8W}),
     ("chunk_bwd 4 warps", {"launch": (("mdn_chunk_bwd", 4, 1),)}),
-    # C = 32: mdn_prep spills nothing and mdn_chunk_bwd 3.1-3.3 KB (XLA's compile), twice the
-    # chunk states in HBM (fwd+bwd temp 2.2 GB instead of 1.4 GB)
+    # C = 32: mdn_prep spills nothing and mdn_chunk_bwd 6.0 KB of spill traffic per thread
+    # against 12.2 KB at C = 64 (XLA's compile, session 7), twice the chunk states in HBM
+    # (fwd+bwd temp 2.2 GB instead of 1.4 GB)
     ("chunk_size=32", {"chunk_size": 32}),
 )
 TUNE_BUDGET_S = 120.0  # stop trying candidates after this much wall time
