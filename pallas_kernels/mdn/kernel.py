@@ -397,6 +397,25 @@ def _store_to(refs):
     return emit
 
 
+def _reverse_prep(f, r, refs, beta, eta, *, scale, precision, emit):
+    """``_chunk_prep_bwd`` in a kernel, with what it reads late (the keys, p and the decay
+    tiles) loaded again from ``refs`` = (k, p, la, lm, beta) where it is used."""
+    k_ref, p_ref, la_ref, lm_ref, beta_ref = refs
+    ld = lambda r: r[...].astype(_F32)
+    _chunk_prep_bwd(
+        f,
+        r,
+        lambda: ld(k_ref),
+        lambda: ld(p_ref),
+        lambda: _chunk_decay_tiles(ld(la_ref), ld(lm_ref), ld(beta_ref)),
+        beta,
+        eta,
+        scale=scale,
+        precision=precision,
+        emit=emit,
+    )
+
+
 def _chunk_bwd_kernel(
     q_ref,
     k_ref,
@@ -462,12 +481,10 @@ def _chunk_bwd_kernel(
     )
     beta, eta = gates()
     f = parts(ld(k_ref), ld(p_ref), beta, eta, inverse=lambda _: tinv)
-    _chunk_prep_bwd(
+    _reverse_prep(
         f,
         sums if per_block else _reduce_sums(f, sums),
-        lambda: ld(k_ref),
-        lambda: ld(p_ref),
-        lambda: _chunk_decay_tiles(ld(la_ref), ld(lm_ref), ld(beta_ref)),
+        (k_ref, p_ref, la_ref, lm_ref, beta_ref),
         beta,
         eta,
         scale=scale,
@@ -563,12 +580,10 @@ def _prep_bwd_kernel(
         return carry
 
     lax.fori_loop(0, dvt_ref.shape[-1] // block_v, body, 0)
-    _chunk_prep_bwd(
+    _reverse_prep(
         f,
         _LoadOnRead(dict(zip(_Reduced._fields, reduced_refs, strict=True))),
-        lambda: ld(k_ref),
-        lambda: ld(p_ref),
-        lambda: _chunk_decay_tiles(ld(la_ref), ld(lm_ref), ld(beta_ref)),
+        (k_ref, p_ref, la_ref, lm_ref, beta_ref),
         beta,
         eta,
         scale=scale,

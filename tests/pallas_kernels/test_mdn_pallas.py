@@ -8,7 +8,6 @@ import functools
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import jax
@@ -478,7 +477,7 @@ def test_gpu_layer_shape_forward_vs_recurrent():
 
 
 @pytest.mark.parametrize("dtype,K,V", [(jnp.bfloat16, 128, 256), (jnp.float32, 40, 24)])
-def test_lowers_through_triton_for_h200(dtype, K, V):
+def test_lowers_through_triton_for_h200(dtype, K, V, lower_for_h200):
     """On CPU: trace and lower forward and forward+backward for CUDA with an abstract H200, which
     runs the Pallas Triton lowering of every kernel (the Triton compile itself needs a GPU)."""
     B, T, H = 1, 70, 2
@@ -501,20 +500,6 @@ def test_lowers_through_triton_for_h200(dtype, K, V):
     one = [sds((B, H, K)), sds((B, H, K)), sds((B, H, V)), sds((B, H, K))]
     one += [sds((B, H), jnp.float32)] * 4 + [sds((2, B, H, K, V), jnp.float32)]
     assert "triton" in lower_for_h200(step, one)
-
-
-def lower_for_h200(fn, args):
-    """StableHLO text of ``fn`` lowered for CUDA against an abstract H200 (on CPU: runs each
-    Pallas backend's own lowering; skips where this JAX has no abstract GPU device)."""
-    try:
-        from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
-    except ImportError as e:  # older JAX: no abstract GPU device to lower against
-        pytest.skip(f"no abstract-device lowering in this JAX: {e}")
-    dev = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
-    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=dev)
-    with use_abstract_mesh(mesh), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # "Pallas Triton is deprecated"
-        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 # ------------------------------------------------------------------------------------------
@@ -580,7 +565,7 @@ def test_mosaic_state_kernel_bad_arguments():
     _check_mosaic_state_kernel(jnp.bfloat16, 64, 128, 64, 64, (("mdn_state_fwd_mosaic", 4, 1),))
 
 
-def test_mosaic_state_kernel_lowers_for_h200():
+def test_mosaic_state_kernel_lowers_for_h200(lower_for_h200):
     """On CPU: forward and forward+backward with the Mosaic state kernel lower for CUDA with
     an abstract H200, which runs Mosaic GPU's own lowering (layout inference, the wgmma
     operand checks, its shared-memory limit) down to the mosaic_gpu custom call."""

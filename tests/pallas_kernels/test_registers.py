@@ -2,8 +2,6 @@
 the Triton module attribute ``ttg.maxnreg``; elsewhere it is a no-op. The MDN backward kernels
 take the bound below chunk size 64 (``_launch._max_registers``)."""
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -25,20 +23,6 @@ def doubled(x, *, interpret, registers=255):
     )(x)
 
 
-def lower_for_h200(fn, *args):
-    """StableHLO text of ``fn`` lowered for CUDA against an abstract H200: the Pallas Triton
-    lowering runs on CPU and its module (Triton bytecode) is in the custom call's config."""
-    try:
-        from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
-    except ImportError as e:
-        pytest.skip(f"no abstract-device lowering in this JAX: {e}")
-    dev = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
-    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=dev)
-    with use_abstract_mesh(mesh), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # "Pallas Triton is deprecated"
-        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
 def test_rule_is_registered():
     assert _registers.AVAILABLE  # the JAX this project pins still has the table
 
@@ -48,9 +32,9 @@ def test_interpret_mode_is_unaffected():
     assert jnp.array_equal(jax.jit(lambda x: doubled(x, interpret=True))(x), 2 * x)
 
 
-def test_triton_module_carries_the_bound():
+def test_triton_module_carries_the_bound(lower_for_h200):
     sds = jax.ShapeDtypeStruct((16, 16), jnp.float32)
-    text = lower_for_h200(lambda x: doubled(x, interpret=False), sds)
+    text = lower_for_h200(lambda x: doubled(x, interpret=False), [sds])
     assert "triton" in text and "ttg.maxnreg" in text
 
 
@@ -59,7 +43,7 @@ def test_bad_bound():
         doubled(jnp.ones((16, 16)), interpret=True, registers=300)
 
 
-def test_mdn_backward_kernels_bounded_below_chunk_64():
+def test_mdn_backward_kernels_bounded_below_chunk_64(lower_for_h200):
     """The chunk-parallel backward kernels get ``.maxnreg 255`` at C = 32 (where ptxas fell
     back to 32 registers) and no bound at C = 64; the other kernels never."""
     assert _max_registers("mdn_chunk_bwd", 32) == 255
@@ -81,5 +65,5 @@ def test_mdn_backward_kernels_bounded_below_chunk_64():
         return jax.grad(loss, argnums=tuple(range(8)))
 
     for backward in ("pallas", "pallas_split"):
-        assert "ttg.maxnreg" in lower_for_h200(grads(32, backward), *args)
-        assert "ttg.maxnreg" not in lower_for_h200(grads(64, backward), *args)
+        assert "ttg.maxnreg" in lower_for_h200(grads(32, backward), args)
+        assert "ttg.maxnreg" not in lower_for_h200(grads(64, backward), args)
