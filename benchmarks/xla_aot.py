@@ -274,7 +274,7 @@ def _local_bytes(instruction):
     return 0
 
 
-class SassLoop(NamedTuple):
+class SassSpan(NamedTuple):
     """A span of SASS instructions: its length and the bytes one thread moves through local
     memory (register spills) in one pass."""
 
@@ -283,7 +283,7 @@ class SassLoop(NamedTuple):
 
 
 def _sass_profile(sass):
-    """{kernel: (outside, [loop, ...])}, each a ``SassLoop``, from ``nvdisasm`` output:
+    """{kernel: (outside, [loop, ...])}, each a ``SassSpan``, from ``nvdisasm`` output:
     what runs once and what runs once per iteration of each loop.
 
     ptxas' "spill stores" counts spill instructions once each, wherever they are; what they
@@ -310,7 +310,7 @@ def _sass_profile(sass):
 
 
 def _split_by_loops(labels, code):
-    """(outside, [loop, ...]) ``SassLoop``s of one kernel's [(address, instruction)]."""
+    """(outside, [loop, ...]) ``SassSpan``s of one kernel's [(address, instruction)]."""
     loops = []
     for addr, text in code:
         m = _SASS_BRANCH.search(text)
@@ -319,7 +319,7 @@ def _split_by_loops(labels, code):
 
     def span(inside):
         body = [t for addr, t in code if inside(addr)]
-        return SassLoop(len(body), sum(map(_local_bytes, body)))
+        return SassSpan(len(body), sum(map(_local_bytes, body)))
 
     outside = span(lambda addr: not any(a <= addr <= b for a, b in loops))
     return outside, [span(lambda addr, a=a, b=b: a <= addr <= b) for a, b in loops]

@@ -133,14 +133,11 @@ def _masked_decay(row_log, col_log, mask):
 
 
 class _Parts(NamedTuple):
-    """Forward intermediates of one chunk (recomputed by the backward kernel)."""
+    """Forward intermediates of one chunk (recomputed by the backward kernel; its decay
+    tiles are not kept: the reverse recomputes them where it needs them, ``_DecayTiles``)."""
 
     incl: jax.Array
     last: jax.Array
-    d1: jax.Array
-    d1p: jax.Array
-    d2: jax.Array
-    bd2: jax.Array
     gam: jax.Array
     gam_prev: jax.Array
     u_vec: jax.Array
@@ -231,10 +228,6 @@ def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
     return _Parts(
         incl=dec.incl,
         last=dec.last,
-        d1=d1,
-        d1p=d1p,
-        d2=d2,
-        bd2=bd2,
         gam=gam,
         gam_prev=gam_prev,
         u_vec=u_vec,

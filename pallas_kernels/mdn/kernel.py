@@ -378,6 +378,14 @@ def _chunk_parts_from_refs(q_ref, la_ref, lm_ref, k, p, beta, eta, *, scale, pre
     )
 
 
+def _chunk_coefficients_from_refs(q_ref, k_ref, la_ref, lm_ref, beta_ref, eta_ref, *, scale):
+    """``_chunk_coefficients`` inside a kernel, every input loaded from its ref."""
+    ld = lambda r: r[...].astype(_F32)
+    return _chunk_coefficients(
+        *(ld(r) for r in (q_ref, k_ref, la_ref, lm_ref, beta_ref, eta_ref)), scale=scale
+    )
+
+
 def _store_dv(dv_ref, sv, tinv, dvt, precision):
     """dV = T^T dVt (11) for the V-block ``sv``."""
     dv_ref[:, sv] = _mm(tinv, dvt, ta=True, precision=precision).astype(dv_ref.dtype)
@@ -476,7 +484,7 @@ def _chunk_bwd_kernel(
         precision=precision,
         on_block=lambda sv, dvt: _store_dv(dv_ref, sv, tinv, dvt, precision),
         coefficients=(
-            _chunk_coefficients(*(ld(x) for x in chunk_inputs), scale=scale) if per_block else None
+            _chunk_coefficients_from_refs(*chunk_inputs, scale=scale) if per_block else None
         ),
     )
     beta, eta = gates()
@@ -508,9 +516,8 @@ def _chunk_bwd_v_kernel(
     local-memory spill traffic to 6.5 K and 1.7 KB at K=128 (K=256: 48.2 K and 73.2 KB to
     17.3 K and 41.4 KB). Below C = 64 it applies them per block (``_BARE_SUMS_MIN_CHUNK``)."""
     state_refs, reduced_refs = refs[:7], refs[7:]
-    ld = lambda r: r[...].astype(_F32)
     chunk_inputs = (q_ref, k_ref, la_ref, lm_ref, beta_ref, eta_ref)
-    coefficients = lambda: _chunk_coefficients(*(ld(r) for r in chunk_inputs), scale=scale)
+    coefficients = lambda: _chunk_coefficients_from_refs(*chunk_inputs, scale=scale)
     contract = functools.partial(
         _contract_over_v, (v_ref, *state_refs), block_v=block_v, precision=precision
     )

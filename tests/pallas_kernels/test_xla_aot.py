@@ -77,10 +77,10 @@ def test_sass_profile_splits_loops_and_weighs_spills():
     to itself) is no loop."""
     xa = load_script()
     assert xa._sass_profile(SASS) == {
-        "mdn_chunk_bwd": (xa.SassLoop(5, 16), [xa.SassLoop(4, 20)]),
-        "mdn_out": (xa.SassLoop(1, 0), []),
+        "mdn_chunk_bwd": (xa.SassSpan(5, 16), [xa.SassSpan(4, 20)]),
+        "mdn_out": (xa.SassSpan(1, 0), []),
     }
-    sass = (xa.SassLoop(5, 16), [xa.SassLoop(4, 20), xa.SassLoop(9, 0)])
+    sass = (xa.SassSpan(5, 16), [xa.SassSpan(4, 20), xa.SassSpan(9, 0)])
     assert xa._fmt_sass(sass, "instructions") == "5 + 4/iter + 9/iter"
     assert xa._fmt_sass(sass, "local_bytes") == "16 + 20/iter"
     assert xa._fmt_sass(None, "local_bytes") == "-"
