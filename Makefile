@@ -1,5 +1,6 @@
 # Two entry points: `make demo` (the main job on its embedded default) and
-# `make test` (the test suite, all but `gpu`). Both build .venv themselves.
+# `make test` (the default test run: all but `gpu` and `slow`). Both build .venv themselves.
+# `make test-all` adds the `slow` sweeps.
 #
 # Python >= 3.12 is required (JAX >= 0.11). The first of these that is >= 3.12
 # is used: $(PYTHON) if given, python3.14 ... python3, then the oldest pyenv 3.12+.
@@ -21,7 +22,7 @@ if command -v pyenv >/dev/null 2>&1; then \
 exit 1
 endef
 
-.PHONY: demo test lint venv clean notebooks xla-aot
+.PHONY: demo test test-all lint venv clean notebooks xla-aot
 
 $(VENV)/.installed: pyproject.toml
 	@py=$$( $(FIND_PYTHON) ) || { echo "error: need Python >= 3.12 (set PYTHON=...)" >&2; exit 1; }; \
@@ -43,6 +44,9 @@ lint: venv
 	$(BIN)/ruff check .
 
 test: venv lint
+	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu and not slow" -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+test-all: venv lint
 	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu" -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # XLA's own compile of the Pallas kernels for an H200, without a GPU (benchmarks/xla_aot.py;

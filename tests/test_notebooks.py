@@ -25,7 +25,6 @@ def test_paired_ipynb_is_in_sync(path):
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_fast_mode(path, tmp_path, monkeypatch):
     import jupytext

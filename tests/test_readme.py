@@ -12,7 +12,6 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("code", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
 def test_readme_example_runs(code, tmp_path):
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
