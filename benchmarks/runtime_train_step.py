@@ -5,7 +5,7 @@ itself once per count (``--devices N`` in a child process) and prints one markdo
 Same model (tiny Transformer), same global batch for every row; the time is the median of
 timed steps after warm-up, each ended with ``block_until_ready``.
 
-    python benchmarks/train_step.py [--steps 10] [--batch-size 32] [--seq-len 128]
+    python benchmarks/runtime_train_step.py [--steps 10] [--batch-size 32] [--seq-len 128]
 """
 
 from __future__ import annotations
