@@ -3,9 +3,16 @@
 * :func:`foam` / :func:`scale_by_foam`: Adam with block-folded moments (arXiv 2512.07112).
 * :func:`smet` / :func:`scale_by_smet`: dynamic sparse training with compact optimizer state
   (arXiv 2606.00888).
+* :func:`make_optimizer`: the AdamW / FOAM / SMET training recipes by name.
 """
 
 from jaxlib_ext.optim.foam import ScaleByFoamState, foam, scale_by_foam
+from jaxlib_ext.optim.recipes import (
+    OPTIMIZER_NAMES,
+    decay_mask,
+    make_optimizer,
+    recipe_defaults,
+)
 from jaxlib_ext.optim.smet import (
     CompactSlots,
     DenseMoments,
@@ -21,6 +28,7 @@ from jaxlib_ext.optim.smet import (
 )
 
 __all__ = [
+    "OPTIMIZER_NAMES",
     "CompactSlots",
     "DenseMoments",
     "ScaleByFoamState",
@@ -28,7 +36,10 @@ __all__ = [
     "SmetState",
     "SparseSlots",
     "active_masks",
+    "decay_mask",
     "foam",
+    "make_optimizer",
+    "recipe_defaults",
     "scale_by_foam",
     "scale_by_smet",
     "smet",

@@ -1,0 +1,157 @@
+"""Training recipes: AdamW, FOAM and SMET as full optax transforms, by name.
+
+:func:`make_optimizer` builds ``chain(clip_by_global_norm(clip_norm), <optimizer>)`` with the
+hyperparameters the papers train with; any of them can be overridden by keyword. Weight decay
+follows each optimizer's own convention:
+
+* ``"adamw"``: :func:`optax.adamw` with ``mask=decay_mask`` (matrices only);
+* ``"foam"``: FOAM's decoupled decay of the already-updated parameters, on every leaf
+  (arXiv 2512.07112, reference code);
+* ``"smet"``: :func:`optax.add_decayed_weights` on every leaf before SMET's preconditioner
+  (arXiv 2606.00888).
+
+SMET's schedule scales with the run: the topology is updated about six times a run, every
+``max(1, min(100, total_steps // 6))`` steps, and each update is followed by the per-slot warm-up
+of the same length (``optimizer_warmup_steps = update_every``), as in the authors' configs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from jaxlib_ext.optim import _common
+from jaxlib_ext.optim.foam import foam
+from jaxlib_ext.optim.smet import smet
+
+__all__ = ["OPTIMIZER_NAMES", "decay_mask", "make_optimizer", "recipe_defaults"]
+
+OPTIMIZER_NAMES: tuple[str, ...] = ("adamw", "foam", "smet")
+
+
+def decay_mask(params) -> Any:
+    """Which parameters take weight decay: matrices (``ndim >= 2``), unless their NNX variable's
+    metadata says ``weight_decay=False`` (gate vectors, norms and biases are left alone).
+
+    Accepts a tree of arrays or of ``nnx.Variable``; returns a tree of Python bools.
+    """
+    from flax import nnx  # imported here: `import jaxlib_ext.optim` does not load flax
+
+    def one(x):
+        if isinstance(x, nnx.Variable):
+            if x.get_metadata().get("weight_decay", True) is False:
+                return False
+            x = x.get_value()
+        return bool(np.ndim(x) >= 2)
+
+    return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _smet_update_every(total_steps: int) -> int:
+    return max(1, min(100, total_steps // 6))
+
+
+def recipe_defaults(name: str, total_steps: int = 1000) -> dict[str, Any]:
+    """The hyperparameters of recipe ``name`` a caller may override, with their defaults.
+
+    Values are Python ``float``, ``int`` or ``str``; the type of a default is the type the
+    override should have. ``total_steps`` only matters for SMET's ``update_every`` and
+    ``optimizer_warmup_steps``.
+
+    Raises:
+      ValueError: if ``name`` is not one of :data:`OPTIMIZER_NAMES`.
+    """
+    _check_name(name)
+    total_steps = _common.check_int("total_steps", total_steps, lo=1)
+    if name == "adamw":
+        return {"b1": 0.9, "b2": 0.999, "eps": 1e-8}
+    if name == "foam":
+        return {
+            "b1": 0.9, "b2": 0.95, "eps": 1e-8, "level": 2, "scale": 1.0, "res_scale": 1.0,
+            "fold_axis": -2, "second_moment": "mean_of_squares",
+        }
+    every = _smet_update_every(total_steps)
+    return {
+        "b1": 0.9, "b2": 0.999, "eps": 1e-8, "density": 0.5, "update_every": every,
+        "prune_rate": 0.2, "final_prune_rate": 0.005, "optimizer_warmup_steps": every,
+        "lr_density_power": 1.0, "block_size": 1, "warmup_mode": "code",
+    }
+
+
+def _check_name(name) -> None:
+    if name not in OPTIMIZER_NAMES:
+        raise ValueError(f"name: unknown optimizer {name!r}; choose from {OPTIMIZER_NAMES}")
+
+
+def make_optimizer(
+    name: str,
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    total_steps: int,
+    seed: int = 0,
+    weight_decay: float = 0.0,
+    clip_norm: float | None = 1.0,
+    **hyperparams,
+) -> optax.GradientTransformation:
+    """Optimizer ``name`` with its recipe's defaults, global-norm clipping first.
+
+    Args:
+      name: one of :data:`OPTIMIZER_NAMES`.
+      learning_rate: a float or an optax schedule ``step -> float``.
+      total_steps: length of the run (SMET's prune-rate horizon and topology schedule).
+      seed: seeds SMET's initial masks and regrowth (``jax.random.key(seed)``).
+      weight_decay: decoupled weight decay, applied as the module docstring says per optimizer.
+      clip_norm: ``optax.clip_by_global_norm`` threshold applied first; ``None`` for no clipping.
+      **hyperparams: overrides of :func:`recipe_defaults` (e.g. ``level=4``, ``density=0.1``).
+        For SMET, ``optimizer_warmup_steps`` defaults to ``update_every`` (overridden or not).
+
+    Raises:
+      ValueError: on an unknown ``name`` or hyperparameter key, or an out-of-range value.
+    """
+    _check_name(name)
+    total_steps = _common.check_int("total_steps", total_steps, lo=1)
+    seed = _common.check_int("seed", seed)
+    _common.check_scalar("weight_decay", weight_decay, lo=0.0)
+    if clip_norm is not None:
+        _common.check_scalar("clip_norm", clip_norm, lo=0.0, lo_open=True)
+    known = recipe_defaults(name, total_steps)
+    unknown = sorted(set(hyperparams) - set(known))
+    if unknown:
+        raise ValueError(
+            f"hyperparams: unknown key {unknown[0]!r} for optimizer {name!r}; "
+            f"known keys: {sorted(known)}"
+        )
+    if name == "smet" and "update_every" in hyperparams:
+        known["optimizer_warmup_steps"] = hyperparams["update_every"]
+    hp = {**known, **hyperparams}
+    parts = _PARTS[name](learning_rate, total_steps, seed, weight_decay, hp)
+    if clip_norm is not None:
+        parts = [optax.clip_by_global_norm(clip_norm), *parts]
+    return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+
+def _adamw(learning_rate, total_steps, seed, weight_decay, hp):
+    del total_steps, seed
+    return [optax.adamw(learning_rate, weight_decay=weight_decay, mask=decay_mask, **hp)]
+
+
+def _foam(learning_rate, total_steps, seed, weight_decay, hp):
+    del total_steps, seed
+    return [foam(learning_rate, weight_decay=weight_decay, **hp)]
+
+
+def _smet(learning_rate, total_steps, seed, weight_decay, hp):
+    decay = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    return [*decay, smet(learning_rate, total_steps=total_steps, key=jax.random.key(seed), **hp)]
+
+
+#: name -> the transforms that follow the clipping, in chain order
+_PARTS: dict[str, Callable[..., list[optax.GradientTransformation]]] = {
+    "adamw": _adamw,
+    "foam": _foam,
+    "smet": _smet,
+}
