@@ -14,12 +14,10 @@ from jaxlib_ext.optim.recipes import (
     recipe_defaults,
 )
 from jaxlib_ext.optim.smet import (
-    CompactSlots,
-    DenseMoments,
     ScaleBySmetState,
-    SmetState,
     SparseSlots,
     active_masks,
+    keep_inactive_zero,
     scale_by_smet,
     smet,
     smet_regrown,
@@ -29,15 +27,13 @@ from jaxlib_ext.optim.smet import (
 
 __all__ = [
     "OPTIMIZER_NAMES",
-    "CompactSlots",
-    "DenseMoments",
     "ScaleByFoamState",
     "ScaleBySmetState",
-    "SmetState",
     "SparseSlots",
     "active_masks",
     "decay_mask",
     "foam",
+    "keep_inactive_zero",
     "make_optimizer",
     "recipe_defaults",
     "scale_by_foam",

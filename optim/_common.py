@@ -194,6 +194,11 @@ def lr_at(learning_rate, count):
     return learning_rate(count) if callable(learning_rate) else learning_rate
 
 
+def is_static_zero(value) -> bool:
+    """True for a concrete Python (or NumPy) real number equal to 0; False for any array."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0
+
+
 class HFWeightDecayState(NamedTuple):
     """Step counter for :func:`hf_decoupled_weight_decay` (to evaluate a schedule)."""
 
@@ -208,14 +213,21 @@ def hf_decoupled_weight_decay(learning_rate, weight_decay) -> optax.GradientTran
 
     .. math:: u' = u - \eta_t \lambda (p + u).
 
-    Different from ``optax.add_decayed_weights`` by the ``\eta_t^2 \lambda u`` term.
+    Different from ``optax.add_decayed_weights`` by the ``\eta_t^2 \lambda u`` term. The state is
+    the same whatever ``weight_decay`` is (a Python number or an injected array), so wrapping the
+    optimizer in ``optax.inject_hyperparams`` does not change its structure; a Python ``0`` skips
+    the arithmetic and needs no ``params``.
     """
+    skip = is_static_zero(weight_decay)
 
     def init_fn(params):
         del params
         return HFWeightDecayState(count=jnp.zeros([], jnp.int32))
 
     def update_fn(updates, state, params=None):
+        count = optax.safe_increment(state.count)
+        if skip:
+            return updates, HFWeightDecayState(count=count)
         if params is None:
             raise ValueError(
                 "weight_decay: a nonzero decay needs `params` in update(updates, state, params)"
@@ -225,6 +237,6 @@ def hf_decoupled_weight_decay(learning_rate, weight_decay) -> optax.GradientTran
         updates = jax.tree.map(
             lambda u, p: (u + factor * (p + u)).astype(u.dtype), updates, params
         )
-        return updates, HFWeightDecayState(count=optax.safe_increment(state.count))
+        return updates, HFWeightDecayState(count=count)
 
     return optax.GradientTransformation(init_fn, update_fn)

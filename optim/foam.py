@@ -242,8 +242,9 @@ def foam(
     every leaf, folded or not). ``learning_rate`` may be an optax schedule. The paper's LLaMA runs
     use ``level=2, scale=0.25, b2=0.95`` with a peak lr of 1e-2.
 
-    For ``optax.inject_hyperparams`` pass ``level`` and ``fold_axis`` in ``static_args`` when you
-    pass them at all: they fix the state's shapes.
+    With ``optax.inject_hyperparams`` always pass ``static_args=("level", "fold_axis")``:
+    ``inject_hyperparams`` turns every numeric argument into an array, defaults included, and these
+    two fix the state's shapes. The state has the same structure with or without the wrapper.
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -256,7 +257,7 @@ def foam(
     """
     _common.check_learning_rate(learning_rate)
     _common.check_scalar("weight_decay", weight_decay, lo=0.0)
-    parts = [
+    return optax.chain(
         scale_by_foam(
             b1,
             b2,
@@ -269,10 +270,5 @@ def foam(
             fold_mask=fold_mask,
         ),
         optax.scale_by_learning_rate(learning_rate),
-    ]
-    static_zero = not isinstance(weight_decay, jax.core.Tracer) and not hasattr(
-        weight_decay, "shape"
-    ) and float(weight_decay) == 0.0
-    if not static_zero:
-        parts.append(_common.hf_decoupled_weight_decay(learning_rate, weight_decay))
-    return optax.chain(*parts)
+        _common.hf_decoupled_weight_decay(learning_rate, weight_decay),
+    )

@@ -69,50 +69,44 @@ STEP_MAX = 32765
 _STEP_DTYPE = jnp.int16
 
 
-class SparseSlots(NamedTuple):
-    """Per-slot state of a dense tensor trained with a mask (``K`` active blocks)."""
-
-    idx: jax.Array  # int32[K] active block indices (slot order, not sorted after regrowth)
-    step: jax.Array  # int16[K] per-slot step counter, clamped at STEP_MAX
-    mu: jax.Array  # [K, block_size]
-    nu: jax.Array  # [K, block_size]
-
-
-class CompactSlots(NamedTuple):
-    """Per-slot state of a ``SparseLinear`` value leaf ``[K, block_size]``."""
-
-    step: jax.Array  # int16[K]
-    mu: jax.Array
-    nu: jax.Array
-    regrown: jax.Array  # bool[K], True only in the state returned by a topology-update step
-
-
-class DenseMoments(NamedTuple):
-    """Plain Adam moments of a dense leaf (uses the global count)."""
-
-    mu: jax.Array
-    nu: jax.Array
-
-
 class ScaleBySmetState(NamedTuple):
-    """State of :func:`scale_by_smet`.
+    """State of :func:`scale_by_smet`: a global count and five trees shaped like the params.
+
+    Every per-parameter field is a tree with the params' structure (so the state goes through
+    ``optax.tree.map_params``), one array per parameter, whose shape depends on the parameter's
+    kind: *sparse* (a dense tensor trained with a mask of ``K`` active blocks), *compact* (the
+    ``[K, block_size]`` value leaf of a ``SparseLinear`` layer) or *dense*.
 
     Attributes:
       count: global step count (int32).
       key: raw PRNG key data (uint32[2]) used, folded with the count, by topology updates.
-      slots: tuple with one entry per params leaf (flattening order): ``SparseSlots``,
-        ``CompactSlots`` or ``DenseMoments``.
+      idx: int32[K] active block indices of a sparse leaf, in slot order (not sorted after
+        regrowth); int32[0] for compact and dense leaves.
+      step: int16[K] per-slot step counters of sparse and compact leaves, clamped at
+        ``STEP_MAX``; int16[0] for dense leaves (they use ``count``).
+      mu: first moments: ``[K, block_size]`` for sparse and compact leaves, the parameter's shape
+        for dense leaves.
+      nu: second moments, shaped as ``mu``.
+      regrown: bool[K] for compact leaves, True at the slots pruned by the topology update of the
+        last step (False otherwise); bool[0] for sparse and dense leaves.
     """
 
     count: jax.Array
     key: jax.Array
-    slots: tuple
+    idx: Any
+    step: Any
+    mu: Any
+    nu: Any
+    regrown: Any
 
 
-class SmetState(NamedTuple):
-    """State of :func:`smet`: the inner :class:`ScaleBySmetState`."""
+class SparseSlots(NamedTuple):
+    """The state of one sparse leaf (``K`` active blocks), the input of a topology update."""
 
-    inner: ScaleBySmetState
+    idx: jax.Array  # int32[K] active block indices
+    step: jax.Array  # int16[K] per-slot step counter, clamped at STEP_MAX
+    mu: jax.Array  # [K, block_size]
+    nu: jax.Array  # [K, block_size]
 
 
 def _key_data(key) -> jax.Array:
@@ -197,16 +191,17 @@ def topology_update_slots(
     )
 
 
-def _prune_compact(slots: CompactSlots, values, rate, count, warmup_mode):
+def _prune_compact(step, mu, nu, values, rate, count, warmup_mode):
+    """Topology update of a compact leaf: reset the smallest-L1 slots (the layer regrows them)."""
     k = values.shape[0]
     scores = jnp.sum(jnp.abs(values), axis=-1)
     pruned = _slot_ranks(scores) < _n_prune(k, rate, k)
-    zero = jnp.zeros_like(slots.mu)
-    return CompactSlots(
-        step=jnp.where(pruned, _reset_step(warmup_mode, count, k), slots.step),
-        mu=jnp.where(pruned[:, None], zero, slots.mu),
-        nu=jnp.where(pruned[:, None], zero, slots.nu),
-        regrown=pruned,
+    zero = jnp.zeros_like(mu)
+    return (
+        jnp.where(pruned, _reset_step(warmup_mode, count, k), step),
+        jnp.where(pruned[:, None], zero, mu),
+        jnp.where(pruned[:, None], zero, nu),
+        pruned,
     )
 
 
@@ -287,106 +282,6 @@ def _validate(b1, b2, eps, density, total_steps, update_every, prune_rate, final
     return float(density), block_size
 
 
-def _smet_core(
-    b1, b2, eps, *, density, total_steps, update_every, prune_rate, final_prune_rate,
-    optimizer_warmup_steps, lr_density_power, block_size, warmup_mode, sparse_mask, key,
-):
-    """Validated ``(init_fn, slot_update_fn)`` shared by :func:`scale_by_smet` and :func:`smet`."""
-    density, block_size = _validate(b1, b2, eps, density, total_steps, update_every, prune_rate,
-                                    final_prune_rate, optimizer_warmup_steps, lr_density_power,
-                                    block_size, warmup_mode)
-    key_data = _key_data(key)
-
-    def init_fn(params):
-        infos = _leaf_infos(params, sparse_mask, density, block_size)
-        leaves = jax.tree.leaves(params)
-        slots = []
-        for i, (p, info) in enumerate(zip(leaves, infos, strict=True)):
-            if info.kind == "dense":
-                slots.append(DenseMoments(jnp.zeros_like(p), jnp.zeros_like(p)))
-                continue
-            k = info.k
-            zeros = jnp.zeros((k, block_size), p.dtype)
-            step = jnp.zeros((k,), _STEP_DTYPE)
-            if info.kind == "compact":
-                slots.append(CompactSlots(step, zeros, zeros, jnp.zeros((k,), bool)))
-                continue
-            leaf_key = jax.random.fold_in(key_data, i)
-            _, idx = jax.lax.top_k(jax.random.uniform(leaf_key, (info.num_blocks,)), k)
-            slots.append(SparseSlots(jnp.sort(idx).astype(jnp.int32), step, zeros, zeros))
-        return ScaleBySmetState(jnp.zeros([], jnp.int32), key_data, tuple(slots))
-
-    def slot_update_fn(updates, state, params):
-        """Core step: dense-shaped updates for dense/compact leaves, ``[K, bs]`` for sparse."""
-        if params is None:
-            raise ValueError("smet: update(updates, state, params) needs `params`")
-        infos = _leaf_infos(updates, sparse_mask, density, block_size)
-        treedef = jax.tree.structure(updates)
-        g_leaves = treedef.flatten_up_to(updates)
-        p_leaves = treedef.flatten_up_to(params)
-        c = state.count
-        do_topo = (c > 0) & (c % jnp.asarray(update_every, jnp.int32) == 0)
-        rate = prune_rate_at(c, total_steps, prune_rate, final_prune_rate)
-        new_count = optax.safe_increment(c)
-        topo_key = jax.random.fold_in(state.key, c)
-        out, new_slots = [], []
-        for i, (g, p, s, info) in enumerate(
-            zip(g_leaves, p_leaves, state.slots, infos, strict=True)
-        ):
-            if info.kind == "dense":
-                u, mu, nu = _adam_slots(g, s.mu, s.nu, new_count, b1, b2, eps,
-                                        optimizer_warmup_steps, warmup_mode)
-                out.append(u.astype(g.dtype))
-                new_slots.append(DenseMoments(mu.astype(s.mu.dtype), nu.astype(s.nu.dtype)))
-                continue
-            dscale = None
-            if info.kind == "compact":
-                s = jax.lax.cond(
-                    do_topo,
-                    lambda s, p=p: _prune_compact(s, p, rate, c, warmup_mode),
-                    lambda s: s._replace(regrown=jnp.zeros_like(s.regrown)),
-                    s,
-                )
-                g_slots = g
-                dscale = jnp.asarray(density, g.dtype) ** (-lr_density_power)
-            else:
-                blocks = jnp.asarray(p).reshape(info.num_blocks, block_size)
-                leaf_key = jax.random.fold_in(topo_key, i)
-                s = jax.lax.cond(
-                    do_topo,
-                    lambda s, b=blocks, k=leaf_key: topology_update_slots(
-                        s, b, k, rate, c, warmup_mode
-                    ),
-                    lambda s: s,
-                    s,
-                )
-                g_slots = jnp.asarray(g).reshape(info.num_blocks, block_size)[s.idx]
-                d_leaf = info.k / info.num_blocks
-                dscale = jnp.asarray(d_leaf ** (-lr_density_power), g.dtype)
-            step = jnp.minimum(s.step, STEP_MAX - 1) + jnp.ones((), _STEP_DTYPE)
-            u, mu, nu = _adam_slots(g_slots, s.mu, s.nu, step, b1, b2, eps,
-                                    optimizer_warmup_steps, warmup_mode)
-            u = dscale * u
-            if info.kind == "compact":
-                # slots pruned at this step are not updated now (their gradient belongs to the
-                # old index); they restart with zero moments at their reset step.
-                keep = ~s.regrown
-                u = jnp.where(keep[:, None], u, 0.0)
-                mu = jnp.where(keep[:, None], mu, 0.0)
-                nu = jnp.where(keep[:, None], nu, 0.0)
-                step = jnp.where(keep, step, s.step)
-                out.append(u.astype(g.dtype))
-                new_slots.append(CompactSlots(step, mu.astype(s.mu.dtype),
-                                              nu.astype(s.nu.dtype), s.regrown))
-            else:
-                out.append(u.astype(g.dtype))
-                new_slots.append(SparseSlots(s.idx, step, mu.astype(s.mu.dtype),
-                                             nu.astype(s.nu.dtype)))
-        return out, ScaleBySmetState(new_count, state.key, tuple(new_slots)), treedef
-
-    return init_fn, slot_update_fn
-
-
 def _scatter_slots(base, slot_values, idx):
     """``base`` (param-shaped) with the active blocks ``idx`` replaced by ``slot_values``."""
     k, bs = slot_values.shape
@@ -410,13 +305,13 @@ def scale_by_smet(
     warmup_mode: str = "code",
     sparse_mask: Any = None,
     key: jax.Array,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     r"""SMET's sparse Adam direction and topology controller, without the learning rate.
 
     Returns :math:`u` of the module docstring at the active entries and 0 at inactive ones; the
     topology update runs inside ``update`` every ``update_every`` steps (``lax.cond``) and needs
-    ``params``. This transform does not zero pruned weights (it has no learning rate to cancel);
-    :func:`smet` does, and is what you normally want. See :mod:`jaxlib_ext.optim.smet`.
+    ``params``. This transform does not zero the inactive weights (it has no learning rate to
+    cancel); :func:`keep_inactive_zero` does, and :func:`smet` is the usual composition.
 
     Args:
       b1, b2, eps: Adam hyperparameters (PyTorch/optax eps placement).
@@ -426,48 +321,189 @@ def scale_by_smet(
       prune_rate, final_prune_rate: start and end of the cosine-decayed prune fraction.
       optimizer_warmup_steps: :math:`T_w` of the per-slot warm-up (``warmup_mode="code"``).
       lr_density_power: :math:`p` in the density-aware scale :math:`d^{-p}` (sparse leaves only).
-      block_size: entries per block (row-major consecutive); 1 is unstructured.
+      block_size: entries per block (row-major consecutive); 1 is unstructured (static).
       warmup_mode: ``"code"`` (released code), ``"reset"`` (paper text) or ``"none"`` (naive DST).
       sparse_mask: tree of bools / callable choosing sparse leaves; default: ``SparseLinear``
         values and every ``ndim >= 2`` leaf that is not an embedding or LM head.
       key: PRNG key for the initial masks and the random regrowth.
+
+    Raises:
+      ValueError: on out-of-range hyperparameters, a ``block_size`` that does not divide a sparse
+        leaf, a ``sparse_mask`` that does not match the params, or ``update`` without ``params``.
     """
-    init_fn, slot_update_fn = _smet_core(
-        b1, b2, eps, density=density, total_steps=total_steps, update_every=update_every,
-        prune_rate=prune_rate, final_prune_rate=final_prune_rate,
-        optimizer_warmup_steps=optimizer_warmup_steps, lr_density_power=lr_density_power,
-        block_size=block_size, warmup_mode=warmup_mode, sparse_mask=sparse_mask, key=key,
-    )
+    density, block_size = _validate(b1, b2, eps, density, total_steps, update_every, prune_rate,
+                                    final_prune_rate, optimizer_warmup_steps, lr_density_power,
+                                    block_size, warmup_mode)
+    key_data = _key_data(key)
 
-    def update_fn(updates, state, params=None):
-        out, new_state, treedef = slot_update_fn(updates, state, params)
-        g_leaves = treedef.flatten_up_to(updates)
-        out = [
-            _scatter_slots(jnp.zeros_like(g), u, s.idx) if isinstance(s, SparseSlots) else u
-            for u, g, s in zip(out, g_leaves, new_state.slots, strict=True)
-        ]
-        return treedef.unflatten(out), new_state
+    def init_fn(params):
+        infos = _leaf_infos(params, sparse_mask, density, block_size)
+        treedef = jax.tree.structure(params)
+        idx, step, mu, nu, regrown = [], [], [], [], []
+        for i, (p, info) in enumerate(zip(treedef.flatten_up_to(params), infos, strict=True)):
+            k = info.k
+            idx.append(jnp.zeros((0,), jnp.int32))
+            step.append(jnp.zeros((k,), _STEP_DTYPE))
+            regrown.append(jnp.zeros((k if info.kind == "compact" else 0,), bool))
+            if info.kind == "dense":
+                mu.append(jnp.zeros_like(p))
+                nu.append(jnp.zeros_like(p))
+                continue
+            mu.append(jnp.zeros((k, block_size), p.dtype))
+            nu.append(jnp.zeros((k, block_size), p.dtype))
+            if info.kind == "sparse":
+                leaf_key = jax.random.fold_in(key_data, i)
+                _, active = jax.lax.top_k(jax.random.uniform(leaf_key, (info.num_blocks,)), k)
+                idx[-1] = jnp.sort(active).astype(jnp.int32)
+        trees = (treedef.unflatten(x) for x in (idx, step, mu, nu, regrown))
+        return ScaleBySmetState(jnp.zeros([], jnp.int32), key_data, *trees)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
+        if params is None:
+            raise ValueError("smet: update(updates, state, params) needs `params`")
+        infos = _leaf_infos(updates, sparse_mask, density, block_size)
+        treedef = jax.tree.structure(updates)
+        leaves = [treedef.flatten_up_to(t) for t in
+                  (updates, params, state.idx, state.step, state.mu, state.nu, state.regrown)]
+        c = state.count
+        do_topo = (c > 0) & (c % jnp.asarray(update_every, jnp.int32) == 0)
+        rate = prune_rate_at(c, total_steps, prune_rate, final_prune_rate)
+        new_count = optax.safe_increment(c)
+        topo_key = jax.random.fold_in(state.key, c)
+        new = {f: [] for f in ("u", "idx", "step", "mu", "nu", "regrown")}
+        for i, (info, g, p, idx, step, mu, nu, regrown) in enumerate(zip(infos, *leaves,
+                                                                        strict=True)):
+            if info.kind == "dense":
+                u, mu_new, nu_new = _adam_slots(g, mu, nu, new_count, b1, b2, eps,
+                                                optimizer_warmup_steps, warmup_mode)
+                for f, v in zip(new, (u.astype(g.dtype), idx, step, mu_new.astype(mu.dtype),
+                                      nu_new.astype(nu.dtype), regrown), strict=True):
+                    new[f].append(v)
+                continue
+            if info.kind == "compact":
+                step, mu, nu, regrown = jax.lax.cond(
+                    do_topo,
+                    lambda s, p=p: _prune_compact(*s, p, rate, c, warmup_mode),
+                    lambda s, r=regrown: (*s, jnp.zeros_like(r)),
+                    (step, mu, nu),
+                )
+                g_slots = g
+                dscale = jnp.asarray(density, g.dtype) ** (-lr_density_power)
+            else:
+                blocks = jnp.asarray(p).reshape(info.num_blocks, block_size)
+                leaf_key = jax.random.fold_in(topo_key, i)
+                idx, step, mu, nu = jax.lax.cond(
+                    do_topo,
+                    lambda s, b=blocks, k=leaf_key: topology_update_slots(
+                        s, b, k, rate, c, warmup_mode
+                    ),
+                    lambda s: s,
+                    SparseSlots(idx, step, mu, nu),
+                )
+                g_slots = jnp.asarray(g).reshape(info.num_blocks, block_size)[idx]
+                dscale = jnp.asarray((info.k / info.num_blocks) ** (-lr_density_power), g.dtype)
+            step_new = jnp.minimum(step, STEP_MAX - 1) + jnp.ones((), _STEP_DTYPE)
+            u, mu_new, nu_new = _adam_slots(g_slots, mu, nu, step_new, b1, b2, eps,
+                                            optimizer_warmup_steps, warmup_mode)
+            u = dscale * u
+            if info.kind == "compact":
+                # slots pruned at this step are not updated now (their gradient belongs to the
+                # old index); they restart with zero moments at their reset step.
+                keep = ~regrown
+                u = jnp.where(keep[:, None], u, 0.0)
+                mu_new = jnp.where(keep[:, None], mu_new, 0.0)
+                nu_new = jnp.where(keep[:, None], nu_new, 0.0)
+                step_new = jnp.where(keep, step_new, step)
+            else:
+                u = _scatter_slots(jnp.zeros_like(g), u.astype(g.dtype), idx)
+            for f, v in zip(new, (u.astype(g.dtype), idx, step_new, mu_new.astype(mu.dtype),
+                                  nu_new.astype(nu.dtype), regrown), strict=True):
+                new[f].append(v)
+        trees = {f: treedef.unflatten(v) for f, v in new.items()}
+        u = trees.pop("u")
+        return u, ScaleBySmetState(new_count, state.key, **trees)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def active_masks(state: ScaleBySmetState | SmetState, params) -> Any:
-    """Tree like ``params``: bool arrays marking active entries of sparse leaves, ``None`` else."""
-    if isinstance(state, SmetState):
-        state = state.inner
+def _find_state(state) -> ScaleBySmetState:
+    """The :class:`ScaleBySmetState` inside an optimizer state (a chain's, an injected one...)."""
+    found = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ScaleBySmetState))
+             if isinstance(x, ScaleBySmetState)]
+    if len(found) != 1:
+        raise ValueError(
+            f"state: expected an optimizer state holding one ScaleBySmetState, found {len(found)}"
+        )
+    return found[0]
+
+
+def _leaf_kinds(s: ScaleBySmetState, params):
+    """``(treedef, [(kind, idx, step, mu, nu, regrown) per leaf])``, kind sparse/compact/dense."""
     treedef = jax.tree.structure(params)
     out = []
-    for p, s in zip(treedef.flatten_up_to(params), state.slots, strict=True):
-        if isinstance(s, SparseSlots):
-            nb = math.prod(p.shape) // s.mu.shape[1]
-            m = jnp.zeros((nb,), bool).at[s.idx].set(True)
-            out.append(jnp.broadcast_to(m[:, None], (nb, s.mu.shape[1])).reshape(p.shape))
+    for idx, step, mu, nu, regrown in zip(*(treedef.flatten_up_to(t) for t in
+                                            (s.idx, s.step, s.mu, s.nu, s.regrown)), strict=True):
+        kind = "sparse" if idx.shape[0] else "compact" if regrown.shape[0] else "dense"
+        out.append((kind, idx, step, mu, nu, regrown))
+    return treedef, out
+
+
+def keep_inactive_zero(
+    inner: optax.GradientTransformation,
+) -> optax.GradientTransformationExtraArgs:
+    """Make the weights SMET leaves inactive exactly zero after every step.
+
+    ``inner`` is a transformation whose state holds one :class:`ScaleBySmetState`, typically
+    ``chain(scale_by_smet(...), scale_by_learning_rate(lr))``. After ``inner``'s update, the update
+    of every entry of a sparse leaf outside the (new) active blocks, and of every compact slot
+    pruned at this step, becomes ``-p``, so ``apply_updates`` leaves exactly 0 there. The state is
+    ``inner``'s, unchanged; ``update`` needs ``params``.
+    """
+    inner = optax.with_extra_args_support(inner)
+
+    def update_fn(updates, state, params=None, **extra_args):
+        if params is None:
+            raise ValueError("smet: update(updates, state, params) needs `params`")
+        updates, state = inner.update(updates, state, params, **extra_args)
+        treedef, kinds = _leaf_kinds(_find_state(state), params)
+        out = []
+        for u, p, (kind, idx, _, mu, _, regrown) in zip(treedef.flatten_up_to(updates),
+                                                        treedef.flatten_up_to(params), kinds,
+                                                        strict=True):
+            if kind == "sparse":
+                # -p everywhere (inactive and just-pruned entries become exactly 0), the step at
+                # the active blocks: a single scatter.
+                active = jnp.asarray(u).reshape(-1, mu.shape[1])[idx]
+                u = _scatter_slots(-jnp.asarray(p).astype(u.dtype), active, idx)
+            elif kind == "compact":
+                u = jnp.where(regrown[:, None], -jnp.asarray(p).astype(u.dtype), u)
+            out.append(u)
+        return treedef.unflatten(out), state
+
+    return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+
+
+def active_masks(state, params) -> Any:
+    """Tree like ``params``: bool arrays marking active entries of sparse leaves, ``None`` else.
+
+    ``state`` is any optimizer state holding one :class:`ScaleBySmetState` (that of
+    :func:`smet`, of a chain around it, of ``optax.inject_hyperparams(smet)``...).
+    """
+    treedef, kinds = _leaf_kinds(_find_state(state), params)
+    out = []
+    for p, (kind, idx, _, mu, _, _) in zip(treedef.flatten_up_to(params), kinds, strict=True):
+        if kind == "sparse":
+            bs = mu.shape[1]
+            nb = math.prod(p.shape) // bs
+            m = jnp.zeros((nb,), bool).at[idx].set(True)
+            out.append(jnp.broadcast_to(m[:, None], (nb, bs)).reshape(p.shape))
         else:
             out.append(None)
     return treedef.unflatten(out)
 
 
-def sparsify(params, state: ScaleBySmetState | SmetState) -> Any:
+def sparsify(params, state) -> Any:
     """Zero the inactive entries of the sparse leaves (e.g. right after ``init``)."""
     masks = active_masks(state, params)
     return jax.tree.map(
@@ -478,16 +514,13 @@ def sparsify(params, state: ScaleBySmetState | SmetState) -> Any:
     )
 
 
-def smet_regrown(state: ScaleBySmetState | SmetState, params) -> Any:
+def smet_regrown(state, params) -> Any:
     """Tree like ``params``: ``bool[K]`` of slots pruned at the last step for compact leaves.
 
     Pass it to ``jaxlib_ext.models.sparse_linear.regrow_sparse_indices`` after each step.
     """
-    if isinstance(state, SmetState):
-        state = state.inner
-    treedef = jax.tree.structure(params)
-    out = [s.regrown if isinstance(s, CompactSlots) else None for s in state.slots]
-    return treedef.unflatten(out)
+    treedef, kinds = _leaf_kinds(_find_state(state), params)
+    return treedef.unflatten([r if kind == "compact" else None for kind, *_, r in kinds])
 
 
 def smet(
@@ -507,15 +540,16 @@ def smet(
     warmup_mode: str = "code",
     sparse_mask: Any = None,
     key: jax.Array,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
     r"""SMET optimizer (arXiv 2606.00888): dynamic sparse training with compact Adam state.
 
-    Wraps :func:`scale_by_smet`, multiplies by :math:`-\eta_t` (``learning_rate`` may be an optax
-    schedule, evaluated at the step count) and returns ``-p`` at every inactive entry of a sparse
-    leaf (and at compact slots pruned this step), so inactive weights are exactly zero after every
-    step. ``update`` needs ``params``. The released runs use ``density=0.5`` with lr 2e-3 (130M,
-    350M) and ``update_every=100``. With ``optax.inject_hyperparams`` pass ``density``,
-    ``block_size``, ``warmup_mode`` and ``key`` in ``static_args``.
+    ``keep_inactive_zero(chain(scale_by_smet(...), scale_by_learning_rate(learning_rate)))``: the
+    parameters move by :math:`-\eta_t u` at the active entries (``learning_rate`` may be an optax
+    schedule) and every inactive entry of a sparse leaf (and every compact slot pruned this step)
+    is set to exactly zero. ``update`` needs ``params``. The released runs use ``density=0.5``
+    with lr 2e-3 (130M, 350M) and ``update_every=100``. With ``optax.inject_hyperparams`` pass
+    ``static_args=("density", "block_size")``: ``inject_hyperparams`` turns every numeric argument
+    into an array, defaults included, and these two fix the state's shapes.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -523,35 +557,16 @@ def smet(
       >>> params = {"w": jnp.ones((8, 6)), "b": jnp.zeros(6)}
       >>> opt = smet(1e-3, density=0.5, total_steps=1000, key=jax.random.key(0))
       >>> state = opt.init(params)
-      >>> state.inner.slots[1].mu.shape  # 24 of the 48 entries of "w" (leaves sorted: b, w)
+      >>> state[0].mu["w"].shape  # 24 of the 48 entries of "w"
       (24, 1)
     """
     _common.check_learning_rate(learning_rate)
-    core_init, slot_update_fn = _smet_core(
-        b1, b2, eps, density=density, total_steps=total_steps, update_every=update_every,
-        prune_rate=prune_rate, final_prune_rate=final_prune_rate,
-        optimizer_warmup_steps=optimizer_warmup_steps, lr_density_power=lr_density_power,
-        block_size=block_size, warmup_mode=warmup_mode, sparse_mask=sparse_mask, key=key,
-    )
-
-    def init_fn(params):
-        return SmetState(core_init(params))
-
-    def update_fn(updates, state, params=None):
-        if params is None:
-            raise ValueError("smet: update(updates, state, params) needs `params`")
-        lr = _common.lr_at(learning_rate, state.inner.count)
-        out, new_inner, treedef = slot_update_fn(updates, state.inner, params)
-        new = []
-        for du, p, s in zip(out, treedef.flatten_up_to(params), new_inner.slots, strict=True):
-            step = (-jnp.asarray(lr, du.dtype)) * du
-            if isinstance(s, SparseSlots):
-                # -p everywhere (inactive and just-pruned entries become exactly 0), the Adam
-                # step at the active blocks: a single scatter.
-                step = _scatter_slots(-p.astype(du.dtype), step, s.idx)
-            elif isinstance(s, CompactSlots):
-                step = jnp.where(s.regrown[:, None], -p.astype(du.dtype), step)
-            new.append(step)
-        return treedef.unflatten(new), SmetState(new_inner)
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return keep_inactive_zero(optax.chain(
+        scale_by_smet(
+            b1, b2, eps, density=density, total_steps=total_steps, update_every=update_every,
+            prune_rate=prune_rate, final_prune_rate=final_prune_rate,
+            optimizer_warmup_steps=optimizer_warmup_steps, lr_density_power=lr_density_power,
+            block_size=block_size, warmup_mode=warmup_mode, sparse_mask=sparse_mask, key=key,
+        ),
+        optax.scale_by_learning_rate(learning_rate),
+    ))
