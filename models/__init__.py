@@ -1,1 +1,87 @@
-"""jaxlib_ext.models."""
+"""Language models and layers in Flax NNX: the Transformer baseline, Momentum DeltaNet (MDN,
+arXiv 2605.05838), Gated DeltaNet (GDN, arXiv 2412.06464) and SMET's block-sparse ``SparseLinear``.
+
+Every model has a builder ``build_<model>(preset="tiny", *, vocab_size=None, rngs, **overrides)``
+whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESETS`:
+``"tiny"``, ``"small"``, ``"125m"``, ``"400m"``; :data:`DELTANET_PRESETS`, shared by MDN and GDN:
+``"tiny"``, ``"400m"``, ``"1.3b"``). :func:`preset_param_count` counts a preset's parameters
+without allocating them, e.g. ``preset_param_count(build_mdn, "400m")``.
+"""
+
+from jaxlib_ext.models._delta_mixer import (
+    DELTANET_PRESETS,
+    DeltaNetConfig,
+    LayerCache,
+    LMCache,
+    l2_normalize,
+)
+from jaxlib_ext.models.gdn import GatedDeltaNet, GDNLanguageModel, build_gdn, gdn_gates
+from jaxlib_ext.models.layers import (
+    Embedding,
+    LMHead,
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    rms_norm,
+    swiglu_hidden_size,
+)
+from jaxlib_ext.models.mdn import (
+    MDNGates,
+    MDNLanguageModel,
+    MomentumDeltaNet,
+    build_mdn,
+    mdn_gates,
+    momentum_eigenvalues,
+    momentum_transition_matrix,
+)
+from jaxlib_ext.models.presets import param_count, preset_param_count
+from jaxlib_ext.models.short_conv import ShortConvolution, causal_depthwise_conv
+from jaxlib_ext.models.sparse_linear import SparseLinear, regrow_sparse_indices
+from jaxlib_ext.models.transformer import (
+    TRANSFORMER_PRESETS,
+    TransformerConfig,
+    TransformerLM,
+    build_transformer,
+    causal_attention,
+)
+
+__all__ = [
+    # builders, configs, presets
+    "build_transformer",
+    "build_mdn",
+    "build_gdn",
+    "TransformerConfig",
+    "DeltaNetConfig",
+    "TRANSFORMER_PRESETS",
+    "DELTANET_PRESETS",
+    "param_count",
+    "preset_param_count",
+    # language models and their decode caches
+    "TransformerLM",
+    "MDNLanguageModel",
+    "GDNLanguageModel",
+    "LayerCache",
+    "LMCache",
+    # token mixers and their pure pieces
+    "causal_attention",
+    "MomentumDeltaNet",
+    "GatedDeltaNet",
+    "MDNGates",
+    "mdn_gates",
+    "gdn_gates",
+    "momentum_transition_matrix",
+    "momentum_eigenvalues",
+    "l2_normalize",
+    # layers
+    "Embedding",
+    "LMHead",
+    "RMSNorm",
+    "SwiGLU",
+    "ShortConvolution",
+    "causal_depthwise_conv",
+    "apply_rope",
+    "rms_norm",
+    "swiglu_hidden_size",
+    "SparseLinear",
+    "regrow_sparse_indices",
+]

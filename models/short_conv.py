@@ -1,7 +1,7 @@
 """Short causal depthwise convolution with a decode state (the ``ShortConvolution`` of fla).
 
-Linear-recurrent layers (Mamba2, DeltaNet, Gated DeltaNet, Momentum DeltaNet, arXiv 2605.05838
-section 1.3 of our notes) pass q, k and v through a depthwise causal convolution of width ``W``
+Linear-recurrent layers (Mamba2, DeltaNet, Gated DeltaNet arXiv 2412.06464, Momentum DeltaNet
+arXiv 2605.05838) pass q, k and v through a depthwise causal convolution of width ``W``
 (4 by default) followed by SiLU. For channel ``c`` and time ``t``:
 
     y[t, c] = act( sum_{i=0}^{W-1} w[i, c] * x[t - (W-1) + i, c] )

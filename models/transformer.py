@@ -23,8 +23,15 @@ from jaxlib_ext.models.layers import (
     apply_rope,
     swiglu_hidden_size,
 )
+from jaxlib_ext.models.presets import config_from_preset
 
-__all__ = ["TransformerConfig", "TransformerLM", "PRESETS", "build_transformer", "causal_attention"]
+__all__ = [
+    "TransformerConfig",
+    "TransformerLM",
+    "TRANSFORMER_PRESETS",
+    "build_transformer",
+    "causal_attention",
+]
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float | None = None):
@@ -76,9 +83,9 @@ class TransformerConfig:
         return self.mlp_hidden or swiglu_hidden_size(self.d_model, multiple_of=32)
 
 
-# `tiny` trains on 2 CPU cores in a couple of minutes; the others follow the paper-scale
-# baselines (the MDN paper's Transformer-400M has 24 layers, 16 heads at d = 1024).
-PRESETS: dict[str, TransformerConfig] = {
+#: Size presets. ``"tiny"`` is sized for CPU tests and demos; ``"400m"`` is the Transformer
+#: baseline of arXiv 2605.05838 (24 layers, 16 heads at d = 1024).
+TRANSFORMER_PRESETS: dict[str, TransformerConfig] = {
     "tiny": TransformerConfig(d_model=128, n_layers=2, n_heads=4, head_dim=32, max_seq_len=256),
     "small": TransformerConfig(d_model=256, n_layers=4, n_heads=4, head_dim=64, max_seq_len=512),
     "125m": TransformerConfig(d_model=768, n_layers=12, n_heads=12, head_dim=64, max_seq_len=2048),
@@ -151,11 +158,13 @@ class TransformerLM(nnx.Module):
 
 
 def build_transformer(
-    preset: str = "tiny", *, vocab_size: int = 256, rngs: nnx.Rngs, **overrides
+    preset: str = "tiny", *, vocab_size: int | None = None, rngs: nnx.Rngs, **overrides
 ) -> TransformerLM:
-    """The registry factory: a :class:`TransformerLM` from a preset name plus overrides."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown transformer preset {preset!r}; choose from {sorted(PRESETS)}")
-    cfg = dataclasses.replace(PRESETS[preset], vocab_size=vocab_size, **overrides)
+    """A :class:`TransformerLM` from a size preset of :data:`TRANSFORMER_PRESETS` (``"tiny"``,
+    ``"small"``, ``"125m"``, ``"400m"``) with ``vocab_size`` (``None``: the preset's) and
+    :class:`TransformerConfig` field overrides."""
+    cfg = config_from_preset(
+        TRANSFORMER_PRESETS, preset, model="transformer", vocab_size=vocab_size, **overrides
+    )
     return TransformerLM(cfg, rngs=rngs)
 

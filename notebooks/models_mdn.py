@@ -50,7 +50,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext.models.mdn import (
+from jaxlib_ext.models import (
     build_gdn,
     build_mdn,
     l2_normalize,

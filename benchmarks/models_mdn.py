@@ -11,15 +11,14 @@ tokens/s over the logging windows after the first, so compilation is excluded).
 The paper's claim (arXiv 2605.05838) is MDN < GDN in loss at equal size; at this scale and budget
 the differences are small and seed noise matters, so several seeds are worth running.
 
-    python benchmarks/mdn_lm.py                      # 300 steps, seq 128, batch 16, 1 seed
-    python benchmarks/mdn_lm.py --steps 600 --seeds 3
-    python benchmarks/mdn_lm.py --fast               # smoke run (20 steps)
+    python benchmarks/models_mdn.py                      # 300 steps, seq 128, batch 16, 1 seed
+    python benchmarks/models_mdn.py --steps 600 --seeds 3
+    python benchmarks/models_mdn.py --fast               # smoke run (20 steps)
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import platform
 import tempfile
 import time
@@ -30,9 +29,7 @@ from flax import nnx
 
 from jaxlib_ext import data, sharding, train
 from jaxlib_ext.cli import build_optimizer
-from jaxlib_ext.models.mdn import build_gdn, build_mdn, param_count
-from jaxlib_ext.models.transformer import PRESETS as T_PRESETS
-from jaxlib_ext.models.transformer import TransformerLM
+from jaxlib_ext.models import build_gdn, build_mdn, build_transformer, param_count
 
 
 def _count(make) -> int:
@@ -42,17 +39,16 @@ def _count(make) -> int:
 def _matched_builders(vocab: int, seq_len: int):
     """Builders whose parameter counts are within 1% of tiny MDN (MLP width adjusted)."""
     def mdn(hidden=None, seed=0):
-        return build_mdn("mdn-tiny", vocab_size=vocab, rngs=nnx.Rngs(seed), max_seq_len=seq_len,
+        return build_mdn("tiny", vocab_size=vocab, rngs=nnx.Rngs(seed), max_seq_len=seq_len,
                          mlp_hidden=hidden)
 
     def gdn(hidden=None, seed=0):
-        return build_gdn("gdn-tiny", vocab_size=vocab, rngs=nnx.Rngs(seed), max_seq_len=seq_len,
+        return build_gdn("tiny", vocab_size=vocab, rngs=nnx.Rngs(seed), max_seq_len=seq_len,
                          mlp_hidden=hidden)
 
     def transformer(hidden=None, seed=0):
-        cfg = dataclasses.replace(T_PRESETS["tiny"], vocab_size=vocab, max_seq_len=seq_len,
-                                  mlp_hidden=hidden)
-        return TransformerLM(cfg, rngs=nnx.Rngs(seed))
+        return build_transformer("tiny", vocab_size=vocab, rngs=nnx.Rngs(seed),
+                                 max_seq_len=seq_len, mlp_hidden=hidden)
 
     target = _count(mdn)
     out = {"MDN": (mdn, None)}

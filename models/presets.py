@@ -1,0 +1,50 @@
+"""Model presets: a size name selects a frozen config; parameter counts without allocation.
+
+Every builder of :mod:`jaxlib_ext.models` has the signature
+``build(preset="tiny", *, vocab_size=None, rngs, **overrides)``: ``preset`` is a size name of that
+model's table (the builder already names the model, so presets carry no model prefix),
+``vocab_size=None`` keeps the preset's vocabulary, and ``overrides`` replace config fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+
+import jax
+from flax import nnx
+
+__all__ = ["config_from_preset", "param_count", "preset_param_count"]
+
+
+def config_from_preset(presets: Mapping, preset: str, *, model: str, vocab_size=None, **overrides):
+    """``presets[preset]`` with ``vocab_size`` (unless ``None``) and ``overrides`` replaced.
+
+    Raises:
+      ValueError: ``preset`` is not a key of ``presets`` (the message lists the names), or an
+        override is rejected by the config's own validation.
+    """
+    if preset not in presets:
+        raise ValueError(f"unknown {model} preset {preset!r}; choose from {sorted(presets)}")
+    if vocab_size is not None:
+        overrides["vocab_size"] = vocab_size
+    return dataclasses.replace(presets[preset], **overrides)
+
+
+def param_count(module: nnx.Module) -> int:
+    """Number of scalars in the module's ``nnx.Param`` leaves (works on abstract modules)."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def preset_param_count(build: Callable, preset: str = "tiny", *, vocab_size: int | None = None,
+                       **overrides) -> int:
+    """Parameter count of ``build(preset, ...)`` without allocating it (``nnx.eval_shape``).
+
+    ``build`` is a model builder such as :func:`jaxlib_ext.models.build_mdn`; ``vocab_size=None``
+    keeps the preset's vocabulary (50257 for the paper sizes, 256 for ``"tiny"``).
+    """
+    abstract = nnx.eval_shape(
+        lambda: build(preset, vocab_size=vocab_size, rngs=nnx.Rngs(0), **overrides)
+    )
+    return param_count(abstract)
