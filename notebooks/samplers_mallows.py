@@ -51,11 +51,12 @@ R = rk.load_potato("visual")
 truth = rk.load_potato_true_ranking()
 n = R.shape[1]
 D = rk.footrule_data_matrix(R)
-alpha = 10.0  # close to the posterior mean of alpha for these data (see benchmarks/mallows.py)
+# close to the posterior mean of alpha for these data (benchmarks/samplers_pseudo_mallows.py)
+alpha = 10.0
 print(R.shape, "assessors x potatoes")
 
 # %% [markdown]
-# ## Pseudo-Mallows: V order, then a local search over orders (KL objective, eq. 4a.3)
+# ## Pseudo-Mallows: V order, then a local search over orders (KL objective (PM.3))
 
 # %%
 t0 = time.perf_counter()
@@ -80,7 +81,7 @@ res = mm.run_mallows_mcmc(jax.random.key(2), R, alpha=alpha, leap_size=4, num_ch
 marg_mc = np.asarray(rk.rank_marginals(res.rho, n))
 t_mc = time.perf_counter() - t0
 r_hat, ess = mm.rank_diagnostics(res.rho)
-print(f"MCMC: {t_mc:.2f} s (incl. compile), acceptance {float(res.accept_rho):.2f}, "
+print(f"MCMC: {t_mc:.2f} s (incl. compile), acceptance {float(res.rho_acceptance_rate):.2f}, "
       f"max R-hat {r_hat.max():.3f}, min ESS {ess.min():.0f}")
 exact = pm.exact_posterior_marginals(alpha, np.asarray(D, np.float64))
 

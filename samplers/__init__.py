@@ -1,14 +1,17 @@
-"""jaxlib_ext.samplers.
+"""jaxlib_ext.samplers: Mallows preference learning.
 
-Mallows preference learning (issue 5): :mod:`rankings` (data, distances, ``D``),
-:mod:`pseudo_mallows` (the Pseudo-Mallows distribution, arXiv 2205.13911),
-:mod:`mallows_mcmc` (leap-and-shift MCMC baseline as a NumPyro kernel) and
+:mod:`rankings` (data, distances, the footrule data matrix ``D``), :mod:`pseudo_mallows` (the
+Pseudo-Mallows distribution, arXiv 2205.13911, as a NumPyro ``Distribution``),
+:mod:`mallows_mcmc` (the leap-and-shift MCMC baseline: pure ``init``/``build_kernel`` with
+``MallowsState``/``MallowsInfo``, and the NumPyro ``MCMCKernel`` ``MallowsMH``) and
 :mod:`mallows_augment` (data augmentation, top-K recommendations).
 """
 
 from jaxlib_ext.samplers.mallows_augment import augment_mh, top_k_recommendations
 from jaxlib_ext.samplers.mallows_mcmc import (
+    MallowsInfo,
     MallowsMH,
+    MallowsState,
     footrule_log_partition,
     leap_and_shift,
     rank_diagnostics,
@@ -36,7 +39,9 @@ from jaxlib_ext.samplers.rankings import (
 
 __all__ = [
     "MISSING",
+    "MallowsInfo",
     "MallowsMH",
+    "MallowsState",
     "PseudoMallows",
     "augment_mh",
     "exact_kl",

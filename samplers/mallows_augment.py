@@ -1,6 +1,6 @@
 """Data augmentation for partial, click and pairwise preference data, and top-K recommendations.
 
-Under the footrule Mallows model (arXiv 2205.13911 notes 4a; Vitelli et al. 2018, JMLR 18(158))
+Under the footrule Mallows model (arXiv 2205.13911; Vitelli et al. 2018, JMLR 18(158))
 the latent full ranking ``R_j`` of user ``j`` given the consensus ``rho`` has density
 
     P(R_j | rho, alpha, data) ∝ exp(-(alpha/n) sum_i |R_ji - rho_i|) 1[R_j consistent with data]
@@ -102,7 +102,7 @@ def augment_mh(key, rho, rankings, alpha, num_swaps: int, *, prefer=None, blocks
 
 
 def top_k_recommendations(user_rank_probs, clicked, k: int):
-    """Top-``k`` unclicked items per user (notes 4a, clicks).
+    """Top-``k`` unclicked items per user (click data, arXiv 2205.13911).
 
     The score of an unclicked item is the posterior probability that it lands in ranks
     ``n1+1..n1+k`` of the user's latent ranking (``n1`` = number of clicks). Returns

@@ -54,13 +54,17 @@ from jaxlib_ext.samplers.rankings import (
 )
 
 __all__ = [
+    "FootruleLogPartition",
     "MCMCResult",
+    "MallowsInfo",
     "MallowsMH",
+    "MallowsMHState",
     "MallowsState",
+    "build_kernel",
     "footrule_distance_log_counts",
     "footrule_log_partition",
+    "init",
     "leap_and_shift",
-    "make_mallows_step",
     "rank_diagnostics",
     "run_mallows_mcmc",
 ]
@@ -82,7 +86,6 @@ def footrule_distance_log_counts(n: int) -> tuple[np.ndarray, np.ndarray]:
     half = n * n // 4 + 1  # max footrule is 2 * floor(n^2/4); index = d/2
     lg = np.full((n + 2, half + n + 2), -np.inf)
     lg[0, 0] = 0.0
-    ks = np.arange(n + 2)
     for _ in range(n):
         new = np.full_like(lg, -np.inf)
         for k in range(n + 1):
@@ -99,7 +102,6 @@ def footrule_distance_log_counts(n: int) -> tuple[np.ndarray, np.ndarray]:
                     shifted = row
                 new[k2] = np.logaddexp(new[k2], shifted + math.log(w))
         lg = new
-    del ks
     row = lg[0]
     idx = np.nonzero(np.isfinite(row))[0]
     return 2.0 * idx, row[idx]
@@ -190,23 +192,50 @@ def leap_and_shift(key, rho, leap_size: int):
 
 
 class MallowsState(NamedTuple):
-    """State of one chain. ``z = {"rho": int32[n], "alpha": float}``; ``rankings`` is the
-    augmented data (``[0, n]`` for complete data, whose ``D`` stays fixed)."""
+    """What one chain carries from step to step.
 
-    z: dict
+    ``rho``: consensus ranks ``int32 [n]``; ``alpha``: scale (fixed unless updated); ``D``: the
+    data matrix of the current data; ``rankings``: the augmented data ``[N, n]`` (``[0, n]`` for
+    complete data, whose ``D`` stays fixed); ``iteration``: steps taken (the alpha move runs
+    every ``alpha_jump`` of them); ``rng_key``: the key of the next step.
+    """
+
+    rho: jax.Array
+    alpha: jax.Array
     D: jax.Array
     rankings: jax.Array
-    accept_rho: jax.Array
-    accept_alpha: jax.Array
-    i: jax.Array
+    iteration: jax.Array
     rng_key: jax.Array
+
+    @property
+    def position(self) -> dict:
+        """The sampled variables, ``{"rho": int32[n], "alpha": float}``."""
+        return {"rho": self.rho, "alpha": self.alpha}
+
+
+class MallowsInfo(NamedTuple):
+    """Diagnostics of one step: the fraction of the ``rho_steps`` leap-and-shift proposals
+    accepted and whether the alpha proposal was accepted (``0`` when alpha is fixed)."""
+
+    rho_acceptance_rate: jax.Array
+    alpha_accepted: jax.Array
 
 
 def _dist_sum(D, rho):
     return jnp.take_along_axis(D, (rho - 1)[:, None], axis=1).sum()
 
 
-def make_mallows_step(
+def init(rng_key, D, rankings, alpha, rho=None) -> MallowsState:
+    """Initial :class:`MallowsState`: ``rho`` as given or a uniformly random permutation."""
+    n = D.shape[0]
+    k_rho, key = jax.random.split(rng_key)
+    rho = jax.random.permutation(k_rho, n).astype(jnp.int32) + 1 if rho is None else rho
+    return MallowsState(
+        jnp.asarray(rho, jnp.int32), jnp.asarray(alpha, D.dtype), D, rankings, jnp.int32(0), key
+    )
+
+
+def build_kernel(
     *,
     num_assessors: int,
     leap_size: int = 1,
@@ -220,26 +249,28 @@ def make_mallows_step(
     num_swaps: int = 0,
     rho_steps: int = 1,
 ):
-    """Pure ``step(state) -> state``: ``rho_steps`` leap-and-shift moves on ``rho``, an alpha
-    move every ``alpha_jump`` iterations (if ``update_alpha``) and, for partial data,
-    ``num_swaps`` augmentation swaps per user (``mallows_augment.augment_mh``)."""
+    """Pure ``kernel(state) -> (state, info)`` of one chain (:class:`MallowsState`,
+    :class:`MallowsInfo`): ``rho_steps`` leap-and-shift moves on ``rho`` (M.2), an alpha move
+    every ``alpha_jump`` iterations (if ``update_alpha``) and, for partial data, ``num_swaps``
+    augmentation swaps per user (``mallows_augment.augment_mh``). The key is carried in the
+    state, as in NumPyro's functional ``hmc`` API; ``vmap`` it over chains."""
     augment = blocks is not None or prefer is not None
 
-    def step(state: MallowsState) -> MallowsState:
+    def kernel(state: MallowsState) -> tuple[MallowsState, MallowsInfo]:
         key, k_rho, k_alpha, k_aug = jax.random.split(state.rng_key, 4)
-        rho, alpha, D = state.z["rho"], state.z["alpha"], state.D
+        rho, alpha, D = state.rho, state.alpha, state.D
         n = rho.shape[0]
 
         def rho_move(t, carry):
-            rho, acc = carry
+            rho, accepted = carry
             kp, ku = jax.random.split(jax.random.fold_in(k_rho, t))
             prop, log_ratio = leap_and_shift(kp, rho, leap_size)
             dlog = -(alpha / n) * (_dist_sum(D, prop) - _dist_sum(D, rho)) + log_ratio  # (M.1)
             ok = jnp.log(jax.random.uniform(ku)) < dlog
-            return jnp.where(ok, prop, rho), acc + ok.astype(jnp.float32) / rho_steps
+            return jnp.where(ok, prop, rho), accepted + ok.astype(jnp.float32) / rho_steps
 
-        rho, acc_rho = jax.lax.fori_loop(0, rho_steps, rho_move, (rho, jnp.float32(0.0)))
-        acc_alpha = jnp.float32(0.0)
+        rho, rho_rate = jax.lax.fori_loop(0, rho_steps, rho_move, (rho, jnp.float32(0.0)))
+        alpha_accepted = jnp.float32(0.0)
         if update_alpha:
             ke, ku = jax.random.split(k_alpha)
             new_alpha = alpha * jnp.exp(sigma_alpha * jax.random.normal(ke))
@@ -250,36 +281,30 @@ def make_mallows_step(
                 - alpha_rate * (new_alpha - alpha)
                 + jnp.log(new_alpha) - jnp.log(alpha)  # log-normal proposal correction
             )
-            ok = (jnp.log(jax.random.uniform(ku)) < dlog) & (state.i % alpha_jump == 0)
+            ok = (jnp.log(jax.random.uniform(ku)) < dlog) & (state.iteration % alpha_jump == 0)
             alpha = jnp.where(ok, new_alpha, alpha)
-            acc_alpha = ok.astype(jnp.float32)
+            alpha_accepted = ok.astype(jnp.float32)
         R = state.rankings
         if augment:
             R = augment_mh(k_aug, rho, R, alpha, num_swaps, prefer=prefer, blocks=blocks)
             D = footrule_data_matrix(R).astype(D.dtype)
-        return MallowsState(
-            {"rho": rho, "alpha": alpha}, D, R, acc_rho, acc_alpha, state.i + 1, key
-        )
+        new_state = MallowsState(rho, alpha, D, R, state.iteration + 1, key)
+        return new_state, MallowsInfo(rho_rate, alpha_accepted)
 
-    return step
-
-
-def _init_state(key, D, rankings, alpha, rho0=None):
-    n = D.shape[0]
-    k0, key = jax.random.split(key)
-    rho = jax.random.permutation(k0, n).astype(jnp.int32) + 1 if rho0 is None else rho0
-    return MallowsState(
-        {"rho": jnp.asarray(rho, jnp.int32), "alpha": jnp.asarray(alpha, D.dtype)},
-        D,
-        rankings,
-        jnp.float32(0.0),
-        jnp.float32(0.0),
-        jnp.int32(0),
-        key,
-    )
+    return kernel
 
 
-def _prepare(rankings, D, num_assessors, blocks, prefer, alpha):
+class _MallowsData(NamedTuple):
+    """Validated inputs of :class:`MallowsMH`."""
+
+    D: jax.Array
+    rankings: jax.Array  # augmented data [N, n], or [0, n] for complete data
+    num_assessors: int
+    blocks: Blocks | None
+    prefer: jax.Array | None
+
+
+def _prepare(rankings, D, num_assessors, blocks, prefer, alpha) -> _MallowsData:
     if not (np.isfinite(alpha) and alpha > 0):
         raise ValueError(f"alpha: expected a finite value > 0, got {alpha}")
     ft = jnp.result_type(float)
@@ -287,14 +312,14 @@ def _prepare(rankings, D, num_assessors, blocks, prefer, alpha):
         if rankings is None:
             raise ValueError("rankings: augmentation needs initial complete rankings")
         R, blocks, prefer = check_augmentation_args(rankings, blocks, prefer)
-        return jnp.asarray(footrule_data_matrix(R), ft), jnp.asarray(R), R.shape[0], blocks, prefer
+        D = jnp.asarray(footrule_data_matrix(R), ft)
+        return _MallowsData(D, jnp.asarray(R), R.shape[0], blocks, prefer)
     if rankings is not None:
         R = validate_rankings(rankings)
         R = R.reshape(-1, R.shape[-1])
-        n = R.shape[1]
-        return jnp.asarray(footrule_data_matrix(R), ft), jnp.zeros((0, n), jnp.int32), R.shape[
-            0
-        ], None, None
+        no_data = jnp.zeros((0, R.shape[1]), jnp.int32)
+        return _MallowsData(jnp.asarray(footrule_data_matrix(R), ft), no_data, R.shape[0], None,
+                            None)
     if D is None:
         raise ValueError("rankings/D: pass the rankings or the data matrix D")
     d = np.asarray(D)
@@ -302,7 +327,21 @@ def _prepare(rankings, D, num_assessors, blocks, prefer, alpha):
         raise ValueError(f"D: expected a square [n, n] data matrix, got shape {d.shape}")
     if num_assessors is None:
         raise ValueError("num_assessors: needed with D (for the alpha update)")
-    return jnp.asarray(d, ft), jnp.zeros((0, d.shape[0]), jnp.int32), num_assessors, None, None
+    no_data = jnp.zeros((0, d.shape[0]), jnp.int32)
+    return _MallowsData(jnp.asarray(d, ft), no_data, num_assessors, None, None)
+
+
+class MallowsMHState(NamedTuple):
+    """The state :class:`MallowsMH` hands to ``numpyro.infer.MCMC``: the chain and the info of
+    its last step. Its ``position`` is the ``sample_field``; collect diagnostics with e.g.
+    ``extra_fields=("info.rho_acceptance_rate",)``."""
+
+    chain: MallowsState
+    info: MallowsInfo
+
+    @property
+    def position(self) -> dict:
+        return self.chain.position
 
 
 class MallowsMH(MCMCKernel):
@@ -318,11 +357,13 @@ class MallowsMH(MCMCKernel):
     :param blocks, prefer: partial / click / pairwise data, augmented with ``num_swaps``
         Metropolis swaps per user and iteration.
 
-    Samples are ``{"rho": int32[n], "alpha": float}``. With ``chain_method="vectorized"`` the
-    kernel vmaps its pure step over chains.
+    A thin adapter over the pure :func:`init` and :func:`build_kernel`: samples are
+    ``{"rho": int32[n], "alpha": float}``, the state is a :class:`MallowsMHState`. With
+    ``chain_method="vectorized"`` the states carry a leading chain axis and the kernel is
+    vmapped over it.
     """
 
-    sample_field = "z"
+    sample_field = "position"
 
     def __init__(
         self,
@@ -343,10 +384,8 @@ class MallowsMH(MCMCKernel):
         rho_steps: int = 1,
         key_importance=None,
     ):
-        self._D, self._R, N, blocks, prefer = _prepare(
-            rankings, D, num_assessors, blocks, prefer, alpha
-        )
-        n = self._D.shape[0]
+        self.data = _prepare(rankings, D, num_assessors, blocks, prefer, alpha)
+        n = self.data.D.shape[0]
         if not (isinstance(leap_size, int) and 1 <= leap_size < max(n, 2)):
             raise ValueError(f"leap_size: expected an int in 1..{max(n - 1, 1)}, got {leap_size}")
         if sigma_alpha <= 0 or alpha_rate < 0:
@@ -356,21 +395,24 @@ class MallowsMH(MCMCKernel):
             lp = log_partition
             if isinstance(log_partition, str):
                 lp = footrule_log_partition(n, method=log_partition, key=key_importance)
-        self._alpha0 = alpha
-        self._step = make_mallows_step(
-            num_assessors=N,
+        self.alpha = alpha
+        self.kernel = build_kernel(
+            num_assessors=self.data.num_assessors,
             leap_size=leap_size,
             update_alpha=update_alpha,
             sigma_alpha=sigma_alpha,
             alpha_rate=alpha_rate,
             alpha_jump=alpha_jump,
             log_partition=lp,
-            blocks=blocks,
-            prefer=prefer,
+            blocks=self.data.blocks,
+            prefer=self.data.prefer,
             num_swaps=n if num_swaps is None else num_swaps,
             rho_steps=rho_steps,
         )
-        self._sample_fn = None
+
+    def init_chain(self, rng_key, rho=None) -> MallowsState:
+        """:func:`init` on this kernel's data (one chain; ``vmap`` it over keys)."""
+        return init(rng_key, self.data.D, self.data.rankings, self.alpha, rho)
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         rho0 = None
@@ -379,21 +421,24 @@ class MallowsMH(MCMCKernel):
             rho0 = jnp.asarray(rho0, jnp.int32)
         if is_prng_key(rng_key):
             if rho0 is not None:
-                validate_permutation(rho0, self._D.shape[0], zero_based=False, name="init_params")
-            self._sample_fn = self._step
-            return _init_state(rng_key, self._D, self._R, self._alpha0, rho0)
-        self._sample_fn = jax.vmap(self._step)
-        if rho0 is None:
-            return jax.vmap(lambda k: _init_state(k, self._D, self._R, self._alpha0))(rng_key)
-        return jax.vmap(lambda k, r: _init_state(k, self._D, self._R, self._alpha0, r))(
-            rng_key, rho0
-        )
+                validate_permutation(rho0, self.data.D.shape[0], zero_based=False,
+                                     name="init_params")
+            chain = self.init_chain(rng_key, rho0)
+        elif rho0 is None:
+            chain = jax.vmap(self.init_chain)(rng_key)
+        else:
+            chain = jax.vmap(self.init_chain)(rng_key, rho0)
+        no_info = MallowsInfo(jnp.zeros_like(chain.iteration, jnp.float32),
+                              jnp.zeros_like(chain.iteration, jnp.float32))
+        return MallowsMHState(chain, no_info)
 
     def sample(self, state, model_args, model_kwargs):
-        return self._sample_fn(state)
+        batched = state.chain.rho.ndim == 2  # chain_method="vectorized"
+        kernel = jax.vmap(self.kernel) if batched else self.kernel
+        return MallowsMHState(*kernel(state.chain))
 
     def get_diagnostics_str(self, state):
-        return f"acc. rho {float(jnp.mean(state.accept_rho)):.2f}"
+        return f"acc. rho {float(jnp.mean(state.info.rho_acceptance_rate)):.2f}"
 
 
 # --------------------------------------------------------------------------- fast driver
@@ -405,8 +450,8 @@ class MCMCResult(NamedTuple):
 
     rho: jax.Array
     alpha: jax.Array
-    accept_rho: jax.Array
-    accept_alpha: jax.Array
+    rho_acceptance_rate: jax.Array
+    alpha_acceptance_rate: jax.Array
     user_rank_probs: jax.Array
     state: MallowsState
 
@@ -425,45 +470,48 @@ def run_mallows_mcmc(
     key_importance=None,
     **kernel_kwargs,
 ) -> MCMCResult:
-    """Run ``num_chains`` chains of :class:`MallowsMH` with ``vmap`` inside one ``lax.scan``
-    (no NumPyro driver overhead). Keeps every ``thin``-th state after ``num_warmup``."""
-    kernel = MallowsMH(
+    """Run ``num_chains`` chains of :func:`build_kernel` with ``vmap`` inside one ``lax.scan``
+    (no NumPyro driver overhead). Keeps every ``thin``-th state after ``num_warmup``. Takes
+    the arguments of :class:`MallowsMH`."""
+    mh = MallowsMH(
         rankings, D=D, num_assessors=num_assessors, alpha=alpha,
         key_importance=key_importance, **kernel_kwargs,
     )
-    keys = jax.random.split(key, num_chains)
-    state0 = kernel.init(keys, num_warmup, None, (), {})
-    return _run_scan(kernel._sample_fn, state0, num_samples, num_warmup, thin)
+    states = jax.vmap(mh.init_chain)(jax.random.split(key, num_chains))
+    return _run_scan(jax.vmap(mh.kernel), states, num_samples, num_warmup, thin)
 
 
-def _run_scan(step, state0, num_samples, num_warmup, thin):
-    n = state0.z["rho"].shape[-1]
+def _run_scan(kernel, state0: MallowsState, num_samples, num_warmup, thin):
+    n = state0.rho.shape[-1]
     augmented = state0.rankings.shape[-2] > 0
+
+    def step(_, state):
+        return kernel(state)[0]
 
     @jax.jit
     def go(state):
         def thin_step(carry, _):
             s, counts = carry
-            s = jax.lax.fori_loop(0, thin, lambda _, x: step(x), s)
+            s = jax.lax.fori_loop(0, thin - 1, step, s)
+            s, info = kernel(s)
             if augmented:  # per-user rank counts, summed over chains
                 counts = counts + jax.nn.one_hot(s.rankings - 1, n, dtype=jnp.float32).sum(0)
-            out = (s.z, s.accept_rho, s.accept_alpha)
-            return (s, counts), out
+            return (s, counts), (s.rho, s.alpha, info)
 
-        state = jax.lax.fori_loop(0, num_warmup, lambda _, x: step(x), state)
+        state = jax.lax.fori_loop(0, num_warmup, step, state)
         N = state.rankings.shape[-2]
         (state, counts), trace = jax.lax.scan(
             thin_step, (state, jnp.zeros((N, n, n), jnp.float32)), None, length=num_samples
         )
         return state, counts, trace
 
-    state, counts, (z, acc_r, acc_a) = go(state0)
-    C = state0.z["rho"].shape[0]
+    state, counts, (rho, alpha, info) = go(state0)
+    C = state0.rho.shape[0]
     return MCMCResult(
-        jnp.swapaxes(z["rho"], 0, 1),
-        jnp.swapaxes(z["alpha"], 0, 1),
-        acc_r.mean(),
-        acc_a.mean(),
+        jnp.swapaxes(rho, 0, 1),
+        jnp.swapaxes(alpha, 0, 1),
+        info.rho_acceptance_rate.mean(),
+        info.alpha_accepted.mean(),
         counts / (num_samples * C),
         state,
     )

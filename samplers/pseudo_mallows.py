@@ -1,44 +1,45 @@
 """Pseudo-Mallows: a sequential, exactly normalised approximation of the Mallows posterior.
 
 Liu, Vitelli, Mannino, Frigessi, Scheel, "Pseudo-Mallows for Efficient Probabilistic Preference
-Learning", arXiv 2205.13911 (ICML 2026). Equations follow ``shared/papers/samplers.md`` section 4a.
+Learning", arXiv 2205.13911. The labels (PM.k) below are this module's own.
 
 Posterior of the consensus ``rho`` (1-based ranks of ``n`` items) under the footrule Mallows model
 with ``alpha`` fixed and a uniform prior, data matrix ``D``
 (see ``rankings.footrule_data_matrix``)::
 
-    P(rho | R) = exp(-(alpha/n) sum_i D[i, rho_i - 1]) / Z_post                         (4a.1)
+    P(rho | R) = exp(-(alpha/n) sum_i D[i, rho_i - 1]) / Z_post                         (PM.1)
 
 Pseudo-Mallows for an item order ``o`` (a permutation of ``0..n-1``)::
 
-    q_o(rho) = prod_k exp(-(alpha/n) D[o_k, rho_{o_k} - 1]) / C_k                       (4a.2)
+    q_o(rho) = prod_k exp(-(alpha/n) D[o_k, rho_{o_k} - 1]) / C_k                       (PM.2)
     C_k      = sum_{r in S_k} exp(-(alpha/n) D[o_k, r - 1]),  S_k = free ranks at step k
 
-and, because the numerators of (4a.1) and (4a.2) coincide,
+and, because the numerators of (PM.1) and (PM.2) coincide,
 
-    KL(q_o || P) = log Z_post - E_{q_o}[sum_k log C_k]                                  (4a.3)
+    KL(q_o || P) = log Z_post - E_{q_o}[sum_k log C_k]                                  (PM.3)
 
 Everything here is pure ``jnp`` (jit/vmap-able, explicit keys) except the ``exact_*`` oracles,
 which run in float64 numpy with an O(2^n n) dynamic programme over sets of used ranks (usable up
 to n ~ 20) and :func:`exhaustive_order_search` (all n! orders, n <= 7).
 
-Choices where the notes are unverified (documented here, as the brief asks):
+Conventions:
 
-* V order: the item with the *middle* consensus rank is placed first and the two extremes last,
-  as in the reference code (notes 4a, "surprises").
+* V order (:func:`v_order`): the item with the *middle* consensus rank is placed first and the
+  two extremes last, as in the authors' R code
+  (github.com/sylvia-liu-qinghua/Pseudo-Mallows).
 * The consensus used by the V order is the item's mean rank; it is read off ``D[:, 0]``
   (``D[i, 0] = sum_j (R_ji - 1)``), so the heuristic needs only ``D``.
 * Augmentation (:func:`fit_augmented`): block data (missing ranks, top-k, clicks) are
   re-sampled with the sequential pseudo sampler restricted to each block, with factors
-  ``exp(-(alpha/n)|r - rho_i|)`` on the *absolute* ranks ``r`` (the exact conditional's factors;
-  the notes describe a variant with ``alpha/n1`` and ranks relative to the clicked block). Items
-  are visited in a fresh uniformly random order per user and iteration, one of the two options
-  of the reference code. Pairwise data cannot be sampled sequentially without dead ends, so
-  they are augmented with Metropolis swaps (``mallows_augment.augment_mh``), as the MCMC does.
+  ``exp(-(alpha/n)|r - rho_i|)`` on the *absolute* ranks ``r`` (the exact conditional's
+  factors). Items are visited in a fresh uniformly random order per user and iteration.
+  Pairwise data cannot be sampled sequentially without dead ends, so they are augmented with
+  Metropolis swaps (``mallows_augment.augment_mh``), as the MCMC does.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import NamedTuple
@@ -48,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import Distribution, constraints
 from numpyro.distributions.constraints import Constraint
+from numpyro.distributions.util import validate_sample
 
 from jaxlib_ext.samplers.rankings import (
     Blocks,
@@ -63,6 +65,7 @@ __all__ = [
     "exact_posterior_marginals",
     "exhaustive_order_search",
     "fit_augmented",
+    "item_order",
     "kl_estimate",
     "kl_objective",
     "local_search_order",
@@ -82,20 +85,29 @@ def _step_logits(alpha, D, order):
     return -(alpha / n) * jnp.asarray(D)[jnp.asarray(order)]  # [step k, rank r-1]
 
 
+def _is_permutation(x, start: int):
+    """Whether the last axis of ``x`` is a permutation of ``start..start+len-1``."""
+    xp = jnp if isinstance(x, jax.Array) else np
+    x = xp.asarray(x)
+    return xp.all(xp.sort(x, axis=-1) == xp.arange(start, start + x.shape[-1]), axis=-1)
+
+
 def pseudo_mallows_log_prob(rho, alpha, D, order):
-    """``log q_o(rho)`` of (4a.2) for one rank vector ``rho`` (1-based, shape ``[n]``).
+    """``log q_o(rho)`` of (PM.2) for one rank vector ``rho`` (1-based, shape ``[n]``).
 
     Vectorised over steps: rank ``r`` is still free at step ``k`` iff it is used at step
-    ``>= k``, so every ``C_k`` is one masked log-sum-exp. O(n^2).
+    ``>= k``, so every ``C_k`` is one masked log-sum-exp. O(n^2). ``-inf`` when ``rho`` is not
+    a permutation of ``1..n`` (outside the support).
     """
     logits = _step_logits(alpha, D, order)
     n = logits.shape[0]
-    r_seq = jnp.asarray(rho)[jnp.asarray(order)] - 1  # rank taken at step k
+    rho = jnp.asarray(rho)
+    r_seq = rho[jnp.asarray(order)] - 1  # rank taken at step k
     step_of_rank = jnp.zeros(n, jnp.int32).at[r_seq].set(jnp.arange(n, dtype=jnp.int32))
     free = step_of_rank[None, :] >= jnp.arange(n)[:, None]
-    log_c = jax.nn.logsumexp(jnp.where(free, logits, -jnp.inf), axis=1)  # log C_k (4a.2)
+    log_c = jax.nn.logsumexp(jnp.where(free, logits, -jnp.inf), axis=1)  # log C_k (PM.2)
     chosen = jnp.take_along_axis(logits, r_seq[:, None], axis=1)[:, 0]
-    return jnp.sum(chosen - log_c)
+    return jnp.where(_is_permutation(rho, 1), jnp.sum(chosen - log_c), -jnp.inf)
 
 
 def _sequential_sample(gumbel, logits, allowed=None):
@@ -118,7 +130,7 @@ def _sequential_sample(gumbel, logits, allowed=None):
 
 
 def pseudo_mallows_sample(key, alpha, D, order):
-    """One exact draw from ``q_o`` (4a.2): ``(rho int32 [n], sum_k log C_k)``. O(n^2)."""
+    """One exact draw from ``q_o`` (PM.2): ``(rho int32 [n], sum_k log C_k)``. O(n^2)."""
     logits = _step_logits(alpha, D, order)
     n = logits.shape[0]
     r_seq, sum_log_c = _sequential_sample(jax.random.gumbel(key, (n, n)), logits)
@@ -127,7 +139,7 @@ def pseudo_mallows_sample(key, alpha, D, order):
 
 
 def v_order(scores, *, key=None, sigma: float = 0.0):
-    """V-shaped order (notes 4a): middle consensus item first, extremes last.
+    """V-shaped order: middle consensus item first, extremes last (module docstring).
 
     ``scores[i]`` is lower for better items (mean rank, ``D[:, 0]``, minus click counts). The
     consensus rank ``c_i`` is the rank of ``scores``; items are sorted by ``|c_i - (n+1)/2|``
@@ -148,7 +160,7 @@ def v_order(scores, *, key=None, sigma: float = 0.0):
 
 
 def kl_objective(key, alpha, D, order, num_samples: int):
-    """Monte-Carlo ``E_{q_o}[sum_k log C_k]`` of (4a.3): ``(mean, standard error)``.
+    """Monte-Carlo ``E_{q_o}[sum_k log C_k]`` of (PM.3): ``(mean, standard error)``.
 
     Maximising it over ``o`` minimises ``KL(q_o || P)``; ``log Z_post`` is not needed.
     """
@@ -158,7 +170,7 @@ def kl_objective(key, alpha, D, order, num_samples: int):
 
 
 def kl_estimate(key, alpha, D, order, num_samples: int = 1000, log_z_post=None):
-    """Monte-Carlo ``KL(q_o || P) = log Z_post - E_q sum_k log C_k`` (4a.3).
+    """Monte-Carlo ``KL(q_o || P) = log Z_post - E_q sum_k log C_k`` (PM.3).
 
     ``log_z_post`` defaults to the exact value from :func:`log_posterior_normaliser`
     (n <= 20). Returns ``(kl, standard error)``.
@@ -173,76 +185,89 @@ def kl_estimate(key, alpha, D, order, num_samples: int = 1000, log_z_post=None):
 
 
 class _Permutation(Constraint):
-    """Rank vectors of ``n`` items: the last axis is a permutation of ``1..n``."""
+    """The last axis is a permutation of ``start..start+n-1`` (``n`` = its length if None)."""
 
     is_discrete = True
     event_dim = 1
 
-    def __init__(self, n: int):
-        self.n = int(n)
+    def __init__(self, n: int | None, start: int):
+        self.n = None if n is None else int(n)
+        self.start = int(start)
 
     def __call__(self, x):
-        xp = jnp if isinstance(x, jax.Array) else np
-        srt = xp.sort(x, axis=-1)
-        return xp.all(srt == xp.arange(1, self.n + 1), axis=-1)
+        ok = _is_permutation(x, self.start)
+        if self.n is not None and np.shape(x)[-1] != self.n:
+            return ok & False  # wrong number of items
+        return ok
 
     def feasible_like(self, prototype):
-        return jnp.broadcast_to(jnp.arange(1, self.n + 1), jnp.shape(prototype))
+        n = jnp.shape(prototype)[-1] if self.n is None else self.n
+        return jnp.broadcast_to(jnp.arange(self.start, self.start + n), jnp.shape(prototype))
 
     def tree_flatten(self):
-        return (), ((), {"n": self.n})
+        return (), ((), {"n": self.n, "start": self.start})
 
     def __repr__(self):
-        return f"Permutation(n={self.n})"
+        return f"Permutation(n={self.n}, start={self.start})"
 
     def eq(self, other, static=False):
-        return isinstance(other, _Permutation) and other.n == self.n
+        return (
+            isinstance(other, _Permutation) and other.n == self.n and other.start == self.start
+        )
 
 
 def permutation(n: int) -> Constraint:
-    """The support of :class:`PseudoMallows`: permutations of ``1..n`` (``event_dim=1``)."""
-    return _Permutation(n)
+    """The support of :class:`PseudoMallows`: rank vectors, permutations of ``1..n``."""
+    return _Permutation(n, 1)
 
 
-def _check_args(alpha, D, order):
-    if isinstance(alpha, jax.core.Tracer) or isinstance(D, jax.core.Tracer):
-        return  # traced: shapes were checked when the concrete object was built
-    a = np.asarray(alpha)
-    if a.ndim != 0:
-        raise ValueError(f"alpha: expected a scalar, got shape {a.shape}")
-    if not np.isfinite(a) or a < 0:
-        raise ValueError(f"alpha: expected a finite value >= 0, got {float(a)}")
-    d = np.asarray(D)
-    if d.ndim != 2 or d.shape[0] != d.shape[1] or d.shape[0] < 1:
-        raise ValueError(f"D: expected a square [n, n] data matrix, got shape {d.shape}")
-    if not np.issubdtype(d.dtype, np.number) or not np.all(np.isfinite(d)):
-        raise ValueError("D: expected finite real entries")
-    if not isinstance(order, jax.core.Tracer):
-        validate_permutation(order, d.shape[0], zero_based=True, name="order")
+item_order = _Permutation(None, 0)
+"""Constraint of an item order: a permutation of ``0..n-1`` (``n`` = its length)."""
 
 
 class PseudoMallows(Distribution):
-    """Pseudo-Mallows distribution over rank vectors (arXiv 2205.13911, eq. 4a.2).
+    """Pseudo-Mallows distribution over rank vectors (arXiv 2205.13911; (PM.2)).
 
-    :param alpha: Mallows scale (footrule, ``alpha/n`` scaling), ``>= 0``.
+    :param alpha: Mallows scale (footrule, ``alpha/n`` scaling), ``>= 0`` (``0`` is uniform).
     :param D: ``[n, n]`` data matrix ``D[i, r-1]`` (``rankings.footrule_data_matrix``).
     :param order: item order, a permutation of ``0..n-1`` (``v_order``, ``local_search_order``).
+    :param validate_args: check ``alpha``, ``D`` and ``order`` against :attr:`arg_constraints`
+        on construction (``ValueError`` naming the argument) and mask out-of-support values in
+        :meth:`log_prob` with a warning, as NumPyro's distributions do.
 
-    Values are ``int32 [..., n]`` rank vectors (1-based). ``sample`` is exact (vmap over
-    ``sample_shape``) and ``log_prob`` exact; both jit.
+    Values are ``int32 [..., n]`` rank vectors (1-based); ``batch_shape`` is ``()`` and
+    ``event_shape`` is ``(n,)`` (use ``expand`` or ``vmap`` for batches). ``sample`` is exact
+    (vmap over ``sample_shape``) and ``log_prob`` exact, ``-inf`` outside the support; both jit.
+    Shapes are always checked; values only when ``validate_args``. The parameters are the pytree
+    leaves and ``n`` is read off ``event_shape``, so the distribution survives
+    ``jit``/``vmap``/``lax.map``.
     """
 
-    arg_constraints = {"alpha": constraints.nonnegative}
+    arg_constraints = {
+        "alpha": constraints.nonnegative,
+        "D": constraints.independent(constraints.real, 2),
+        "order": item_order,
+    }
     pytree_data_fields = ("alpha", "D", "order")
 
     def __init__(self, alpha, D, order, *, validate_args=None):
-        _check_args(alpha, D, order)
         ft = jnp.result_type(float)  # float64 under jax_enable_x64, else float32
+        if jnp.ndim(alpha) != 0:
+            raise ValueError(f"alpha: expected a scalar, got shape {jnp.shape(alpha)}")
+        shape = jnp.shape(D)
+        if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
+            raise ValueError(f"D: expected a square [n, n] data matrix, got shape {shape}")
+        if jnp.shape(order) != shape[:1]:
+            raise ValueError(f"order: expected shape {shape[:1]}, got {jnp.shape(order)}")
         self.alpha = jnp.asarray(alpha, ft)
         self.D = jnp.asarray(D, ft)
         self.order = jnp.asarray(order, jnp.int32)
-        self.n = int(self.D.shape[0])
-        super().__init__(batch_shape=(), event_shape=(self.n,), validate_args=validate_args)
+        super().__init__(batch_shape=(), event_shape=shape[:1], validate_args=validate_args)
+
+    @property
+    def n(self) -> int:
+        """Number of items."""
+        return self.event_shape[0]
 
     @constraints.dependent_property(is_discrete=True, event_dim=1)
     def support(self):
@@ -267,30 +292,34 @@ class PseudoMallows(Distribution):
             order = o
         return cls(alpha, D, order)
 
+    def _draw(self, key, sample_shape):
+        """``sample_shape`` draws and their ``sum_k log C_k`` (PM.2)."""
+        shape = tuple(sample_shape)
+        m = math.prod(shape)
+        rho, sum_log_c = _sample_many(key, self.alpha, self.D, self.order, max(m, 1))
+        return rho[:m].reshape(shape + (self.n,)), sum_log_c[:m].reshape(shape)
+
     def sample(self, key, sample_shape=()):
-        m = math.prod(sample_shape)
-        keys = jax.random.split(key, max(m, 1))
-        rho, _ = jax.vmap(lambda k: pseudo_mallows_sample(k, self.alpha, self.D, self.order))(
-            keys
-        )
-        return rho[:m].reshape(tuple(sample_shape) + (self.n,))
+        return self._draw(key, sample_shape)[0]
 
     def sample_with_intermediates(self, key, sample_shape=()):
-        m = math.prod(sample_shape)
-        keys = jax.random.split(key, max(m, 1))
-        rho, s = jax.vmap(lambda k: pseudo_mallows_sample(k, self.alpha, self.D, self.order))(
-            keys
-        )
-        shp = tuple(sample_shape)
-        return rho[:m].reshape(shp + (self.n,)), [s[:m].reshape(shp)]
+        rho, sum_log_c = self._draw(key, sample_shape)
+        return rho, [sum_log_c]
 
+    @validate_sample
     def log_prob(self, value):
         v = jnp.asarray(value)
-        flat = v.reshape(-1, self.n)
         lp = jax.vmap(lambda r: pseudo_mallows_log_prob(r, self.alpha, self.D, self.order))(
-            flat
+            v.reshape(-1, self.n)
         )
         return lp.reshape(v.shape[:-1])
+
+
+# Compiled once per shape, so that eager draws from the distribution do not retrace the scan.
+@functools.partial(jax.jit, static_argnums=4)
+def _sample_many(key, alpha, D, order, num: int):
+    keys = jax.random.split(key, num)
+    return jax.vmap(lambda k: pseudo_mallows_sample(k, alpha, D, order))(keys)
 
 
 # --------------------------------------------------------------------------- order search
@@ -315,16 +344,16 @@ def _neighbour_objectives(gumbels, alpha, D, order):
 
 
 def local_search_order(key, alpha, D, order, *, num_samples: int = 256, max_sweeps: int = 20):
-    """Greedy local search over orders maximising the KL objective (4a.3).
+    """Greedy local search over orders maximising the KL objective (PM.3).
 
     Each sweep evaluates all ``n(n-1)/2`` transpositions of the current order on one fixed set
     of Gumbel variates (common random numbers make the sample-average objective a deterministic
     function of the order, so the search terminates) and moves to the best one while it
     improves. Returns ``(order, objective history)``; the history is on those fixed variates.
     """
+    PseudoMallows(alpha, D, order, validate_args=True)  # checks alpha, D and order
     D = jnp.asarray(D, jnp.result_type(float))
     n = D.shape[0]
-    _check_args(alpha, D, order)
     order = jnp.asarray(order, jnp.int32)
     gumbels = jax.random.gumbel(key, (num_samples, n, n))
     alpha = jnp.asarray(alpha, D.dtype)
@@ -417,12 +446,12 @@ def exact_expected_log_normalisers(alpha, D, order) -> float:
 
 
 def exact_kl(alpha, D, order) -> float:
-    """``KL(q_o || P)`` exactly via (4a.3) and the two DPs above (n <= 20)."""
+    """``KL(q_o || P)`` exactly via (PM.3) and the two DPs above (n <= 20)."""
     return log_posterior_normaliser(alpha, D) - exact_expected_log_normalisers(alpha, D, order)
 
 
 def exact_posterior_marginals(alpha, D) -> np.ndarray:
-    """Exact ``P(rho_i = r | R)`` of (4a.1), ``[n, n]``, by forward-backward over rank sets."""
+    """Exact ``P(rho_i = r | R)`` of (PM.1), ``[n, n]``, by forward-backward over rank sets."""
     d = _check_exact(float(alpha), D)
     n = d.shape[0]
     lg = -(float(alpha) / n) * d
@@ -479,7 +508,7 @@ class AugmentedFit(NamedTuple):
     rankings: jax.Array
 
 
-def augment_blocks_pseudo(key, rho, rankings, alpha, blocks: Blocks):
+def augment_blocks_pseudo(key, rho, alpha, blocks: Blocks):
     """Resample every user's latent ranking within its blocks by the sequential pseudo
     sampler with factors ``exp(-(alpha/n)|r - rho_i|)`` (random item order per user)."""
     item_block = jnp.asarray(blocks.item_block)
@@ -495,7 +524,6 @@ def augment_blocks_pseudo(key, rho, rankings, alpha, blocks: Blocks):
         r_seq, _ = _sequential_sample(jax.random.gumbel(k2, (n, n)), logits_item[o], allowed)
         return jnp.zeros(n, jnp.int32).at[o].set(r_seq.astype(jnp.int32) + 1)
 
-    del rankings
     return jax.vmap(one)(jax.random.split(key, N), item_block, rank_block)
 
 
@@ -511,7 +539,7 @@ def fit_augmented(
     num_swaps: int | None = None,
     order=None,
 ):
-    """Pseudo-Mallows with data augmentation for partial, click or pairwise data (notes 4a).
+    """Pseudo-Mallows with data augmentation for partial, click or pairwise data.
 
     Alternates (A) ``rho ~ q_o(. | D(R_aug))`` with the V order of the current data and (B) a
     fresh augmentation of every user's latent ranking: the sequential block sampler for
@@ -552,7 +580,7 @@ def _fit_augmented_impl(
         o = v_order(D[:, 0]) if order is None else order
         rho, _ = pseudo_mallows_sample(ka, alpha, D, o)
         if prefer is None:
-            R = augment_blocks_pseudo(kb, rho, R, alpha, blocks)
+            R = augment_blocks_pseudo(kb, rho, alpha, blocks)
         else:
             R = augment_mh(kb, rho, R, alpha, num_swaps, prefer=prefer, blocks=blocks)
         keep = t >= burnin

@@ -16,7 +16,7 @@ Conventions used by every Mallows module of ``jaxlib_ext.samplers``:
 * Pairwise preferences are carried by a boolean ``prefer[j, a, b]`` (assessor ``j`` ranks ``a``
   above ``b``), transitively closed by :func:`pairwise_closure`.
 
-The footrule data matrix of notes 4a (arXiv 2205.13911) is
+The footrule data matrix of the Pseudo-Mallows posterior (arXiv 2205.13911) is
 ``D[i, r-1] = sum_j |R[j, i] - r|``, so that ``sum_j d_F(R_j, rho) = sum_i D[i, rho_i - 1]``.
 """
 
@@ -146,7 +146,7 @@ def kendall_distance(r1, r2):
 
 
 def footrule_data_matrix(rankings):
-    """``D[i, r-1] = sum_j |R[j, i] - r|`` (notes 4a, arXiv 2205.13911), shape ``[n, n]``.
+    """``D[i, r-1] = sum_j |R[j, i] - r|`` (arXiv 2205.13911), shape ``[n, n]``.
 
     Pure ``jnp``, jit-able; the posterior exponent is ``-(alpha/n) sum_i D[i, rho_i - 1]``.
     """
@@ -201,7 +201,7 @@ def blocks_from_partial(rankings) -> Blocks:
 
 
 def blocks_from_clicks(clicked) -> Blocks:
-    """Blocks for clicking data (notes 4a): clicked items take ranks ``1..n1`` (block 1),
+    """Blocks for clicking data (arXiv 2205.13911): clicked items take ranks ``1..n1`` (block 1),
     the others ``n1+1..n`` (block 0). ``clicked`` is boolean ``[N, n]``."""
     c = np.asarray(clicked)
     if c.ndim != 2 or c.dtype != bool:

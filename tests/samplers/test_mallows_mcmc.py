@@ -126,7 +126,7 @@ def test_mcmc_alpha_update_matches_quadrature():
     )
     assert _tv_to_exact(res.rho, log_p_rho) < 0.03
     assert abs(float(res.alpha.mean()) - mean_alpha) / mean_alpha < 0.05
-    assert 0.1 < float(res.accept_alpha) < 0.95
+    assert 0.1 < float(res.alpha_acceptance_rate) < 0.95
 
 
 def test_augmentation_targets_conditional():

@@ -16,8 +16,8 @@ Prints markdown tables:
 
 Wall times exclude compilation (every jitted function is called once before timing).
 
-    python benchmarks/mallows.py          # full run, ~10 min on 2 CPU cores
-    python benchmarks/mallows.py --fast   # smoke run
+    python benchmarks/samplers_pseudo_mallows.py          # full run, ~10 min on 2 CPU cores
+    python benchmarks/samplers_pseudo_mallows.py --fast   # smoke run
 """
 
 from __future__ import annotations
@@ -64,14 +64,16 @@ def mcmc_trace(key, R, alpha, gold, *, chunk, max_chunks, time_cap, num_chains=4
     its draws do not)."""
     n = R.shape[1]
     L = max(1, n // 5) if leap_size is None else leap_size
-    kernel = mm.MallowsMH(R, alpha=alpha, leap_size=L, blocks=blocks, prefer=prefer)
+    mh = mm.MallowsMH(R, alpha=alpha, leap_size=L, blocks=blocks, prefer=prefer)
+    kernel = jax.vmap(mh.kernel)
+    init = jax.vmap(mh.init_chain)
     aug = blocks is not None or prefer is not None
 
     @jax.jit
     def run_chunk(state):
         def body(s, _):
-            s = kernel.sample(s, (), {})
-            c = jax.nn.one_hot(s.z["rho"] - 1, n, dtype=jnp.float32).sum(0)
+            s, _ = kernel(s)
+            c = jax.nn.one_hot(s.rho - 1, n, dtype=jnp.float32).sum(0)
             u = jax.nn.one_hot(s.rankings - 1, n, dtype=jnp.float32).sum(0) if aug else 0.0
             return s, (c, u)
 
@@ -83,9 +85,9 @@ def mcmc_trace(key, R, alpha, gold, *, chunk, max_chunks, time_cap, num_chains=4
     D0 = np.abs(np.asarray(R)[:, :, None] - np.arange(1, n + 1)[None, None]).sum(0)[:, 0]
     rho0 = jnp.tile(jnp.asarray(np.argsort(np.argsort(D0, kind="stable")) + 1), (num_chains, 1))
     keys = jax.random.split(key, num_chains)
-    warm = kernel.init(jax.random.split(jax.random.fold_in(key, 1), num_chains), 0, rho0, (), {})
+    warm = init(jax.random.split(jax.random.fold_in(key, 1), num_chains), rho0)
     block(run_chunk(run_chunk(warm)[0]))  # compile (also for the post-step state's types)
-    state = kernel.init(keys, 0, rho0, (), {})
+    state = init(keys, rho0)
     counts, ucounts = jnp.zeros((n, n)), 0.0
     out, t0 = [], time.perf_counter()
     for c in range(max_chunks):
