@@ -5,6 +5,8 @@ import itertools
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxlib_ext.samplers import rankings as rk
 
@@ -86,3 +88,43 @@ def test_pairwise_cycle_and_clicks():
     assert set(R[0, [1, 4]]) == {1, 2} and R[2, 5] == 1
     with pytest.raises(ValueError, match="every item"):
         rk.blocks_from_clicks(np.ones((1, 3), bool))
+
+
+# --------------------------------------------------------------------------- properties
+
+_PROPERTY = settings(max_examples=20, deadline=None, derandomize=True)
+
+
+@st.composite
+def _rank_vectors(draw, num: int):
+    """``num`` rank vectors (1-based permutations) of one common length ``n`` in 1..7."""
+    n = draw(st.integers(1, 7))
+    perms = st.permutations(list(range(1, n + 1)))
+    return [np.array(draw(perms), np.int32) for _ in range(num)]
+
+
+@_PROPERTY
+@given(_rank_vectors(3))
+def test_footrule_is_a_metric_bounded_by_kendall(rs):
+    """Footrule is a metric on permutations, even-valued, and Diaconis-Graham (1977) holds:
+    Kendall <= footrule <= 2 Kendall."""
+    a, b, c = rs
+    d = lambda x, y: int(rk.footrule_distance(x, y))  # noqa: E731
+    assert d(a, a) == 0 and (d(a, b) == 0) == bool(np.array_equal(a, b))
+    assert d(a, b) == d(b, a) and d(a, c) <= d(a, b) + d(b, c)
+    assert d(a, b) % 2 == 0
+    k = int(rk.kendall_distance(a, b))
+    assert k <= d(a, b) <= 2 * k
+
+
+@_PROPERTY
+@given(_rank_vectors(4))
+def test_data_matrix_identity_and_marginals(rs):
+    """``sum_i D[i, rho_i - 1] = sum_j d_F(R_j, rho)``; rank marginals are doubly stochastic."""
+    R, rho = np.stack(rs[:3]), rs[3]
+    D = np.asarray(rk.footrule_data_matrix(R))
+    n = len(rho)
+    assert D[np.arange(n), rho - 1].sum() == int(rk.footrule_distance(R, rho[None]).sum())
+    m = np.asarray(rk.rank_marginals(R))
+    np.testing.assert_allclose(m.sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(m.sum(axis=0), 1.0, rtol=1e-6)
