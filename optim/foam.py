@@ -186,11 +186,12 @@ def scale_by_foam(
 
         def leaf(path, g, m, v, folded):
             dtype = m.dtype
-            # Bias correction of the reference code: lr * sqrt(1 - b2^t) / (1 - b1^t),
-            # in the leaf's precision (float64 leaves stay exact).
-            t = count.astype(g.dtype)
-            step_factor = jnp.sqrt(1.0 - jnp.asarray(b2, g.dtype) ** t) / (
-                1.0 - jnp.asarray(b1, g.dtype) ** t
+            # Bias correction of the reference code: lr * sqrt(1 - b2^t) / (1 - b1^t), in the
+            # leaf's precision and at least float32 (in bfloat16, b2 = 0.999 rounds to 1).
+            ct = jnp.promote_types(g.dtype, jnp.float32)
+            t = count.astype(ct)
+            step_factor = jnp.sqrt(1.0 - jnp.asarray(b2, ct) ** t) / (
+                1.0 - jnp.asarray(b1, ct) ** t
             )
             if not folded:
                 m = b1 * m + (1.0 - b1) * g

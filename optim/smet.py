@@ -206,17 +206,22 @@ def _prune_compact(step, mu, nu, values, rate, count, warmup_mode):
 
 
 def _adam_slots(g, mu, nu, step, b1, b2, eps, warmup_steps, warmup_mode):
-    """Per-slot Adam with the stored-moment warm-up of the reference code."""
+    """Per-slot Adam with the stored-moment warm-up of the reference code.
+
+    Step counts and bias corrections are computed in at least float32: in bfloat16, ``b2 = 0.999``
+    rounds to 1 and step counts above 256 are not exact.
+    """
     mu = b1 * mu + (1.0 - b1) * g
     nu = b2 * nu + (1.0 - b2) * (g * g)
-    stepf = step.astype(g.dtype)
+    ct = jnp.promote_types(g.dtype, jnp.float32)
+    stepf = step.astype(ct)
     while stepf.ndim < g.ndim:
         stepf = stepf[..., None]
     if warmup_mode == "code":
         ramp = jnp.minimum(stepf / jnp.maximum(warmup_steps, 1), 1.0)
         mu = jnp.where(warmup_steps > 1, mu * ramp, mu)
-    bc1 = 1.0 - jnp.asarray(b1, g.dtype) ** stepf
-    bc2 = 1.0 - jnp.asarray(b2, g.dtype) ** stepf
+    bc1 = 1.0 - jnp.asarray(b1, ct) ** stepf
+    bc2 = 1.0 - jnp.asarray(b2, ct) ** stepf
     u = (mu / bc1) / (jnp.sqrt(nu / bc2) + eps)
     return u, mu, nu
 
