@@ -1,6 +1,7 @@
 """Bayesian Mallows MCMC: partition function, leap-and-shift Hastings ratio, invariance (n=5),
 alpha updates, data augmentation, recommendations and bad inputs."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -172,6 +173,36 @@ def test_clicks_fit_and_recommendations():
     assert res.user_rank_probs.shape == (N, n, n)
     Rf = np.asarray(res.state.rankings[0])
     assert np.all(np.take_along_axis(np.asarray(b.rank_block), Rf - 1, 1) == b.item_block)
+
+
+def test_pure_kernel_state_and_info():
+    """``init``/``build_kernel`` are pure; ``MallowsMH`` only pairs their state and info for
+    NumPyro: the same key gives the same chain through either, and ``init`` keeps no state."""
+    R = _data()
+    mh = mm.MallowsMH(R, alpha=2.0, update_alpha=True, alpha_jump=2, leap_size=2)
+    keys = jax.random.split(jax.random.key(0), 3)
+    first = mh.init(keys, 0, None, (), {})
+    chex.assert_trees_all_equal(mh.init(keys, 0, None, (), {}), first)
+    chains = jax.vmap(lambda k: mm.init(k, mh.data.D, mh.data.rankings, 2.0))(keys)
+    chex.assert_trees_all_equal(first.chain, chains)
+
+    @jax.jit
+    def four_steps(chains, state):  # the pure kernel and the adapter side by side
+        def body(carry, _):
+            chains, state = carry
+            chains, info = jax.vmap(mh.kernel)(chains)
+            return (chains, mh.sample(state, (), {})), info
+
+        (chains, state), info = jax.lax.scan(body, (chains, state), None, length=4)
+        return chains, state, jax.tree.map(lambda x: x[-1], info)
+
+    chains, state, info = four_steps(chains, first)
+    chex.assert_trees_all_equal(state.chain, chains)
+    chex.assert_trees_all_equal(state.info, info)
+    assert isinstance(chains, mm.MallowsState) and isinstance(info, mm.MallowsInfo)
+    chex.assert_shape((chains.rho, chains.alpha, info.rho_acceptance_rate), [(3, N5), (3,), (3,)])
+    assert np.all(np.asarray(chains.iteration) == 4)
+    assert state.position.keys() == {"rho", "alpha"}
 
 
 def test_bad_inputs():
