@@ -49,8 +49,9 @@ test: venv lint
 test-all: venv lint
 	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu" -n 2 --dist loadgroup $(PYTEST_ARGS)
 
-# XLA's own compile of the Pallas kernels for an H200, without a GPU (benchmarks/xla_aot.py;
-# e.g. XLA_AOT_ARGS="--sweep"). Fetches the CUDA PJRT plugin of the venv's JAX (~145 MB) into
+# XLA's own compile of the Pallas kernels for an H200, without a GPU: tools/kernel_audit/xla_aot.py
+# run as a module of the repo root (e.g. XLA_AOT_ARGS="--sweep --candidates"); PYTHONPATH holds
+# the plugin and nvdisasm only. Fetches the CUDA PJRT plugin of the venv's JAX (~145 MB) into
 # .cache/xla-aot once; ptxas comes from the kernel-check extra (pip Triton) or a CUDA toolkit.
 # nvdisasm (5 MB, optional) gives the spills' local-memory traffic in and out of loops.
 XLA_AOT_ARGS ?=
@@ -61,7 +62,7 @@ xla-aot: venv
 	    jax-cuda13-plugin==$$jv jax-cuda13-pjrt==$$jv || { rm -rf $$dir; exit 1; }; \
 	  nd=.cache/xla-aot/nvdisasm-$(NVDISASM_VERSION); [ -d $$nd ] || $(BIN)/python -m pip \
 	    install -q --no-deps --target $$nd nvidia-cuda-nvdisasm==$(NVDISASM_VERSION) || rm -rf $$nd; \
-	  PYTHONPATH=$$dir:$$nd $(BIN)/python benchmarks/xla_aot.py $(XLA_AOT_ARGS)
+	  PYTHONPATH=$$dir:$$nd $(BIN)/python -m tools.kernel_audit.xla_aot $(XLA_AOT_ARGS)
 
 notebooks: venv
 	$(BIN)/jupytext --sync notebooks/*.py

@@ -1,14 +1,18 @@
 """Time the momentum delta rule kernels: Pallas (ours) vs our XLA chunk path vs fla's GDN.
 
-Prints one markdown table: median time after warm-up of the forward and the forward+backward
-of
+Prints markdown tables: median time after warm-up of the forward and the forward+backward of
 
-* ``pallas``: ``jaxlib_ext.pallas_kernels.mdn.kernel.momentum_delta_rule_pallas`` (compiled
-  through the Pallas Triton lowering on GPU, ``interpret=True`` on CPU);
+* ``pallas``: ``jaxlib_ext.pallas_kernels.mdn.kernel.momentum_delta_rule_pallas`` with its
+  default tiling and launch parameters (compiled through the Pallas Triton lowering on GPU,
+  ``interpret=True`` on CPU), and ``pallas bwd=xla`` (forward+backward only, on GPU): the
+  kernels' state recurrence with the backward's chunk algebra in XLA;
 * ``chunk``: ``momentum_delta_rule(..., method="chunk")``, the XLA chunkwise path;
 * ``fla gdn``: ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (PyTorch + Triton, package
-  ``fla-core``), the peer named by issue 4, timed with ``triton.testing.do_bench``; skipped with
-  a note when torch or fla cannot be imported or no CUDA device is present.
+  ``fla-core``), the Gated DeltaNet kernel of flash-linear-attention, timed with
+  ``triton.testing.do_bench``; skipped with a note when torch or fla cannot be imported or no
+  CUDA device is present;
+
+then one decoding step: the Pallas step kernel against the XLA recurrent op on one token.
 
 The ratio column is against ``chunk`` (same direction). TFLOP/s uses the matmul FLOPs of the
 chunkwise algorithm (``kernel.flops_forward``; forward+backward counted as 3x forward, the usual
@@ -17,17 +21,11 @@ forward+backward). Ceilings printed beside them: H200 ~790 TFLOP/s bf16 dense, ~
 
 Usage::
 
-    python benchmarks/mdn_gpu.py                  # GPU, B=8 T=4096 H=6 K=128 V=256 bf16
-    python benchmarks/mdn_gpu.py --cpu            # CPU, interpret mode, tiny shapes
-    python benchmarks/mdn_gpu.py --tune           # GPU: first time a few tilings/launch
-                                                  # configs (TUNE_CANDIDATES), keep the best
+    python benchmarks/kernels_mdn_gpu.py          # GPU, B=8 T=4096 H=6 K=128 V=256 bf16
+    python benchmarks/kernels_mdn_gpu.py --cpu    # CPU, interpret mode, tiny shapes
 
-The defaults of the kernels' tiling and launch parameters come from an offline compile for
-sm_90a (``benchmarks/xla_aot.py``: shared memory, registers, spills), not from GPU
-timings; ``--tune`` is the measurement that confirms or replaces them. Two candidates swap
-the Triton forward state kernel for the Mosaic GPU one (``MOSAIC_CANDIDATES``: two pipeline
-slots, or one for two blocks per SM); with ``--check`` each is first checked against the
-recurrence (forward and gradients) and dropped if it fails.
+Correctness against the recurrence and the timing of other tilings and launch parameters are
+the kernel authors' tools: ``python -m tools.kernel_audit.tuning --check``.
 """
 
 from __future__ import annotations
@@ -52,42 +50,7 @@ from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
     momentum_delta_rule_pallas,
 )
 
-# (label, keyword overrides of momentum_delta_rule_pallas), most informative first (the budget
-# may cut the tail): the state recurrences are latency-bound, so the candidates trade V-tile
-# size (programs in flight) against warps and software pipelining; the backward's
-# chunk-parallel half runs fused (one kernel, 4.1 KB of spills per thread) or split in two
-# (0.6 KB + 4.6 KB, plus ~1 GB of HBM round trip at this shape). XLA compiles all of them for
-# an H200 (benchmarks/xla_aot.py --candidates; figures: jaxlib 0.11.2, see BENCHMARKS.md).
-_STATE_8W = (("mdn_state_fwd", 8, 1), ("mdn_state_bwd", 8, 1))
-_MOSAIC = {"state_kernel": "mosaic_gpu", "block_v": 32}
-MOSAIC_CANDIDATES = (
-    # TMA-pipelined chunk tiles, wgmma; 167 registers, ~185 KiB of shared memory: one block
-    # per SM against two for Triton's
-    ("mosaic state_fwd", _MOSAIC),
-    # single buffers: ~95 KiB, two blocks per SM, no prefetch
-    ("mosaic state_fwd 1 stage", _MOSAIC | {"launch": (("mdn_state_fwd_mosaic", 4, 1),)}),
-)
-TUNE_CANDIDATES = (
-    ("default", {}),
-    # T = (I + L)^{-1} by 10 chained 64 x 64 3xTF32 matmuls instead of 63 dependent row
-    # updates (each two cross-thread reductions); runs in mdn_prep and both backward kernels
-    ("neumann inverse", {"inverse": "neumann"}),
-    # the forward state recurrence in Pallas Mosaic GPU
-    *MOSAIC_CANDIDATES,
-    ("split backward", {"backward": "pallas_split"}),
-    ("state 8 warps", {"launch": _STATE_8W}),
-    ("block_v=16", {"block_v": 16}),
-    ("state_fwd 8w/2 stages", {"launch": (("mdn_state_fwd", 8, 2), ("mdn_state_bwd", 8, 1))}),
-    ("block_v=64, state 8 warps", {"block_v": 64, "launch": _STATE_8W}),
-    ("chunk_bwd 4 warps", {"launch": (("mdn_chunk_bwd", 4, 1),)}),
-    # C = 32: mdn_prep spills nothing and mdn_chunk_bwd 6.0 KB of spill traffic per thread
-    # against 12.2 KB at C = 64 (XLA's compile, session 7), twice the chunk states in HBM
-    # (fwd+bwd temp 2.2 GB instead of 1.4 GB)
-    ("chunk_size=32", {"chunk_size": 32}),
-)
-TUNE_BUDGET_S = 120.0  # stop trying candidates after this much wall time
-
-PEAK_TFLOPS = 790.0  # H200 bf16 dense, measured here (KINDS.md)
+PEAK_TFLOPS = 790.0  # H200 bf16 dense
 PEAK_GBS = 4800.0  # H200 HBM3e
 
 
@@ -180,12 +143,6 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--skip-chunk", action="store_true", help="do not time the XLA chunk path")
     ap.add_argument("--skip-fla", action="store_true", help="do not time fla's GDN")
-    ap.add_argument(
-        "--tune", action="store_true", help="time TUNE_CANDIDATES first and use the fastest"
-    )
-    ap.add_argument(
-        "--check", action="store_true", help="first compare pallas with the recurrent reference"
-    )
     args = ap.parse_args(argv)
     if args.cpu:
         args.B, args.T, args.H, args.K, args.V, args.chunk = 1, 24, 2, 16, 32, 16
@@ -207,36 +164,6 @@ def main(argv=None):
         failed.append(f"{label}: {type(e).__name__}: {str(e)[:2000]}")
         print(f"{what} FAILED: {failed[-1]}", flush=True)
 
-    if args.check:
-        tol = 1e-2 if dtype == jnp.bfloat16 else 1e-4
-        # forward at the benchmark shape; forward and gradients at a small one
-        small = inputs if args.cpu else make_inputs(2, min(T, 301), 2, K, V, dtype, seed=1)
-        cases = ([] if args.cpu else [(inputs, False)]) + [(small, True)]
-        for case, grads in cases:
-            try:
-                check(case, K, args.chunk, interpret, tol, grads=grads)
-            except Exception as e:  # noqa: BLE001 - on GPU a failed check must not cost the
-                # timings of this (rare) run
-                if args.cpu:
-                    raise
-                fail("CHECK", "check", e)
-    cands = TUNE_CANDIDATES[:2] if interpret else TUNE_CANDIDATES  # CPU: exercise the path
-    for cand in MOSAIC_CANDIDATES:
-        ok = mosaic_applies(K, V, T, args.chunk, dtype, cand[1])
-        if ok and args.check and not args.cpu:
-            try:  # the Mosaic GPU state kernel is a tuning candidate: it must be right to win
-                check(small, K, args.chunk, interpret, tol, grads=True, **cand[1])
-            except Exception as e:  # noqa: BLE001 - report, drop the candidate, go on
-                fail("CHECK", f"check ({cand[0]})", e)
-                ok = False
-        if not ok:
-            cands = tuple(c for c in cands if c is not cand)
-    if args.tune:
-        tuned = tune(pallas, inputs, args.warmup, args.iters, cands)
-        if tuned is None:
-            failed.append("tuning: every candidate failed (the rows below use the defaults)")
-        else:
-            pallas = tuned
     rows = []
     ops = [("pallas", pallas, True)]
     if not args.cpu:  # the backward="xla" variant: kernel state recurrence + XLA chunk math
@@ -281,84 +208,6 @@ def main(argv=None):
     return 1 if failed else 0
 
 
-def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES):
-    """Time forward+backward of each candidate (a failure, e.g. a kernel over the
-    shared-memory limit, is a row, not an abort); print the table; return the fastest op, or
-    None when every candidate failed."""
-    rows, best, t_start = [], None, time.perf_counter()
-    print("\nTuning (fwd+bwd median ms; keyword overrides of the op):\n", flush=True)
-    for label, overrides in candidates:
-        if time.perf_counter() - t_start > TUNE_BUDGET_S:
-            rows.append((label, "skipped (tuning budget spent)"))
-            continue
-        op = functools.partial(pallas, **overrides)
-        try:
-            t = median_time(jax_fns(op)[1], inputs, warmup, iters)
-        except Exception as e:  # noqa: BLE001 - a config that fails to compile is a result
-            rows.append((label, f"FAILED: {type(e).__name__}: {str(e)[:300]}"))
-            continue
-        rows.append((label, f"{t * 1e3:.3f}"))
-        if best is None or t < best[0]:
-            best = (t, label, op)
-    print("| config | fwd+bwd ms |\n|---|---|")
-    for label, cell in rows:
-        print(f"| {label} | {cell} |")
-    if best is None:
-        print("\ntuning: every candidate failed", flush=True)
-        return None
-    print(f"\nfastest: {best[1]} (used for the pallas rows below)", flush=True)
-    return best[2]
-
-
-def mosaic_applies(K, V, T, chunk, dtype, options):
-    """Whether a Mosaic candidate's ``options`` run at this shape (bfloat16, chunk 64, K padded
-    to 64 or 128, its block_v dividing the padded V and fitting shared memory)."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _mosaic_state_kernel_applies
-
-    launch = options.get("launch", ())
-    return _mosaic_state_kernel_applies(dtype, T, K, V, chunk, options["block_v"], launch)
-
-
-def check(inputs, K, chunk, interpret, tol, grads, **options):
-    """rel-RMSE of pallas vs method="recurrent" (outputs, final state, optionally gradients);
-    ``options`` go to ``momentum_delta_rule_pallas``."""
-    B, T, H, _ = inputs[0].shape
-    V = inputs[2].shape[-1]
-    s0 = 0.1 * jax.random.normal(jax.random.key(7), (2, B, H, K, V))
-    kw = dict(scale=K**-0.5, initial_state=s0, output_final_state=True)
-    pallas = functools.partial(
-        momentum_delta_rule_pallas, chunk_size=chunk, interpret=interpret, **kw, **options
-    )
-    ref = functools.partial(momentum_delta_rule, method="recurrent", **kw)
-    rel = lambda a, b: float(
-        jnp.linalg.norm((a.astype(jnp.float32) - b.astype(jnp.float32)).ravel())
-        / jnp.linalg.norm(b.astype(jnp.float32).ravel())
-    )
-    with jax.default_matmul_precision("highest"):
-        (o, fs), (o_r, fs_r) = pallas(*inputs), ref(*inputs)
-        errs = {"o": rel(o, o_r), "final_state": rel(fs, fs_r)}
-        if grads:
-            loss = lambda f: lambda *a: jnp.sum(f(*a)[0].astype(jnp.float32) * o_r) + jnp.sum(
-                f(*a)[1] * fs_r
-            )
-            argn = tuple(range(8))
-            g = jax.grad(loss(pallas), argnums=argn)(*inputs)
-            g_r = jax.grad(loss(ref), argnums=argn)(*inputs)
-            names = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta")
-            errs.update({f"d{n}": rel(a, b) for n, a, b in zip(names, g, g_r)})
-    worst = max(errs.values())
-    status = "PASS" if worst < tol and all(e == e for e in errs.values()) else "FAIL"
-    print(
-        f"check B={B} T={T} H={H} K={K} V={V} {inputs[0].dtype}"
-        + "".join(f" {k}={v}" for k, v in options.items())
-        + f": {status} (tol {tol:g}) "
-        + " ".join(f"{k}={v:.1e}" for k, v in errs.items()),
-        flush=True,
-    )
-    if status != "PASS":
-        raise SystemExit(f"pallas vs recurrent check failed: {errs}")
-
-
 def decode_table(inputs, K, interpret, warmup, iters):
     """One decoding step (token t = 0 against a random cached state): Pallas step kernel vs
     the XLA recurrent op on a length-1 sequence. GB/s counts reading and writing (S, M)."""
@@ -388,7 +237,7 @@ def decode_table(inputs, K, interpret, warmup, iters):
             print(f"{name} FAILED: {type(e).__name__}: {str(e)[:2000]}")
     nbytes = 2 * 2 * B * H * K * V * 4
     print(f"\nDecode step B={B} H={H} K={K} V={V}\n")
-    print("| path | median us | vs xla step | GB/s (of ~4800) |")
+    print(f"| path | median us | vs xla step | GB/s (of ~{PEAK_GBS:.0f}) |")
     print("|---|---|---|---|")
     base = dict(rows).get("xla step")
     for name, t in rows:
@@ -408,7 +257,10 @@ def print_table(rows, args, dtype):
         f"\nMDN B={B} T={T} H={H} K={K} V={V} {args.dtype} chunk={args.chunk} "
         f"backend={jax.default_backend()} jax={jax.__version__} interpret={interpret}\n"
     )
-    print("| path | pass | median ms | vs chunk | TFLOP/s (of ~790) | GB/s (of ~4800) |")
+    print(
+        f"| path | pass | median ms | vs chunk | TFLOP/s (of ~{PEAK_TFLOPS:.0f}) "
+        f"| GB/s (of ~{PEAK_GBS:.0f}) |"
+    )
     print("|---|---|---|---|---|---|")
     for name, direction, t in rows:
         mult = 1 if direction == "fwd" else 3

@@ -1,10 +1,13 @@
-"""benchmarks/triton_resources.py: Triton IR dump of the momentum delta rule kernels (CPU) and,
-where a python with the ``triton`` package is at hand, their shared memory on H200 (sm_90a).
+"""kernel_audit.triton_resources: Triton IR dump of the momentum delta rule kernels (CPU) and
+their compile for sm_90a with pip ``triton`` (the ``kernel-check`` extra): shared memory,
+registers, spills.
 
-The slow test is the pre-flight check for a GPU run: XLA refuses to launch a Triton kernel whose
-shared memory exceeds the device's 232448 bytes per block. Point it at a triton environment with
-``TRITON_PYTHON=/path/to/python`` (e.g. ``python3.12 -m venv /tmp/tri &&
-/tmp/tri/bin/pip install triton``); without one it skips.
+The default run dumps the kernels at a small shape and compiles one of them; the slow tests
+are the pre-flight check for a GPU run at the benchmark shape: XLA refuses to launch a Triton
+kernel whose shared memory exceeds the device's 232448 bytes per block. They run the compile
+stage under ``$TRITON_PYTHON`` when set (e.g. ``python3.12 -m venv /tmp/tri &&
+/tmp/tri/bin/pip install triton``), else under this interpreter when it has triton; without
+either they skip.
 """
 
 import importlib.util
@@ -16,19 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernel_audit import triton_resources
+from kernel_audit.target import SHARED_LIMIT
 
 from jaxlib_ext.pallas_kernels.mdn._launch import _KERNELS
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "triton_resources.py"
 KERNELS = [*_KERNELS, "mdn_step"]  # every launch-tunable kernel, and the decode step
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("triton_resources", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+SMALL = (1, 128, 2, 32, 64)  # B, T, H, K, V
 
 
 def need_abstract_device():
@@ -46,17 +43,26 @@ def triton_python():
     return sys.executable if importlib.util.find_spec("triton") is not None else None
 
 
-def test_dump_writes_each_kernel_once(tmp_path):
+@pytest.fixture(scope="module")
+def small_dump(tmp_path_factory):
+    """``(folder, kernels.json dict, (lowering hooks before, after))`` of one bfloat16 dump at
+    the small shape, shared by the module's tests."""
     need_abstract_device()
     from jax._src.pallas.triton import pallas_call_registration as reg
 
-    tr = load_script()
-    before = (reg.lowering.lower_jaxpr_to_triton_module, reg.mlir.custom_call)
-    meta = tr.dump(tmp_path, shape=(1, 128, 2, 32, 64), dtype="bfloat16")
-    assert (reg.lowering.lower_jaxpr_to_triton_module, reg.mlir.custom_call) == before
+    hooks = lambda: (reg.lowering.lower_jaxpr_to_triton_module, reg.mlir.custom_call)
+    out = tmp_path_factory.mktemp("ttir")
+    before = hooks()
+    meta = triton_resources.dump(out, shape=SMALL, dtype="bfloat16")
+    return out, meta, (before, hooks())
 
-    assert json.loads((tmp_path / "kernels.json").read_text()) == meta
-    assert meta["shape"] == dict(B=1, T=128, H=2, K=32, V=64)
+
+def test_dump_writes_each_kernel_once(small_dump):
+    out, meta, (before, after) = small_dump
+    assert after == before  # the lowering hooks are restored
+
+    assert json.loads((out / "kernels.json").read_text()) == meta
+    assert meta["shape"] == dict(zip("BTHKV", SMALL))
     names = [k["name"] for k in meta["kernels"]]
     assert sorted(names) == sorted(KERNELS)  # deduplicated: mdn_prep runs in both passes
     by_name = {k["name"]: k for k in meta["kernels"]}
@@ -67,14 +73,29 @@ def test_dump_writes_each_kernel_once(tmp_path):
     assert by_name["mdn_chunk_bwd"]["passes"] == ["backward"]
     assert by_name["mdn_prep_bwd"]["passes"] == ["backward (split)"]
     assert by_name["mdn_step"]["passes"] == ["decode"]
-    assert sorted(p.name for p in tmp_path.glob("*.ttir")) == sorted(
-        k["file"] for k in meta["kernels"]
-    )
+    assert sorted(p.name for p in out.glob("*.ttir")) == sorted(k["file"] for k in meta["kernels"])
     for k in meta["kernels"]:
         for key in ("num_warps", "num_stages"):
             assert type(k[key]) is int and k[key] >= 1, (k["name"], key, k[key])
         assert len(k["grid"]) == 3 and all(type(g) is int and g >= 1 for g in k["grid"])
-        assert "tt.func" in (tmp_path / k["file"]).read_text()
+        assert "tt.func" in (out / k["file"]).read_text()
+
+
+def test_one_kernel_compiles_for_sm90(small_dump, tmp_path, capsys):
+    """The compile stage on one kernel (mdn_prep, in the forward and both backwards): pip
+    Triton compiles it for sm_90a with its own warps/stages, ptxas reports its registers, and
+    it fits an H200's shared memory; the report is the table and the JSON."""
+    pytest.importorskip("triton")
+    out, meta, _ = small_dump
+    [prep] = [k for k in meta["kernels"] if k["name"] == "mdn_prep"]
+    shutil.copy(out / prep["file"], tmp_path)
+    (tmp_path / "kernels.json").write_text(json.dumps(meta | dict(kernels=[prep])))
+    report = tmp_path / "resources.json"
+    assert triton_resources.compile_dir(tmp_path, json_out=report) == 0
+    [row] = json.loads(report.read_text())["kernels"]
+    assert row["status"] in ("ok", "spills"), row
+    assert 0 < row["shared"] <= SHARED_LIMIT and 0 < row["registers"] <= 255, row
+    assert "| mdn_prep | 8 | 1 |" in capsys.readouterr().out
 
 
 def test_compile_stage_needs_no_jax(tmp_path):
@@ -82,11 +103,15 @@ def test_compile_stage_needs_no_jax(tmp_path):
     at the missing triton, with the hint how to get one, not at an import of jax."""
     (tmp_path / "kernels.json").write_text(json.dumps(dict(kernels=[])))
     code = (
-        "import sys; sys.modules['jax'] = None; sys.modules['triton'] = None; "
-        f"sys.argv = ['x', 'compile', '--dir', {str(tmp_path)!r}]; "
-        f"import runpy; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+        "import sys, runpy; sys.modules['jax'] = None; sys.modules['triton'] = None; "
+        f"sys.argv = ['triton_resources', 'compile', '--dir', {str(tmp_path)!r}]; "
+        "runpy.run_module('kernel_audit.triton_resources', run_name='__main__')"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    tools = Path(triton_resources.__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(tools))
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1, r.stderr
     assert "has no triton" in r.stderr and "pip install triton" in r.stderr, r.stderr
 
@@ -94,23 +119,22 @@ def test_compile_stage_needs_no_jax(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_kernels_fit_h200_shared_memory(tmp_path, dtype):
-    """Default benchmark shape (B=8, T=4096, H=6, K=128, V=256; bfloat16, the timed case, and
-    float32, what the GPU correctness tests run): every kernel, compiled for sm_90a with its
-    own warps/stages, fits in the H200's shared memory per block."""
+    """Benchmark shape (B=8, T=4096, H=6, K=128, V=256; bfloat16, the timed case, and float32,
+    what the GPU correctness tests run): every kernel, compiled for sm_90a with its own
+    warps/stages by the compile stage in its own process, fits in the H200's shared memory per
+    block."""
     python = triton_python()
     if python is None:
         pytest.skip("no python with triton (set TRITON_PYTHON)")
     need_abstract_device()
-    tr = load_script()
-    tr.dump(tmp_path, dtype=dtype)
+    triton_resources.dump(tmp_path, dtype=dtype)
     out = tmp_path / "resources.json"
-    cmd = [python, str(SCRIPT), "compile", "--dir", str(tmp_path), "--json", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert out.exists(), r.stdout + r.stderr
+    status = triton_resources.run_compile_stage(python, tmp_path, json_out=out)
+    assert out.exists(), status
     report = json.loads(out.read_text())
     assert sorted(k["name"] for k in report["kernels"]) == sorted(KERNELS)
     failed = [k for k in report["kernels"] if "error" in k]
-    assert not failed, r.stdout
-    over = [k["name"] for k in report["kernels"] if k["shared"] > tr.SHARED_LIMIT]
-    assert not over, f"over {tr.SHARED_LIMIT} bytes of shared memory: {over}\n{r.stdout}"
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert not failed, failed
+    over = [k["name"] for k in report["kernels"] if k["shared"] > SHARED_LIMIT]
+    assert not over, f"over {SHARED_LIMIT} bytes of shared memory: {over}"
+    assert status == 0

@@ -1,6 +1,7 @@
-"""benchmarks/xla_aot.py: XLA's deviceless compile of the momentum delta rule programs for an
-H200. The parsers and the ptxas wrapper are tested everywhere; the compile itself needs the CUDA
-PJRT plugin of this JAX (``make xla-aot`` fetches it) and skips without it.
+"""kernel_audit.xla_aot: XLA's deviceless compile of the momentum delta rule programs for an
+H200, with its toolchain (``toolchain``) and SASS reader (``sass``). The parsers and the ptxas
+wrapper are tested everywhere; the compile itself needs the CUDA PJRT plugin of this JAX
+(``make xla-aot`` fetches it) and skips without it.
 """
 
 import importlib.util
@@ -11,18 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernel_audit import sass, toolchain, xla_aot
+from kernel_audit.sass import SassSpan
+from kernel_audit.target import SHARED_LIMIT
 
 from jaxlib_ext.pallas_kernels.mdn._launch import _KERNELS
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "xla_aot.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("xla_aot", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 PTX = (
@@ -75,38 +71,50 @@ def test_sass_profile_splits_loops_and_weighs_spills():
     """Per kernel: instructions and local-memory bytes (LDL/STL by width, predicated too)
     outside loops and per iteration of each backward-branch loop; the trap after EXIT (a jump
     to itself) is no loop."""
-    xa = load_script()
-    assert xa._sass_profile(SASS) == {
-        "mdn_chunk_bwd": (xa.SassSpan(5, 16), [xa.SassSpan(4, 20)]),
-        "mdn_out": (xa.SassSpan(1, 0), []),
+    assert sass.profile(SASS) == {
+        "mdn_chunk_bwd": (SassSpan(5, 16), [SassSpan(4, 20)]),
+        "mdn_out": (SassSpan(1, 0), []),
     }
-    sass = (xa.SassSpan(5, 16), [xa.SassSpan(4, 20), xa.SassSpan(9, 0)])
-    assert xa._fmt_sass(sass, "instructions") == "5 + 4/iter + 9/iter"
-    assert xa._fmt_sass(sass, "local_bytes") == "16 + 20/iter"
-    assert xa._fmt_sass(None, "local_bytes") == "-"
+    spans = (SassSpan(5, 16), [SassSpan(4, 20), SassSpan(9, 0)])
+    assert sass.format_spans(spans, "instructions") == "5 + 4/iter + 9/iter"
+    assert sass.format_spans(spans, "local_bytes") == "16 + 20/iter"
+    assert sass.format_spans(None, "local_bytes") == "-"
+
+
+@pytest.mark.parametrize(
+    "instruction, nbytes",
+    [
+        ("LDL R4, [R1]", 4),
+        ("STL.64 [R1], R2", 8),
+        ("STL.128 [R1+0x10], R8", 16),
+        ("@!P1 LDL.U8 R2, [R1]", 1),
+        ("LDS.128 R4, [R2]", 0),  # shared memory, not a spill
+        ("HMMA.16816.F32.BF16 R8, R12, R16, R8", 0),
+    ],
+)
+def test_local_bytes_by_width(instruction, nbytes):
+    assert sass.local_bytes(instruction) == nbytes
 
 
 def test_parsers():
     """PTX entry directives, ptxas -v per entry (registers, spill stores)."""
-    xa = load_script()
-    assert xa._entry_directives(PTX) == {
+    assert xla_aot._entry_directives(PTX) == {
         "mdn_prep": ".reqntid 256 .maxnreg 255",
         "fusion_1": ".maxntid 128, 1, 1",
     }
-    assert xa._ptxas_per_entry(PTXAS_V) == {"mdn_prep": (32, 75312), "fusion_1": (18, 0)}
+    assert xla_aot._ptxas_per_entry(PTXAS_V) == {"mdn_prep": (32, 75312), "fusion_1": (18, 0)}
 
 
 def test_kernel_rows_join_thunks_and_ptxas(tmp_path):
     """Only mdn_* kernels; launch facts from the thunk sequence, resources from the wrapper's
     kept PTX + ptxas log; a 32-register kernel that spills is flagged."""
-    xa = load_script()
     thunks = tmp_path / "module_0001.jit_mdn_forward.thunk_sequence.txt"
     thunks.write_text(THUNKS)
     ptx = tmp_path / "ptxAbc123.ptx"
     ptx.write_text(PTX)
     (tmp_path / "ptxAbc123.ptx.log").write_text(PTXAS_V)
     (tmp_path / "ptxAbc123.ptx.args").write_text(f"{ptx} -o out.cubin -arch=sm_90a\n")
-    [row] = xa._kernels([thunks], [ptx])
+    [row] = xla_aot._kernels([thunks], [ptx])
     assert row == dict(
         name="mdn_prep",
         grid="64,8,6",
@@ -118,14 +126,13 @@ def test_kernel_rows_join_thunks_and_ptxas(tmp_path):
         directives=".reqntid 256 .maxnreg 255",
         ptxas_args="-arch=sm_90a",
     )
-    assert xa._flag(row) == "low-register fallback"
-    assert xa._flag(row | dict(shared=xa.SHARED_LIMIT + 1, registers=255)) == "OVER SHARED LIMIT"
+    assert xla_aot._flag(row) == "low-register fallback"
+    assert xla_aot._flag(row | dict(shared=SHARED_LIMIT + 1, registers=255)) == "OVER SHARED LIMIT"
 
 
 def test_ptxas_wrapper_keeps_ptx_and_report(tmp_path, monkeypatch):
     """The ptxas XLA runs is the wrapper: it passes the call through with -v (exit status
     included) and keeps the PTX, the ptxas report and the arguments."""
-    xa = load_script()
     fake = tmp_path / "real_ptxas"
     fake.write_text(
         "#!/bin/sh\n"
@@ -137,10 +144,10 @@ def test_ptxas_wrapper_keeps_ptx_and_report(tmp_path, monkeypatch):
     libdevice = tmp_path / "libdevice.10.bc"
     libdevice.write_bytes(b"BC")
     monkeypatch.setenv("XLA_AOT_PTXAS", str(fake))
-    monkeypatch.setattr(xa, "find_libdevice", lambda: libdevice)
+    monkeypatch.setattr(toolchain, "find_libdevice", lambda: libdevice)
     for var in ("PATH", "XLA_FLAGS", "JAX_PLATFORMS"):  # restored after the test
         monkeypatch.setenv(var, os.environ.get(var, ""))
-    tool = xa.prepare_toolchain(tmp_path / "work")
+    tool = toolchain.prepare_toolchain(tmp_path / "work")
     assert tool["release"] == "13.0" and tool["ptxas"] == str(fake.resolve())
     root = tmp_path / "work" / "cuda"
     assert os.environ["PATH"].startswith(str(root / "bin"))
@@ -182,8 +189,9 @@ def test_xla_compiles_every_kernel_for_h200(tmp_path):
     H200s the sharded forward+backward needs no collective and each kernel's grid spans one
     batch row and one head (B = H = 2)."""
     out = tmp_path / "r.json"
-    cmd = [sys.executable, str(SCRIPT), "--shape", "2,128,2,32,64", "--no-xla-chunk"]
-    r = subprocess.run(cmd + ["--json", str(out)], capture_output=True, text=True, timeout=900)
+    cmd = [sys.executable, "-m", "tools.kernel_audit.xla_aot", "--shape", "2,128,2,32,64"]
+    cmd += ["--no-xla-chunk", "--json", str(out)]  # the documented command, from the repo root
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     report = json.loads(out.read_text())
     assert all(p["ok"] for p in report["results"])
@@ -191,7 +199,7 @@ def test_xla_compiles_every_kernel_for_h200(tmp_path):
     assert sorted(kernels) == sorted([*_KERNELS, "mdn_step"])
     for k in kernels.values():
         assert k["shared"] is not None and k["registers"] is not None, k
-        if load_script().find_nvdisasm():  # the kept cubin disassembled: it has code
+        if toolchain.find_nvdisasm():  # the kept cubin disassembled: it has code
             assert k["sass"] is not None and k["sass"][0][0] > 0, k
     sharded = [p for p in report["results"] if p["program"].startswith("mdn_fwd_bwd_sharded")]
     assert len(sharded) == 2  # Auto and Explicit mesh axes

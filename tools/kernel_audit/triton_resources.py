@@ -1,4 +1,5 @@
-"""Shared memory, registers and spills of the momentum delta rule Pallas Triton kernels on H200.
+"""Shared memory, registers and spills of the momentum delta rule Pallas Triton kernels on H200,
+from pip Triton, without a GPU.
 
 What: every ``pl.pallas_call`` of ``momentum_delta_rule_pallas`` (forward: mdn_prep,
 mdn_state_fwd, mdn_out; backward: mdn_state_bwd, mdn_chunk_bwd, with mdn_prep again; the split
@@ -10,30 +11,32 @@ the dynamic shared memory Triton allocates (``metadata.shared``) and, from ``ptx
 PTX for sm_90a, the registers per thread and the spill-store bytes.
 
 Why: XLA refuses to launch a Triton kernel whose shared memory exceeds what the device grants a
-block (H200: 227 KiB = 232448 bytes with opt-in), so a kernel that is fine in interpret mode on
-CPU can fail on the first GPU run. Registers are capped at 255 per thread; past that ptxas
-spills to local memory, which is slow. This check catches both before a GPU is available.
+block (``target.SHARED_LIMIT``), so a kernel that is fine in interpret mode on CPU can fail on
+the first GPU run. Registers are capped at 255 per thread; past that ptxas spills to local
+memory, which is slow. This check catches both before a GPU is available.
 
 Caveat: XLA compiles the kernels with the Triton bundled in jaxlib, not the pip ``triton`` used
 here, so its pipelining/layout choices, and hence the numbers, differ a little (a few KiB of
-shared memory, some hundred bytes of spills). ``xla_aot.py`` runs XLA's own compile for an H200
-without a GPU when the CUDA PJRT plugin is at hand; this script needs only pip ``triton``.
+shared memory, some hundred bytes of spills). ``xla_aot`` runs XLA's own compile for an H200
+without a GPU when the CUDA PJRT plugin is at hand; this needs only pip ``triton``.
 
-Two stages in one file, because jax and triton usually live in different environments:
+Two stages, because jax and triton may live in different environments. From the repository
+root::
 
     # with the jax environment: lower and write NN_<kernel>.ttir + kernels.json
-    .venv/bin/python benchmarks/triton_resources.py dump --out /tmp/mdn_ttir \\
+    .venv/bin/python -m tools.kernel_audit.triton_resources dump --out /tmp/mdn_ttir \\
         [--shape 8,4096,6,128,256] [--dtype bfloat16] [--block-v N] [--chunk 64]
     # with any python that has triton (does not import jax):
-    /tmp/tri/bin/python benchmarks/triton_resources.py compile --dir /tmp/mdn_ttir \\
+    /tmp/tri/bin/python -m tools.kernel_audit.triton_resources compile --dir /tmp/mdn_ttir \\
         [--sweep] [--json results.json]
     # both at once; the compile stage runs under $TRITON_PYTHON (default: this interpreter):
-    TRITON_PYTHON=/tmp/tri/bin/python .venv/bin/python benchmarks/triton_resources.py all
+    .venv/bin/python -m tools.kernel_audit.triton_resources all [--sweep]
 
-A triton environment: ``python3.12 -m venv /tmp/tri && /tmp/tri/bin/pip install triton``.
-``compile`` and ``all`` exit with status 1 when a kernel is over the shared-memory limit or does
-not compile. The default shape is the issue's benchmark, B=8, T=4096, H=6, K=128, V=256 in
-bfloat16 (only ShapeDtypeStructs: nothing is allocated).
+A triton environment: ``python3.12 -m venv /tmp/tri && /tmp/tri/bin/pip install triton`` (the
+``kernel-check`` extra puts triton in the project's own venv). ``compile`` and ``all`` exit
+with status 1 when a kernel is over the shared-memory limit or does not compile. The default
+shape is the benchmark shape, B=8, T=4096, H=6, K=128, V=256 in bfloat16 (only
+ShapeDtypeStructs: nothing is allocated).
 """
 
 from __future__ import annotations
@@ -50,9 +53,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHARED_LIMIT = 232448  # H200 (sm_90): 227 KiB of shared memory per block, opt-in maximum
-MAX_REGISTERS = 255  # per thread
-DEFAULT_SHAPE = (8, 4096, 6, 128, 256)  # B, T, H, K, V
+from .inputs import DEFAULT_SHAPE, abstract_inputs, parse_shape
+from .target import MAX_REGISTERS, SHARED_LIMIT
+
 SWEEP_WARPS = (4, 8)
 SWEEP_STAGES = (1, 2, 3)
 TRITON_TARGET = "__gpu$xla.gpu.triton"
@@ -106,22 +109,6 @@ def _capture_kernels(fn, args):
         reg.lowering.lower_jaxpr_to_triton_module = lower_orig
         reg.mlir.custom_call = call_orig
     return found
-
-
-def abstract_inputs(shape, dtype):
-    """(sequence inputs, decode-step inputs) of the op as ShapeDtypeStructs for
-    ``shape = (B, T, H, K, V)``: q, k, v, p in ``dtype`` and the four float32 gates; the step
-    takes one token of each plus the float32 state [2, B, H, K, V]."""
-    import jax
-    import jax.numpy as jnp
-
-    b, t, h, kdim, vdim = shape
-    dt, f32, sds = jnp.dtype(dtype), jnp.float32, jax.ShapeDtypeStruct
-    seq = [sds((b, t, h, kdim), dt)] * 2 + [sds((b, t, h, vdim), dt), sds((b, t, h, kdim), dt)]
-    seq += [sds((b, t, h), f32)] * 4
-    one = [sds((b, h, kdim), dt)] * 2 + [sds((b, h, vdim), dt), sds((b, h, kdim), dt)]
-    one += [sds((b, h), f32)] * 4 + [sds((2, b, h, kdim, vdim), f32)]
-    return seq, one
 
 
 def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
@@ -354,22 +341,12 @@ def _triton_python():
     return sys.executable if importlib.util.find_spec("triton") is not None else None
 
 
-def _shape(text):
-    try:
-        vals = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected B,T,H,K,V integers, got {text!r}") from None
-    if len(vals) != 5 or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected five positive integers B,T,H,K,V: {text!r}")
-    return vals
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     def lowering_args(p):
-        p.add_argument("--shape", type=_shape, default=DEFAULT_SHAPE, help="B,T,H,K,V")
+        p.add_argument("--shape", type=parse_shape, default=DEFAULT_SHAPE, help="B,T,H,K,V")
         p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
         p.add_argument("--block-v", type=int, default=None, help="default: the kernel's own")
         p.add_argument("--chunk", type=int, default=64)
@@ -402,8 +379,19 @@ def main(argv=None):
     print(f"wrote {len(meta['kernels'])} kernels ({names}) to {args.out}", flush=True)
     if args.cmd == "dump":
         return 0
-    cmd = [python, os.path.abspath(__file__), "compile", "--dir", args.out]
-    return subprocess.run(cmd + (["--sweep"] if args.sweep else [])).returncode
+    return run_compile_stage(python, args.out, args.sweep)
+
+
+def run_compile_stage(python, directory, sweep=False, json_out=None):
+    """Run ``compile`` on ``directory`` under the interpreter ``python`` (which needs neither
+    jax nor this package installed: the package's folder goes on its PYTHONPATH); return its
+    exit status."""
+    package = Path(__file__).resolve().parent
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package.parent), env.get("PYTHONPATH")]))
+    cmd = [python, "-m", f"{package.name}.triton_resources", "compile", "--dir", str(directory)]
+    cmd += (["--sweep"] if sweep else []) + (["--json", str(json_out)] if json_out else [])
+    return subprocess.run(cmd, env=env).returncode
 
 
 if __name__ == "__main__":

@@ -1,41 +1,43 @@
 """Compile the momentum delta rule programs with XLA for an H200, on a machine without a GPU.
 
 What: JAX lowers each program with an H200 as the default device and the CUDA PJRT plugin
-compiles it against a description of the H200 (XLA's deviceless ahead-of-time compilation: no
-driver, no GPU). The programs are the Pallas forward, forward+backward with the fused and with
-the split backward, the decode step, and the XLA ``chunk`` path's forward+backward. XLA's own
-Triton (the one bundled in jaxlib) turns each ``pallas_call`` into PTX, and XLA runs ptxas on
-it, as it will on the GPU. A ptxas wrapper first on PATH keeps each PTX and adds ``-v``; XLA's
-thunk sequence (``--xla_dump_to``) gives each kernel's grid, threads and shared memory.
+compiles it against a description of the H200 (``target.H200_TARGET_CONFIG``; XLA's deviceless
+ahead-of-time compilation: no driver, no GPU). The programs are the Pallas forward (also with
+the Mosaic GPU state kernel where it applies), forward+backward with the fused and with the
+split backward, the decode step, the XLA ``chunk`` path's forward+backward, and the Pallas
+forward+backward sharded over a 2 x 2 mesh of H200s (mesh axes ``Auto`` and ``Explicit``).
+XLA's own Triton (the one bundled in jaxlib) turns each ``pallas_call`` into PTX, and XLA runs
+ptxas on it, as it will on the GPU; the ptxas it runs is ``toolchain``'s wrapper, which keeps
+each PTX with its ``-v`` report, and XLA's thunk sequence (``--xla_dump_to``) gives each
+kernel's grid, threads and shared memory.
 
 Reported per kernel: grid, threads, shared KiB, registers, spill-store bytes (and the PTX
 directives); with ``nvdisasm`` (pip ``nvidia-cuda-nvdisasm``, fetched by ``make xla-aot``),
-from the SASS of the cubin the wrapper keeps: instructions and local-memory (spill) bytes per
-thread outside loops and per iteration of each loop, which ptxas' static spill count does not
-tell apart. Per program: compile time and XLA's temporary buffer (``memory_analysis``).
+from the SASS of the cubin the wrapper keeps (``sass``): instructions and local-memory (spill)
+bytes per thread outside loops and per iteration of each loop, which ptxas' static spill count
+does not tell apart. Per program: compile time, XLA's temporary buffer (``memory_analysis``)
+and the collectives left in the compiled module (the sharded programs should have none).
 ``--sweep`` compiles the Pallas programs once per (num_warps, num_stages) pair for every kernel
 at once (the ``launch=`` override) and tabulates each kernel's resources per pair;
-``--candidates`` compiles the forward+backward of each of ``mdn_gpu.py``'s TUNE_CANDIDATES.
+``--candidates`` compiles the forward+backward of each of ``candidates.TUNE_CANDIDATES``.
 
-Why: ``triton_resources.py`` compiles the kernels' Triton IR with pip Triton, whose layouts and
-pipelining are not those of jaxlib's Triton (at the benchmark shape XLA gives mdn_chunk_bwd
-104 KiB and 3844 B of spills where pip Triton 3.9 gave 112 KiB and 3112 B). This script runs
-the compile the GPU run will do, for the jaxlib it runs under, so a kernel that does not
-compile or is over the shared-memory limit shows up before any GPU time is spent, and launch
-parameters can be chosen on XLA's own numbers.
+Why: ``triton_resources`` compiles the kernels' Triton IR with pip Triton, whose layouts and
+pipelining are not those of jaxlib's Triton, so its shared memory and spills differ a little.
+This runs the compile the GPU run will do, for the jaxlib it runs under, so a kernel that does
+not compile or is over the shared-memory limit shows up before any GPU time is spent, and
+launch parameters can be chosen on XLA's own numbers.
 
-Needs the CUDA PJRT plugin of this very JAX version and a ptxas of CUDA >= 13 (``make
-xla-aot`` sets both up and runs the default report)::
+Needs the CUDA PJRT plugin of this very JAX version and a ptxas of CUDA >= 13 (``toolchain``
+says where it looks). ``make xla-aot`` sets both up and runs the default report; by hand, from
+the repository root::
 
     pip install --no-deps --target .cache/xla-aot jax-cuda13-plugin==V jax-cuda13-pjrt==V
-    PYTHONPATH=.cache/xla-aot .venv/bin/python benchmarks/xla_aot.py \\
-        [--shape 8,4096,6,128,256] [--dtype bfloat16] [--chunk 64] [--sweep] [--json F]
+    PYTHONPATH=.cache/xla-aot .venv/bin/python -m tools.kernel_audit.xla_aot \\
+        [--shape 8,4096,6,128,256] [--dtype bfloat16] [--chunk 64] [--sweep] [--candidates] \\
+        [--json F] [--keep DIR]
 
-ptxas is looked for in $XLA_AOT_PTXAS, pip ``nvidia-cuda-nvcc`` (what ``jax[cuda13]``
-installs, so what the GPU run uses), $CUDA_HOME, PATH, /usr/local/cuda, then pip Triton's
-``ptxas-blackwell``; libdevice likewise (Triton ships a copy). Exit status 1 when a program
-does not compile or a kernel is over the shared-memory limit. Only ShapeDtypeStructs are used:
-nothing is allocated, and no GPU, driver or network is touched.
+Exit status 1 when a program does not compile or a kernel is over the shared-memory limit.
+Only ShapeDtypeStructs are used: nothing is allocated, and no GPU, driver or network is touched.
 """
 
 from __future__ import annotations
@@ -43,190 +45,25 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from triton_resources import DEFAULT_SHAPE, SHARED_LIMIT, _shape, abstract_inputs  # noqa: E402
-
-# What XLA needs to know of the target (xla.GpuTargetConfigProto, text format). Public H200
-# SXM figures: 132 SMs, 1.98 GHz boost, 50 MiB L2, 4.8 TB/s HBM3e, 141 GB; per SM 228 KiB of
-# shared memory (227 KiB = 232448 B grantable to one block), 64 K registers, 2048 threads.
-# Code generation depends on the compute capability and these limits, not on the memory size.
-H200_TARGET_CONFIG = """
-gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_block_optin: 232448
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 4800000000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 141000000000
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-  cuda_compute_capability { major: 9 minor: 0 }
-}
-platform_name: "CUDA"
-device_description_str: "NVIDIA H200"
-"""
+from . import sass
+from .inputs import DEFAULT_SHAPE, abstract_inputs, parse_shape
+from .target import H200_TARGET_CONFIG, SHARED_LIMIT
+from .toolchain import prepare_toolchain
 
 SWEEP = tuple((w, s) for w in (4, 8) for s in (1, 2, 3)) + ((16, 1),)
 _THUNK = re.compile(
     r"\s(?P<name>[\w.$]+) grid: \[(?P<grid>[^\]]*)\] threads: \[(?P<threads>[^\]]*)\]"
     r"\s+shared_memory: (?P<shared>\d+) bytes"
 )
-# The wrapper XLA runs as ptxas: keeps the PTX, ptxas' -v report and the cubin side by side.
-_WRAPPER = """#!/bin/sh
-src=""
-out=""
-prev=""
-for a in "$@"; do
-  case "$a" in
-    -*) ;;
-    *) if [ "$prev" = "-o" ]; then out="$a"; elif [ -f "$a" ]; then src="$a"; fi ;;
-  esac
-  prev="$a"
-done
-[ -z "$src" ] && exec "{real}" "$@"  # --version and other probes
-keep=$(mktemp -p "{save}" --suffix=.ptx ptxXXXXXX)
-cp "$src" "$keep"
-echo "$*" > "$keep.args"
-"{real}" "$@" -v 2> "$keep.log"
-rc=$?
-[ $rc -eq 0 ] && [ -n "$out" ] && [ -f "$out" ] && cp "$out" "$keep.cubin"
-cat "$keep.log" >&2
-exit $rc
-"""
-
-
-# --------------------------------------------------------------------------------------------
-# The toolchain XLA will call: a CUDA >= 13 ptxas (behind the wrapper) and libdevice
-# --------------------------------------------------------------------------------------------
-
-
-def _site_dirs():
-    return [Path(p) for p in sys.path if p and Path(p).is_dir()]
-
-
-def _triton_nvidia_dir():
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not spec.origin:
-        return None
-    return Path(spec.origin).parent / "backends" / "nvidia"
-
-
-def _cuda_release(ptxas):
-    """(major, minor) of a ptxas binary, or None when it does not run."""
-    try:
-        out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    m = re.search(r"release (\d+)\.(\d+)", out.stdout)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def find_ptxas():
-    """The first ptxas of CUDA >= 13 (jaxlib's CUDA 13 build emits PTX ISA 9.x), preferring
-    the one the GPU run uses (pip nvidia-cuda-nvcc) over pip Triton's."""
-    cands = [os.environ.get("XLA_AOT_PTXAS")]
-    cands += [d / "nvidia" / "cu13" / "bin" / "ptxas" for d in _site_dirs()]
-    if os.environ.get("CUDA_HOME"):
-        cands.append(Path(os.environ["CUDA_HOME"]) / "bin" / "ptxas")
-    cands.append(shutil.which("ptxas"))
-    cands.append("/usr/local/cuda/bin/ptxas")
-    if (tri := _triton_nvidia_dir()) is not None:
-        cands += [tri / "bin" / "ptxas-blackwell", tri / "bin" / "ptxas"]
-    for c in cands:
-        if c and Path(c).is_file() and os.access(c, os.X_OK):
-            if (release := _cuda_release(str(c))) and release >= (13, 0):
-                return str(Path(c).resolve()), release
-    raise SystemExit(
-        "xla_aot: no ptxas of CUDA >= 13 found; `pip install nvidia-cuda-nvcc` (or set "
-        "XLA_AOT_PTXAS), or install the kernel-check extra (pip Triton ships one)"
-    )
-
-
-def find_libdevice():
-    cands = [d / "nvidia" / "cu13" / "nvvm" / "libdevice" / "libdevice.10.bc" for d in _site_dirs()]
-    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if root:
-            cands.append(Path(root) / "nvvm" / "libdevice" / "libdevice.10.bc")
-    if (tri := _triton_nvidia_dir()) is not None:
-        cands.append(tri / "lib" / "libdevice.10.bc")
-    found = next((c for c in cands if c.is_file()), None)
-    if found is None:
-        raise SystemExit("xla_aot: no libdevice.10.bc (pip nvidia-nvvm, a CUDA toolkit, Triton)")
-    return found
-
-
-def find_nvdisasm():
-    """An nvdisasm (pip ``nvidia-cuda-nvdisasm``, which ``make xla-aot`` puts beside the
-    plugin, or a CUDA toolkit's), or None: without it the local-memory columns stay empty."""
-    cands = [os.environ.get("XLA_AOT_NVDISASM")]
-    cands += [d / "nvidia" / "cu13" / "bin" / "nvdisasm" for d in _site_dirs()]
-    if os.environ.get("CUDA_HOME"):
-        cands.append(Path(os.environ["CUDA_HOME"]) / "bin" / "nvdisasm")
-    cands += [shutil.which("nvdisasm"), "/usr/local/cuda/bin/nvdisasm"]
-    for c in cands:
-        if c and Path(c).is_file():
-            if not os.access(c, os.X_OK):  # pip --target does not always keep the mode bits
-                try:
-                    Path(c).chmod(0o755)
-                except OSError:
-                    continue
-            return str(c)
-    return None
-
-
-def prepare_toolchain(work):
-    """A CUDA root under ``work`` for XLA (``bin/ptxas`` = the wrapper, nvvm/libdevice), first
-    on PATH and named by ``--xla_gpu_cuda_data_dir``, plus a dump folder. Must run before JAX
-    initialises the CUDA plugin (it reads XLA_FLAGS once)."""
-    work = Path(work)
-    real, release = find_ptxas()
-    root, save, dump = work / "cuda", work / "ptx", work / "dump"
-    for d in (root / "bin", root / "nvvm" / "libdevice", save, dump):
-        d.mkdir(parents=True, exist_ok=True)
-    wrapper = root / "bin" / "ptxas"
-    wrapper.write_text(_WRAPPER.format(save=save, real=real))
-    wrapper.chmod(0o755)
-    links = {root / "nvvm" / "libdevice" / "libdevice.10.bc": find_libdevice()}
-    if (nvlink := Path(real).with_name("nvlink")).is_file():
-        links[root / "bin" / "nvlink"] = nvlink
-    for link, target in links.items():  # a kept folder may hold them from an earlier run
-        link.unlink(missing_ok=True)
-        link.symlink_to(target)
-    os.environ["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
-    os.environ["XLA_FLAGS"] = " ".join(
-        [os.environ.get("XLA_FLAGS", ""), f"--xla_gpu_cuda_data_dir={root}"]
-        + [f"--xla_dump_to={dump}", "--xla_dump_hlo_module_re=jit_mdn_.*"]
-    ).strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # never touch a local GPU or driver
-    return dict(
-        ptxas=real,
-        release=f"{release[0]}.{release[1]}",
-        save=save,
-        dump=dump,
-        nvdisasm=find_nvdisasm(),
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,7 +76,7 @@ _ENTRY = re.compile(r"\.entry\s+([\w$.]+)\s*\((?:[^()]|\([^()]*\))*\)\s*((?:\.\w
 def _entry_directives(ptx):
     """{entry name: its performance directives (.reqntid, .maxntid, .maxnreg, .minnctapersm)}.
     Without ``.maxnreg`` / ``.minnctapersm`` ptxas may settle on 32 registers and spill tens of
-    KB (see ``_launch_params`` in ``pallas_kernels/mdn/_launch.py``)."""
+    KB per thread."""
     return {m.group(1): " ".join(m.group(2).split()) for m in _ENTRY.finditer(ptx)}
 
 
@@ -254,85 +91,6 @@ def _ptxas_per_entry(stderr):
         elif (m := re.search(r"Used (\d+) registers", line)) and name:
             out[name] = (int(m.group(1)), spills)
     return out
-
-
-_SASS_FUNCTION = re.compile(r"^\s*//-+ \.text\.(\S+)\s")
-_SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
-_SASS_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_SASS_BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
-_LOCAL_WIDTH = {"": 4, ".U8": 1, ".S8": 1, ".U16": 2, ".S16": 2, ".64": 8, ".128": 16}
-
-
-def _local_bytes(instruction):
-    """Bytes one thread moves through local memory (LDL, STL: register spills) in one SASS
-    instruction, or 0."""
-    ops = instruction.split()
-    op = ops[1] if ops[0].startswith("@") and len(ops) > 1 else ops[0]
-    for prefix in ("LDL", "STL"):
-        if op.startswith(prefix):
-            return _LOCAL_WIDTH.get(op[len(prefix) :], 4)
-    return 0
-
-
-class SassSpan(NamedTuple):
-    """A span of SASS instructions: its length and the bytes one thread moves through local
-    memory (register spills) in one pass."""
-
-    instructions: int
-    local_bytes: int
-
-
-def _sass_profile(sass):
-    """{kernel: (outside, [loop, ...])}, each a ``SassSpan``, from ``nvdisasm`` output:
-    what runs once and what runs once per iteration of each loop.
-
-    ptxas' "spill stores" counts spill instructions once each, wherever they are; what they
-    cost depends on how often they run, and so does an instruction count. A loop is the span
-    from a label back to a branch that jumps up to it; multiply a loop's figures by its trip
-    count, which the caller knows (the V loop of the backward kernels runs V / block_v times,
-    the in-kernel forward substitution C - 1)."""
-    funcs, name, pending = {}, None, []
-    for line in sass.splitlines():
-        if m := _SASS_FUNCTION.match(line):
-            name, pending = m.group(1), []
-            funcs[name] = ({}, [])
-        elif name is None:
-            continue
-        elif m := _SASS_LABEL.match(line):
-            pending.append(m.group(1))
-        elif m := _SASS_INSTRUCTION.match(line):
-            labels, code = funcs[name]
-            addr = int(m.group(1), 16)
-            labels.update(dict.fromkeys(pending, addr))
-            pending = []
-            code.append((addr, m.group(2)))
-    return {fname: _split_by_loops(*parsed) for fname, parsed in funcs.items()}
-
-
-def _split_by_loops(labels, code):
-    """(outside, [loop, ...]) ``SassSpan``s of one kernel's [(address, instruction)]."""
-    loops = []
-    for addr, text in code:
-        m = _SASS_BRANCH.search(text)
-        if m and labels.get(m.group(1), addr) < addr:  # a backward jump closes a loop
-            loops.append((labels[m.group(1)], addr))
-
-    def span(inside):
-        body = [t for addr, t in code if inside(addr)]
-        return SassSpan(len(body), sum(map(_local_bytes, body)))
-
-    outside = span(lambda addr: not any(a <= addr <= b for a, b in loops))
-    return outside, [span(lambda addr, a=a, b=b: a <= addr <= b) for a, b in loops]
-
-
-def _disassemble(cubin, nvdisasm):
-    try:
-        res = subprocess.run(
-            [nvdisasm, "-c", "-ndf", str(cubin)], capture_output=True, text=True, timeout=120
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return res.stdout if res.returncode == 0 else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,9 +174,9 @@ def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
 
 
 def candidate_programs(shape, dtype, chunk):
-    """Forward+backward of each of ``mdn_gpu.TUNE_CANDIDATES`` (what ``--tune`` will time on the
+    """Forward+backward of each of ``candidates.TUNE_CANDIDATES`` (what ``tuning`` times on a
     GPU): a candidate that XLA refuses would only waste GPU time."""
-    from mdn_gpu import TUNE_CANDIDATES
+    from .candidates import TUNE_CANDIDATES
 
     seq, _ = abstract_inputs(shape, dtype)
     return [
@@ -479,7 +237,7 @@ def _new_files(folder, before, pattern):
 def _kernels(thunk_files, ptx_files, nvdisasm=None):
     """[{name, grid, threads, shared, registers, spills, sass, directives, ptxas_args}] of the
     ``mdn_*`` kernels of one program, from its thunk sequence and its PTX + ptxas logs;
-    ``sass`` is ``_sass_profile``'s (outside, loops) from the SASS of the cubin (None
+    ``sass`` is ``sass.profile``'s (outside, loops) from the SASS of the cubin (None
     without ``nvdisasm``)."""
     launches = {}
     for f in thunk_files:
@@ -493,7 +251,7 @@ def _kernels(thunk_files, ptx_files, nvdisasm=None):
         cubin = ptx.with_name(ptx.name + ".cubin")
         local = {}
         if nvdisasm and cubin.is_file():
-            local = _sass_profile(_disassemble(cubin, nvdisasm))
+            local = sass.profile(sass.disassemble(cubin, nvdisasm))
         argv = args.read_text().split() if args.is_file() else []
         flags = " ".join(a for a in argv if a.startswith("-") and a != "-o")
         for name, directives in _entry_directives(ptx.read_text()).items():
@@ -569,18 +327,6 @@ def _fmt(x, unit=1):
     return "-" if x is None else (f"{x / unit:.0f}" if unit != 1 else str(x))
 
 
-def _fmt_sass(sass, field):
-    """``outside + a/iter + ...``: ``field`` of the code outside loops, then per iteration of
-    each loop (loops with no local-memory traffic are left out of the local bytes); '-'
-    unknown (no nvdisasm)."""
-    if sass is None:
-        return "-"
-    outside, loops = sass
-    per = [getattr(x, field) for x in loops]
-    per = [x for x in per if x or field == "instructions"]
-    return " + ".join([str(getattr(outside, field))] + [f"{x}/iter" for x in per])
-
-
 def _flag(k):
     bad = []
     if k["shared"] is not None and k["shared"] > SHARED_LIMIT:
@@ -609,8 +355,8 @@ def print_report(results):
             print(
                 f"| {r['label']} | {k['name']} | {k['grid'] or '-'} | {_fmt(k['threads'])} | "
                 f"{_fmt(k['shared'], 1024)} | {_fmt(k['registers'])} | {_fmt(k['spills'])} | "
-                f"{_fmt_sass(k.get('sass'), 'instructions')} | "
-                f"{_fmt_sass(k.get('sass'), 'local_bytes')} | {_flag(k)} |"
+                f"{sass.format_spans(k.get('sass'), 'instructions')} | "
+                f"{sass.format_spans(k.get('sass'), 'local_bytes')} | {_flag(k)} |"
             )
     sys.stdout.flush()
 
@@ -649,7 +395,7 @@ def print_sweep(sweep):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", type=_shape, default=DEFAULT_SHAPE, help="B,T,H,K,V")
+    parser.add_argument("--shape", type=parse_shape, default=DEFAULT_SHAPE, help="B,T,H,K,V")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument(
@@ -658,7 +404,7 @@ def main(argv=None):
         help="also every kernel at 4/8 warps x 1/2/3 stages and 16 x 1",
     )
     parser.add_argument(
-        "--candidates", action="store_true", help="also mdn_gpu.py's TUNE_CANDIDATES (fwd+bwd)"
+        "--candidates", action="store_true", help="also the tuning candidates (fwd+bwd)"
     )
     parser.add_argument("--no-xla-chunk", action="store_true", help="skip the XLA chunk path")
     parser.add_argument("--json", default=None, help="also write all results here")
@@ -694,7 +440,7 @@ def main(argv=None):
         results=results,
     )
     if args.candidates:
-        print("\nmdn_gpu.py --tune candidates (forward+backward):\n")
+        print("\ntuning candidates (forward+backward):\n")
         tuned = compile_programs(
             device, candidate_programs(args.shape, args.dtype, args.chunk), tool
         )
