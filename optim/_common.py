@@ -208,6 +208,8 @@ class HFWeightDecayState(NamedTuple):
 def hf_decoupled_weight_decay(learning_rate, weight_decay) -> optax.GradientTransformation:
     r"""Decoupled weight decay applied to the already-updated parameters (HF ``AdamW`` style).
 
+    FOAM's weight decay, equation (6) of :mod:`jaxlib_ext.optim.foam`.
+
     Placed after ``scale_by_learning_rate`` in a chain. With ``u`` the incoming (lr-scaled) update
     and ``p`` the params, the reference code does ``p <- p + u`` then ``p <- p - lr * wd * p``, so
 

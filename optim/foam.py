@@ -1,8 +1,9 @@
 r"""FOAM: Adam with block-folded first and second moments (arXiv 2512.07112).
 
 Wen, Wang, Luo, Li, Sun, "FOAM: Blocked State Folding for Memory-Efficient LLM Training",
-ICML 2026. Semantics follow the authors' released optimizer (``foam_torch/foam_adam.py``), which
-is what produced the published numbers; the paper-text variant is an option.
+ICML 2026. Semantics follow the authors' released optimizer (github.com/zqOuO/FOAM,
+``foam_torch/foam_adam.py``), which produced the published numbers; the paper-text variant is an
+option.
 
 For a folded tensor with gradient :math:`g`, fold axis of size :math:`n`, level :math:`l` and
 block size :math:`B = 2^l`, let :math:`F` zero-pad the fold axis to :math:`\lceil n/B\rceil B`
@@ -13,26 +14,32 @@ last block), and :math:`U` repeat each folded entry :math:`B` times and crop to 
 .. math::
 
    \bar g &= F(g), \qquad \overline{g^2} = F(g \odot g)
-      \;\; (\text{or } \bar g^2 \text{ for } \texttt{second\_moment="square\_of\_mean"})  \\
-   R &= g - U(\bar g)                                                   && \text{(residual)} \\
+      \;\; (\text{or } \bar g^2 \text{ for } \texttt{second\_moment="square\_of\_mean"})
+                                                                       && \text{(1) fold} \\
+   R &= g - U(\bar g)                                                   && \text{(2) residual} \\
    \tilde m_t &= \beta_1 \tilde m_{t-1} + (1-\beta_1)\bar g,\quad
-   \tilde v_t = \beta_2 \tilde v_{t-1} + (1-\beta_2)\overline{g^2}       && \text{(folded EMAs)} \\
-   m &= U(\tilde m_t) + \alpha R, \qquad v = U(\tilde v_t) + \alpha^2 R^2 && \text{(unfold)} \\
+   \tilde v_t = \beta_2 \tilde v_{t-1} + (1-\beta_2)\overline{g^2}       && \text{(3) EMAs} \\
+   m &= U(\tilde m_t) + \alpha R, \qquad v = U(\tilde v_t) + \alpha^2 R^2 && \text{(4) unfold} \\
    u &= s \,\frac{\sqrt{1-\beta_2^t}}{1-\beta_1^t}\,\frac{m}{\sqrt v + \epsilon}
-                                                                       && \text{(HF eps placement)}
+                                                                       && \text{(5) update}
 
 with :math:`\alpha` = ``res_scale`` and :math:`s` = ``scale`` (folded leaves only). Only
 :math:`\tilde m, \tilde v` are stored, of the folded shape, so the state of a folded tensor is
 :math:`B` times smaller than Adam's. Leaves that are not folded get HF-style AdamW with the same
 hyperparameters and no ``scale``. ``foam`` then multiplies by :math:`-\eta_t` and applies the
 reference code's decoupled weight decay to the already-updated parameters,
-:math:`p \leftarrow (p - \eta_t u)(1 - \eta_t\lambda)`.
 
-Choices where the paper and the code differ (see ``shared/papers/optimizers.md`` section 1d):
-the second-moment input defaults to the code's block mean of :math:`g^2`; ``eps`` is added to
-:math:`\sqrt v` before the bias-correction factor (HF AdamW, not optax's placement); the default
-``fold_axis=-2`` is the input-feature axis of a Flax ``(in, out)`` kernel, the axis the authors
-fold on a PyTorch ``(out, in)`` weight.
+.. math:: p \leftarrow (p - \eta_t u)(1 - \eta_t\lambda).   \qquad \text{(6) weight decay}
+
+Equations (1)-(5) are numbered in this docstring; the paper writes the same step with fold and
+unfold matrices, :math:`\tilde G = G A^{(l)}` and :math:`M = \tilde M E^{(l)} + R`. Where the
+paper's text and the released code differ, the code is the default and the text an option: the
+second-moment input of (1) is the code's block mean of :math:`g^2` (the text's square of the block
+mean with ``second_moment="square_of_mean"``; the two agree for block-constant gradients); ``eps``
+is added to :math:`\sqrt v` before the bias-correction factor in (5) (HF AdamW, not optax's
+placement); the default ``fold_axis=-2`` is the input-feature axis of a Flax ``(in, out)`` kernel,
+the axis the authors fold on a PyTorch ``(out, in)`` weight. The partial last block of (1) is
+zero-padded and still divided by :math:`B`, as in the code.
 """
 
 from __future__ import annotations
@@ -193,21 +200,21 @@ def scale_by_foam(
             step_factor = jnp.sqrt(1.0 - jnp.asarray(b2, ct) ** t) / (
                 1.0 - jnp.asarray(b1, ct) ** t
             )
-            if not folded:
+            if not folded:  # HF AdamW: (3)-(5) with F = U = identity, R = 0, s = 1
                 m = b1 * m + (1.0 - b1) * g
                 v = b2 * v + (1.0 - b2) * (g * g)
                 u = step_factor * (m / (jnp.sqrt(v) + eps))
                 return u.astype(g.dtype), m.astype(dtype), v.astype(dtype)
             ax = _axis(fold_axis, g.ndim, path)
             n = g.shape[ax]
-            gbar = fold(g, level, ax)
+            gbar = fold(g, level, ax)  # (1)
             g2bar = fold(g * g, level, ax) if second_moment == "mean_of_squares" else gbar * gbar
-            resid = g - unfold(gbar, level, n, ax)
-            m = b1 * m + (1.0 - b1) * gbar
+            resid = g - unfold(gbar, level, n, ax)  # (2)
+            m = b1 * m + (1.0 - b1) * gbar  # (3)
             v = b2 * v + (1.0 - b2) * g2bar
-            m_full = unfold(m, level, n, ax) + res_scale * resid
+            m_full = unfold(m, level, n, ax) + res_scale * resid  # (4)
             v_full = unfold(v, level, n, ax) + (res_scale * res_scale) * (resid * resid)
-            u = (scale * step_factor) * (m_full / (jnp.sqrt(v_full) + eps))
+            u = (scale * step_factor) * (m_full / (jnp.sqrt(v_full) + eps))  # (5)
             return u.astype(g.dtype), m.astype(dtype), v.astype(dtype)
 
         out = jax.tree_util.tree_map_with_path(leaf, updates, state.mu, state.nu, mask)

@@ -2,8 +2,9 @@ r"""SMET: dynamic sparse training with compact, per-slot Adam state (arXiv 2606.
 
 Xiao, Wu, Okanovic, Sternal, van Keulen, Mocanu, Pechenizkiy, Mocanu, Hoefler, "Memory-Efficient
 LLM(s) Training with Dynamic Sparsity: From Stability to Practical Scaling", ICML 2026. Semantics
-follow the released ``Adam_block`` optimizer and ``Masking`` controller (``sparselearning/``),
-with the paper-text variants as options (``shared/papers/optimizers.md`` section 2).
+follow the released ``Adam_block`` optimizer and ``Masking`` controller (github.com/QiaoXiao7282/
+SMET, ``sparselearning/``), which produced the published numbers, with the paper-text variants as
+options. Equations (1)-(4) are numbered in this docstring.
 
 **State.** Every sparse tensor is cut into blocks of ``block_size`` consecutive entries (row-major
 order, i.e. along the last axis, the contiguous one of a Flax ``(in, out)`` kernel) and keeps a
@@ -19,20 +20,31 @@ active entries only, so inactive gradients never reach the state):
 .. math::
 
    t_k &\leftarrow t_k + 1, \quad m \leftarrow \beta_1 m + (1-\beta_1) g,
-        \quad v \leftarrow \beta_2 v + (1-\beta_2) g^2 \\
-   m &\leftarrow m \cdot \min(t_k / T_w, 1) \quad (\texttt{warmup\_mode="code"}, T_w > 1;
-        \text{ the stored moment, compounding, as the released code}) \\
+        \quad v \leftarrow \beta_2 v + (1-\beta_2) g^2                   && \text{(1) slot Adam} \\
+   m &\leftarrow m \cdot \min(t_k / T_w, 1) \quad (\texttt{warmup\_mode="code"}, T_w > 1)
+                                                                     && \text{(2) warm-up} \\
    u &= d^{-p}\; \frac{m / (1-\beta_1^{t_k})}{\sqrt{v / (1-\beta_2^{t_k})} + \epsilon}
+                                                                     && \text{(3) update}
 
-with the density-aware scale :math:`d^{-p}` (``lr_density_power`` :math:`p`, default 1 as the
-released scripts' ``lr \propto 1/d``; a secondary source says :math:`p = 1/2`, unverified).
+The warm-up (2) scales the stored moment, so it compounds, as in the released code. The
+density-aware scale :math:`d^{-p}` has ``lr_density_power`` :math:`p`, default 1: the released
+scripts' :math:`\eta \propto 1/d`. :func:`smet` then moves the active entries by
+:math:`-\eta_t u` and sets every inactive entry to 0.
 
 **Topology update** every ``update_every`` steps, a pure function of (params, state, key):
 score active blocks by the L1 norm of their weights, prune the
 ``K - max(1, floor(K (1 - r_t)))`` smallest, regrow as many blocks drawn uniformly among the blocks
 inactive *before* the update (a pruned block cannot come straight back), in the pruned slots'
-places, with :math:`m = v = 0` and a reset step. The prune rate :math:`r_t` decays by a cosine from
-``prune_rate`` to ``final_prune_rate`` over ``total_steps``. Step reset: ``"code"`` sets 1 (so the
+places, with :math:`m = v = 0` and a reset step. The prune rate decays by a cosine from
+:math:`r_0` = ``prune_rate`` to :math:`r_T` = ``final_prune_rate`` over :math:`T` =
+``total_steps``:
+
+.. math::
+
+   r_t = r_T + \tfrac12 (r_0 - r_T)\,\bigl(1 + \cos(\pi \min(t/T, 1))\bigr).
+                                                                     \qquad \text{(4) prune rate}
+
+ Step reset: ``"code"`` sets 1 (so the
 first update uses :math:`t = 2` and the warm-up above; first update :math:`\approx 0.0149\,
 \eta\,\mathrm{sign}(g)`), ``"reset"`` sets 0 (first update uses :math:`t=1`: :math:`1.0\,\eta\,
 \mathrm{sign}(g)`, the paper's description), ``"none"`` keeps the global count (naive DST:
@@ -46,9 +58,13 @@ pruned weights were zeroed (their update is then ``-p``).
 **Compact layers.** A leaf whose key path ends in ``"sparse_values"`` is the ``[K, block_size]``
 value array of a :class:`jaxlib_ext.models.sparse_linear.SparseLinear` layer, which owns the block
 indices. SMET keeps per-slot state for it, prunes slots by L1 norm at topology updates (their
-values are zeroed, their moments and step reset) and marks them in ``state.slots[i].regrown``;
+values are zeroed, their moments and step reset) and marks them in ``regrown``;
 ``jaxlib_ext.models.sparse_linear.regrow_sparse_indices(model, smet_regrown(state, params), key)``
 then draws the new block indices inside the layer (models never import optim).
+
+**Limits.** Meshes with ``AxisType.Explicit`` axes are not supported (the gather of the active
+blocks has no output sharding); with ``Auto`` axes the state shards like the parameters (derive
+its shardings with ``optax.tree.map_params``).
 """
 
 from __future__ import annotations
@@ -131,7 +147,7 @@ def num_active_blocks(num_blocks: int, density: float) -> int:
 
 
 def prune_rate_at(count, total_steps, prune_rate, final_prune_rate):
-    """Cosine decay of the prune rate from ``prune_rate`` to ``final_prune_rate``."""
+    """Cosine decay of the prune rate from ``prune_rate`` to ``final_prune_rate``, eq. (4)."""
     frac = jnp.clip(jnp.asarray(count, jnp.float32) / jnp.maximum(total_steps, 1), 0.0, 1.0)
     return final_prune_rate + 0.5 * (prune_rate - final_prune_rate) * (1.0 + jnp.cos(jnp.pi * frac))
 
@@ -211,7 +227,7 @@ def _adam_slots(g, mu, nu, step, b1, b2, eps, warmup_steps, warmup_mode):
     Step counts and bias corrections are computed in at least float32: in bfloat16, ``b2 = 0.999``
     rounds to 1 and step counts above 256 are not exact.
     """
-    mu = b1 * mu + (1.0 - b1) * g
+    mu = b1 * mu + (1.0 - b1) * g  # (1)
     nu = b2 * nu + (1.0 - b2) * (g * g)
     ct = jnp.promote_types(g.dtype, jnp.float32)
     stepf = step.astype(ct)
@@ -219,10 +235,10 @@ def _adam_slots(g, mu, nu, step, b1, b2, eps, warmup_steps, warmup_mode):
         stepf = stepf[..., None]
     if warmup_mode == "code":
         ramp = jnp.minimum(stepf / jnp.maximum(warmup_steps, 1), 1.0)
-        mu = jnp.where(warmup_steps > 1, mu * ramp, mu)
+        mu = jnp.where(warmup_steps > 1, mu * ramp, mu)  # (2)
     bc1 = 1.0 - jnp.asarray(b1, ct) ** stepf
     bc2 = 1.0 - jnp.asarray(b2, ct) ** stepf
-    u = (mu / bc1) / (jnp.sqrt(nu / bc2) + eps)
+    u = (mu / bc1) / (jnp.sqrt(nu / bc2) + eps)  # (3), without d^-p
     return u, mu, nu
 
 
@@ -411,7 +427,7 @@ def scale_by_smet(
             step_new = jnp.minimum(step, STEP_MAX - 1) + jnp.ones((), _STEP_DTYPE)
             u, mu_new, nu_new = _adam_slots(g_slots, mu, nu, step_new, b1, b2, eps,
                                             optimizer_warmup_steps, warmup_mode)
-            u = dscale * u
+            u = dscale * u  # (3): the density-aware scale d^-p
             if info.kind == "compact":
                 # slots pruned at this step are not updated now (their gradient belongs to the
                 # old index); they restart with zero moments at their reset step.
@@ -421,7 +437,7 @@ def scale_by_smet(
                 nu_new = jnp.where(keep[:, None], nu_new, 0.0)
                 step_new = jnp.where(keep, step_new, step)
             else:
-                u = _scatter_slots(jnp.zeros_like(g), u.astype(g.dtype), idx)
+                u = _scatter_slots(jnp.zeros_like(g), u.astype(g.dtype), idx)  # 0 off the support
             for f, v in zip(new, (u.astype(g.dtype), idx, step_new, mu_new.astype(mu.dtype),
                                   nu_new.astype(nu.dtype), regrown), strict=True):
                 new[f].append(v)
