@@ -29,6 +29,12 @@ over "pending" items produces in O(n^4): after matching positions and values ``1
 later position, and ``d_F = 2 sum_t k_t``. The importance-sampling estimate (proposal: a
 pseudo-Mallows around the identity, whose log weight is its ``sum_k log C_k``) is provided as
 ``method="importance"`` and checked against the exact counts in the tests.
+
+**Layout** (after BlackJAX's ``init``/``build_kernel`` and its ``State``/``Info`` pair):
+:func:`init` builds a :class:`MallowsState` (what a chain carries), :func:`build_kernel` returns
+the pure ``kernel(state) -> (state, info)`` with a :class:`MallowsInfo` of per-step
+diagnostics, :class:`MallowsMH` adapts the pair to ``numpyro.infer.MCMC`` and
+:func:`run_mallows_mcmc` scans the vmapped kernel directly.
 """
 
 from __future__ import annotations
@@ -355,7 +361,9 @@ class MallowsMH(MCMCKernel):
         Exponential(``alpha_rate``) prior, every ``alpha_jump`` iterations.
     :param log_partition: ``"exact"``, ``"importance"`` or a :class:`FootruleLogPartition`.
     :param blocks, prefer: partial / click / pairwise data, augmented with ``num_swaps``
-        Metropolis swaps per user and iteration.
+        Metropolis swaps per user and iteration (default ``n``).
+    :param rho_steps: leap-and-shift proposals per iteration.
+    :param key_importance: PRNG key of ``log_partition="importance"``.
 
     A thin adapter over the pure :func:`init` and :func:`build_kernel`: samples are
     ``{"rho": int32[n], "alpha": float}``, the state is a :class:`MallowsMHState`. With
