@@ -11,9 +11,9 @@ except the embedding and the LM head.
 
 Usage::
 
-    python benchmarks/optim_memory.py                 # all sizes, timing on LLaMA-60M
-    python benchmarks/optim_memory.py --time-size 130m --time-steps 10
-    python benchmarks/optim_memory.py --no-time       # memory tables only
+    python benchmarks/optim_foam_smet_memory.py       # all sizes, timing on LLaMA-60M
+    python benchmarks/optim_foam_smet_memory.py --time-size 130m --time-steps 10
+    python benchmarks/optim_foam_smet_memory.py --no-time   # memory tables only
 """
 
 from __future__ import annotations
@@ -80,8 +80,10 @@ def foam_state_bytes(params, level):
 def smet_state_bytes(params, density, block_size):
     opt = smet(1e-3, density=density, total_steps=1000, block_size=block_size,
                key=jax.random.key(0))
-    st = jax.eval_shape(opt.init, params).inner
-    sparse = sum(nbytes(s) for s in st.slots if hasattr(s, "idx"))
+    st = jax.eval_shape(opt.init, params)
+    s = st[0]
+    leaves = [jax.tree.leaves(t) for t in (s.idx, s.step, s.mu, s.nu)]
+    sparse = sum(nbytes(per_leaf) for per_leaf in zip(*leaves, strict=True) if per_leaf[0].size)
     return nbytes(st), sparse
 
 

@@ -17,8 +17,8 @@ every optimizer, byte-level tokens of the embedded corpus (``jaxlib_ext.data.loa
 
 Usage::
 
-    python benchmarks/optim_train.py                      # 300 steps, topology every 50
-    python benchmarks/optim_train.py --steps 600 --update-every 100 --batch 32
+    python benchmarks/optim_foam_smet_training.py          # 300 steps, topology every 50
+    python benchmarks/optim_foam_smet_training.py --steps 600 --update-every 100 --batch 32
 """
 
 from __future__ import annotations
@@ -36,28 +36,30 @@ from flax import nnx
 from jaxlib_ext import data as data_lib
 from jaxlib_ext.models.mdn import build_mdn
 from jaxlib_ext.models.transformer import build_transformer
-from jaxlib_ext.optim import foam, smet
+from jaxlib_ext.optim import make_optimizer
 
 _DST = ("naive_dst", "naive_dst_lr_d", "smet_reset", "smet")
+#: benchmark variant -> (recipe of jaxlib_ext.optim.make_optimizer, hyperparameter overrides);
+#: every variant uses b2 = 0.95 and no gradient clipping.
+VARIANTS = {
+    "adamw": ("adamw", {}),
+    "foam": ("foam", {}),
+    "smet": ("smet", {}),
+    "smet_reset": ("smet", {"warmup_mode": "reset"}),
+    "naive_dst": ("smet", {"warmup_mode": "none", "lr_density_power": 0.0}),
+    "naive_dst_lr_d": ("smet", {"warmup_mode": "none"}),
+}
 
 
-def make_optimizer(name: str, lr, steps: int, update_every: int, seed: int):
-    key = jax.random.key(seed + 1)
-    dst = dict(density=0.5, total_steps=steps, update_every=update_every, key=key,
-               optimizer_warmup_steps=min(100, update_every))
-    if name == "adamw":
-        return optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=0.0)
-    if name == "foam":
-        return foam(lr, b1=0.9, b2=0.95, level=2)
-    if name == "smet":
-        return smet(lr, 0.9, 0.95, **dst)
-    if name == "smet_reset":
-        return smet(lr, 0.9, 0.95, warmup_mode="reset", **dst)
-    if name == "naive_dst":
-        return smet(lr, 0.9, 0.95, warmup_mode="none", lr_density_power=0.0, **dst)
-    if name == "naive_dst_lr_d":
-        return smet(lr, 0.9, 0.95, warmup_mode="none", **dst)
-    raise ValueError(f"optimizer: unknown {name!r}")
+def make_variant(name: str, lr, steps: int, update_every: int, seed: int):
+    if name not in VARIANTS:
+        raise ValueError(f"optimizer: unknown {name!r}; choose from {sorted(VARIANTS)}")
+    recipe, hyperparams = VARIANTS[name]
+    if recipe == "smet":
+        hyperparams = dict(hyperparams, density=0.5, update_every=update_every,
+                           optimizer_warmup_steps=min(100, update_every))
+    return make_optimizer(recipe, lr, total_steps=steps, seed=seed + 1, clip_norm=None,
+                          b2=0.95, **hyperparams)
 
 
 def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50, seed=0,
@@ -68,7 +70,7 @@ def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50
     model = build("tiny", vocab_size=corpus.vocab_size, rngs=nnx.Rngs(seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 20), steps, lr * 0.1)
-    tx = make_optimizer(name, sched, steps, update_every, seed)
+    tx = make_variant(name, sched, steps, update_every, seed)
     opt_state = tx.init(params)
 
     def loss_fn(p, tokens):
