@@ -127,8 +127,8 @@ def test_jit_vmap_and_numpyro_model():
     D = rk.footrule_data_matrix(_data(5))
     order = pm.v_order(D[:, 0])
     lp = jax.jit(lambda a, r: pm.PseudoMallows(a, D, order).log_prob(r))
-    s = pm.PseudoMallows(2.0, D, order).sample(jax.random.key(0), (3, 4))
-    assert s.shape == (3, 4, 5) and lp(2.0, s).shape == (3, 4)
+    s = pm.PseudoMallows(2.0, D, order).sample(jax.random.key(0), (2, 3))
+    assert s.shape == (2, 3, 5) and lp(2.0, s).shape == (2, 3)
 
     def model():
         numpyro.sample("rho", pm.PseudoMallows(2.0, D, order))
