@@ -65,7 +65,7 @@ def test_gdn_gates_ranges():
 
 def test_presets_param_counts():
     g400 = preset_param_count(build_gdn, "400m")
-    n400 = preset_param_count(build_mdn, "400m")
+    n400 = 417_537_012  # preset_param_count(build_mdn, "400m"), checked in test_mdn.py
     assert 0.99 * n400 < g400 < n400  # GDN lacks m/e projections and three gate vectors
     tiny = nnx.eval_shape(lambda: build_gdn("tiny", rngs=nnx.Rngs(0)))
     assert isinstance(tiny, GDNLanguageModel) and tiny.cfg.vocab_size == 256
