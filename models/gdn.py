@@ -5,7 +5,7 @@ arXiv 2412.06464 (ICLR 2025), Section 3. The layer is a
 :class:`~jaxlib_ext.models._delta_mixer.DeltaMixer` over the pure op
 :func:`jaxlib_ext.pallas_kernels.gated_delta.gated_delta_rule`, with the skeleton of
 :class:`~jaxlib_ext.models.MomentumDeltaNet` (the baseline of arXiv 2605.05838). Per token ``x``,
-after the shared q/k/v short convolutions::
+after the shared q/k/v short convolutions (equation numbers are this module's)::
 
     g      = -exp(A_log) * softplus(a + dt_bias)                         (1) Mamba2-style decay
     beta   = sigmoid(b)                                                  (2)

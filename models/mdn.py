@@ -5,7 +5,9 @@ Huang et al., "MDN: Parallelizing Stepwise Momentum for Delta Linear Attention",
 the pure op :func:`jaxlib_ext.pallas_kernels.mdn.momentum_delta_rule`; its gate parameterisation
 and the 2x2 stability system are pure functions beside the module.
 
-Per token ``x``, after the shared q/k/v short convolutions::
+Per token ``x``, after the shared q/k/v short convolutions (equation numbers are this module's;
+the gates follow the paper's Section 3, the stability constraint (5) its Appendix F, and the
+recurrence inside (8) is eqs. (1)-(4) of :mod:`jaxlib_ext.pallas_kernels.mdn.reference`)::
 
     q      <- q - exp(D_log) * k                                         (1) output correction
     log_alpha_hat = -exp(A_log) * softplus(a + dt_bias)                  (2) Mamba2-style decay
