@@ -4,14 +4,20 @@ Each checkpoint is a step folder holding the state pytree (``StandardSave``, sha
 arrays written by the processes that own them) and a small JSON record of the run's
 configuration. Orbax writes into a temporary folder and renames it when complete, so a
 process killed mid-save leaves no half checkpoint behind; :meth:`Checkpointer.latest_step`
-only ever sees finished ones.
+only ever sees committed ones.
+
+Zero-size leaves (placeholders that some optimizer states carry for leaves they skip) hold
+no data and Orbax refuses them: they are left out of the saved tree and rebuilt from the
+restore target.
 """
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 __all__ = ["Checkpointer", "abstract_like"]
@@ -22,6 +28,28 @@ def abstract_like(tree, shardings):
     return jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
     )
+
+
+def _is_empty(x) -> bool:
+    return hasattr(x, "shape") and math.prod(x.shape) == 0
+
+
+def _without_empty(tree):
+    """``tree`` with its zero-size leaves replaced by ``None`` (an empty subtree)."""
+    return jax.tree.map(lambda x: None if _is_empty(x) else x, tree)
+
+
+def _with_empty(restored, abstract):
+    """``restored`` (from :func:`_without_empty` of ``abstract``) with its zero-size
+    leaves rebuilt from ``abstract``."""
+    leaves, treedef = jax.tree.flatten(abstract)
+    got = iter(jax.tree.leaves(restored))  # the ``None`` subtrees have no leaves
+    out = [
+        jnp.zeros(a.shape, a.dtype, device=getattr(a, "sharding", None))
+        if _is_empty(a) else next(got)
+        for a in leaves
+    ]
+    return jax.tree.unflatten(treedef, out)
 
 
 class Checkpointer:
@@ -51,7 +79,8 @@ class Checkpointer:
 
     def save(self, step: int, state, meta: dict | None = None, *, force: bool = True) -> bool:
         args = ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})
+            state=ocp.args.StandardSave(_without_empty(state)),
+            meta=ocp.args.JsonSave(meta or {}),
         )
         return self._manager.save(step, args=args, force=force)
 
@@ -63,10 +92,19 @@ class Checkpointer:
         out = self._manager.restore(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()
+                state=ocp.args.StandardRestore(_without_empty(abstract_state)),
+                meta=ocp.args.JsonRestore(),
             ),
         )
-        return out.state, dict(out.meta or {})
+        return _with_empty(out.state, abstract_state), dict(out.meta or {})
+
+    def restore_meta(self, step: int | None = None) -> dict:
+        """The JSON record saved with ``step`` (default: latest), without the state."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out.meta or {})
 
     def wait(self) -> None:
         self._manager.wait_until_finished()
