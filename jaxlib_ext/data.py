@@ -69,14 +69,14 @@ class Corpus:
 def _read_path(path: pathlib.Path) -> str:
     if not path.exists():
         raise FileNotFoundError(
-            f"--corpus: {str(path)!r} does not exist; pass a .txt file or a folder of .txt "
-            "files, or omit --corpus to use the embedded corpus"
+            f"path: {str(path)!r} does not exist; pass a .txt file or a folder of .txt "
+            "files, or none for the embedded corpus"
         )
     if path.is_file():
         return path.read_text(encoding="utf-8", errors="replace")
     files = sorted(path.rglob("*.txt"))
     if not files:
-        raise FileNotFoundError(f"--corpus: folder {str(path)!r} holds no .txt files")
+        raise FileNotFoundError(f"path: folder {str(path)!r} holds no .txt files")
     return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
 
 
@@ -118,7 +118,7 @@ def batch_offsets(seed: int, step: int, batch_size: int, seq_len: int, n_tokens:
     high = n_tokens - seq_len - 1
     if high <= 0:
         raise ValueError(
-            f"--seq-len: {seq_len} needs a corpus of more than {seq_len + 1} tokens, "
+            f"seq_len: {seq_len} needs a corpus of more than {seq_len + 1} tokens, "
             f"the training split has {n_tokens}"
         )
     rng = np.random.default_rng([seed, step])
@@ -160,7 +160,7 @@ def eval_batches(
     starts = np.arange(n_batches * batch_size) % n_windows * (seq_len + 1)
     if starts.max() + seq_len + 1 > len(tokens):
         raise ValueError(
-            f"--seq-len: the eval split ({len(tokens)} tokens) is too short for windows of "
+            f"seq_len: the eval split ({len(tokens)} tokens) is too short for windows of "
             f"{seq_len + 1}"
         )
     return [starts[i * batch_size : (i + 1) * batch_size] for i in range(n_batches)]

@@ -1,6 +1,6 @@
 """Multi-process start: ``jax.distributed.initialize`` from flags or the environment.
 
-On CPU the collectives go through gloo (JAX's default CPU implementation since 0.5.1),
+On CPU the collectives go through gloo (JAX's default CPU implementation),
 so several processes on one machine (or several machines) form one global mesh.
 """
 
@@ -43,15 +43,15 @@ def resolve(
     if process_id is None:
         process_id = int(env.get(ENV_PROCESS_ID, "0"))
     if num_processes < 1:
-        raise ValueError(f"--num-processes must be >= 1, got {num_processes}")
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
         raise ValueError(
-            f"--process-id must be in [0, {num_processes}), got {process_id}"
+            f"process_id must be in [0, {num_processes}), got {process_id}"
         )
     if num_processes > 1 and not coordinator:
         raise ValueError(
-            "--coordinator (or JAX_COORDINATOR_ADDRESS) is required when --num-processes > 1, "
-            "e.g. --coordinator 10.0.0.1:1234 on every host"
+            "coordinator (or JAX_COORDINATOR_ADDRESS) is required when num_processes > 1, "
+            "e.g. coordinator '10.0.0.1:1234' on every host"
         )
     return ProcessConfig(coordinator, num_processes, process_id)
 

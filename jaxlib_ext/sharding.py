@@ -51,8 +51,8 @@ DEFAULT_RULES: dict[str, str | None] = {
 def parse_mesh_spec(spec: str | None, num_devices: int) -> dict[str, int]:
     """Parses ``"data=2,fsdp=2"``; ``-1`` (at most once) takes the remaining devices.
 
-    ``None``/``""`` means all devices on ``data``. Raises ``ValueError`` naming ``--mesh``
-    when the sizes do not multiply to ``num_devices``.
+    ``None``/``""`` means all devices on ``data``. Raises ``ValueError`` naming ``spec``
+    when it does not parse or its sizes do not multiply to ``num_devices``.
     """
     if not spec:
         return {"data": num_devices}
@@ -61,32 +61,32 @@ def parse_mesh_spec(spec: str | None, num_devices: int) -> dict[str, int]:
         name, sep, value = part.strip().partition("=")
         if not sep or name not in MESH_AXES:
             raise ValueError(
-                f"--mesh: cannot parse {part!r} in {spec!r}; use axis=size with axes from "
+                f"spec: cannot parse {part!r} in {spec!r}; use axis=size with axes from "
                 f"{MESH_AXES}, e.g. 'data=2,fsdp=2'"
             )
         if name in sizes:
-            raise ValueError(f"--mesh: axis {name!r} given twice in {spec!r}")
+            raise ValueError(f"spec: axis {name!r} given twice in {spec!r}")
         try:
             sizes[name] = int(value)
         except ValueError:
             raise ValueError(
-                f"--mesh: size of {name!r} must be an integer, got {value!r}"
+                f"spec: size of {name!r} must be an integer, got {value!r}"
             ) from None
     wild = [n for n, s in sizes.items() if s == -1]
     if len(wild) > 1:
-        raise ValueError(f"--mesh: at most one axis may be -1, got {spec!r}")
+        raise ValueError(f"spec: at most one axis may be -1, got {spec!r}")
     fixed = math.prod(s for s in sizes.values() if s != -1)
     if any(s == 0 or s < -1 for s in sizes.values()):
-        raise ValueError(f"--mesh: sizes must be positive (or -1), got {spec!r}")
+        raise ValueError(f"spec: sizes must be positive (or -1), got {spec!r}")
     if wild:
         if num_devices % fixed:
             raise ValueError(
-                f"--mesh: {spec!r} cannot fill {num_devices} devices ({fixed} does not divide it)"
+                f"spec: {spec!r} cannot fill {num_devices} devices ({fixed} does not divide it)"
             )
         sizes[wild[0]] = num_devices // fixed
     if math.prod(sizes.values()) != num_devices:
         raise ValueError(
-            f"--mesh: axis sizes in {spec!r} multiply to {math.prod(sizes.values())}, but there "
+            f"spec: axis sizes in {spec!r} multiply to {math.prod(sizes.values())}, but there "
             f"are {num_devices} devices; make the product {num_devices} (or use -1 for one axis)"
         )
     return sizes

@@ -19,7 +19,7 @@ def test_corpus_from_file_and_folder(tmp_path):
     (tmp_path / "sub" / "b.txt").write_text("more text " * 100)
     assert data.load_corpus(tmp_path / "a.txt").num_tokens == 1200
     assert data.load_corpus(tmp_path).num_tokens == 1200 + 2 + 1000
-    with pytest.raises(FileNotFoundError, match="--corpus"):
+    with pytest.raises(FileNotFoundError, match="^path: "):
         data.load_corpus(tmp_path / "missing.txt")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no .txt"):
