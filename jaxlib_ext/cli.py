@@ -1,11 +1,14 @@
 """``python -m jaxlib_ext train ...``: composes a model, an optimizer and the runtime.
 
-This is the one runtime module that knows the method families. Both registries map a
-name to ``"module:function"`` and import lazily, so ``import jaxlib_ext`` stays cheap and
-a family that fails to import only breaks the runs that ask for it.
+This is the one runtime module that knows the method families. Models come from a
+registry mapping a name to ``"module:function"``, imported lazily, so ``import jaxlib_ext``
+stays cheap and a family that fails to import only breaks the runs that ask for it;
+factories are called as ``factory(preset, vocab_size=..., rngs=...)``. Optimizers are the
+recipes of :func:`jaxlib_ext.optim.make_optimizer`; ``--opt key=value`` overrides any of a
+recipe's hyperparameters.
 
-Model factories are called as ``factory(preset, vocab_size=..., rngs=...)``; optimizer
-builders as ``builder(schedule, steps=..., seed=..., weight_decay=...)``.
+The library raises errors that name its own arguments (``TrainConfig.batch_size``,
+``spec: ...``); this module maps them to the flags a user typed (:func:`flag_message`).
 """
 
 from __future__ import annotations
@@ -13,21 +16,55 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
-__all__ = ["MODELS", "OPTIMIZERS", "build_model", "build_optimizer", "build_parser", "main"]
+__all__ = [
+    "MODELS",
+    "FLAGS",
+    "build_model",
+    "build_optimizer",
+    "build_parser",
+    "flag_message",
+    "main",
+    "parse_opt",
+    "run_train",
+    "schedule",
+]
 
 MODELS: dict[str, str] = {
-    "transformer": "jaxlib_ext.models.transformer:build_transformer",
-    "mdn": "jaxlib_ext.models.mdn:build_mdn",
-    "gdn": "jaxlib_ext.models.mdn:build_gdn",
+    "transformer": "jaxlib_ext.models:build_transformer",
+    "mdn": "jaxlib_ext.models:build_mdn",
+    "gdn": "jaxlib_ext.models:build_gdn",
 }
 
-OPTIMIZERS: dict[str, str] = {
-    "adamw": "jaxlib_ext.cli:_adamw",
-    "foam": "jaxlib_ext.cli:_foam",
-    "smet": "jaxlib_ext.cli:_smet",
+#: ``TrainConfig`` field -> the flag that sets it
+FLAGS: dict[str, str] = {
+    "steps": "--steps",
+    "batch_size": "--batch-size",
+    "seq_len": "--seq-len",
+    "seed": "--seed",
+    "parallel": "--parallel",
+    "eval_every": "--eval-every",
+    "eval_batches": "--eval-batches",
+    "log_every": "--log-every",
+    "checkpoint_every": "--checkpoint-every",
+    "checkpoint_dir": "--checkpoint-dir",
+    "out_dir": "--out-dir",
+    "resume": "--resume",
+    "schedule": "--lr/--steps",
 }
+
+
+def flag_message(message: str) -> str:
+    """``message`` with every ``TrainConfig.<field>`` replaced by the field's flag."""
+    return re.sub(r"TrainConfig\.(\w+)", lambda m: FLAGS.get(m[1], m[0]), message)
+
+
+def _renamed(error: Exception, names: dict[str, str]) -> ValueError:
+    """``error`` of a library call with its argument names replaced by ``names``' flags."""
+    pattern = r"\b(" + "|".join(map(re.escape, names)) + r")\b"
+    return ValueError(re.sub(pattern, lambda m: names[m[1]], str(error)))
 
 
 def _load(registry: dict[str, str], kind: str, name: str):
@@ -47,64 +84,71 @@ def build_model(name: str, preset: str = "tiny", *, vocab_size: int = 256, seed:
 
 
 def schedule(lr: float, steps: int, warmup: int | None = None):
-    """Linear warm-up then cosine decay to 10% of ``lr`` (the MDN paper's recipe, scaled)."""
-    import optax
+    """The default optax schedule of a run: :func:`jaxlib_ext.schedule.warmup_cosine`."""
+    from jaxlib_ext.schedule import warmup_cosine
 
-    warmup = max(1, min(steps // 10, 100)) if warmup is None else warmup
-    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.1)
-
-
-def decay_mask(params):
-    """Which parameters take weight decay: matrices, unless their variable's metadata says
-    ``weight_decay=False`` (gate vectors, norms and biases are left alone)."""
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    def one(x):
-        if isinstance(x, nnx.Variable):
-            if x.get_metadata().get("weight_decay", True) is False:
-                return False
-            x = x.get_value()
-        return np.ndim(x) >= 2
-
-    return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return warmup_cosine(lr, steps, warmup).to_optax()
 
 
-def _adamw(lr, *, steps, seed, weight_decay):
-    import optax
+def build_optimizer(name: str, lr, *, steps: int, seed: int = 0, weight_decay=0.0,
+                    **hyperparams):
+    """Recipe ``name`` of :func:`jaxlib_ext.optim.make_optimizer` on the default schedule
+    for ``lr`` and ``steps`` (``lr`` may also be an optax schedule, taken as is)."""
+    from jaxlib_ext.optim import make_optimizer
 
-    tx = optax.adamw(lr, weight_decay=weight_decay, mask=decay_mask)
-    return optax.chain(optax.clip_by_global_norm(1.0), tx)
-
-
-def _foam(lr, *, steps, seed, weight_decay):
-    import optax
-
-    from jaxlib_ext.optim import foam
-
-    tx = foam(lr, b1=0.9, b2=0.95, weight_decay=weight_decay, level=2)
-    return optax.chain(optax.clip_by_global_norm(1.0), tx)
+    learning_rate = schedule(lr, steps) if isinstance(lr, (int, float)) else lr
+    return make_optimizer(name, learning_rate, total_steps=steps, seed=seed,
+                          weight_decay=weight_decay, **hyperparams)
 
 
-def _smet(lr, *, steps, seed, weight_decay):
-    import jax
-    import optax
-
-    from jaxlib_ext.optim import smet
-
-    # Topology updates about 6 times a run (every 100 steps at most), each followed by the
-    # optimizer warm-up of the same length, as in the authors' configs.
-    every = max(1, min(100, steps // 6))
-    tx = smet(lr, density=0.5, total_steps=steps, update_every=every,
-              optimizer_warmup_steps=every, key=jax.random.PRNGKey(seed))
-    decay = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
-    return optax.chain(optax.clip_by_global_norm(1.0), *decay, tx)
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
-def build_optimizer(name: str, lr: float, *, steps: int, seed: int = 0, weight_decay=0.0):
-    builder = _load(OPTIMIZERS, "optimizer", name)
-    return builder(schedule(lr, steps), steps=steps, seed=seed, weight_decay=weight_decay)
+def parse_opt(items: list[str], optimizer: str, steps: int) -> dict:
+    """``--opt key=value`` items as hyperparameters of recipe ``optimizer``.
+
+    A value is read as a bool (``true``/``false``), an int, a float or else a string, then
+    given the type of the recipe's default (an int where a float is expected becomes a
+    float). Errors name ``--opt`` and the key.
+    """
+    from jaxlib_ext.optim import recipe_defaults
+
+    try:
+        defaults = recipe_defaults(optimizer, steps)
+    except ValueError as e:
+        raise _renamed(e, {"name": "--optimizer"}) from None
+    out: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--opt: expected key=value, got {item!r}")
+        if key not in defaults:
+            raise ValueError(
+                f"--opt: unknown key {key!r} for --optimizer {optimizer}; "
+                f"known keys: {sorted(defaults)}"
+            )
+        if key in out:
+            raise ValueError(f"--opt: key {key!r} given twice")
+        value, want = _parse_value(text.strip()), type(defaults[key])
+        if want is float and type(value) is int:
+            value = float(value)
+        if type(value) is not want:
+            raise ValueError(
+                f"--opt {key}: expected {want.__name__} (default {defaults[key]!r}), "
+                f"got {text!r}"
+            )
+        out[key] = value
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,11 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a language model on a text corpus")
     t.add_argument("--model", default="transformer", help=f"one of {sorted(MODELS)}")
     t.add_argument("--preset", default="tiny", help="model size preset (default: tiny)")
-    t.add_argument("--optimizer", default="adamw", help=f"one of {sorted(OPTIMIZERS)}")
+    t.add_argument("--optimizer", default="adamw",
+                   help="a recipe of jaxlib_ext.optim.make_optimizer (OPTIMIZER_NAMES)")
+    t.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a hyperparameter of the --optimizer recipe, e.g. --opt level=4 "
+                        "--opt density=0.1 (repeatable; keys: jaxlib_ext.optim."
+                        "recipe_defaults(name))")
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--batch-size", type=int, default=32, help="global batch (sequences)")
     t.add_argument("--seq-len", type=int, default=128)
-    t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    t.add_argument("--lr", type=float, default=3e-3,
+                   help="peak learning rate: linear warm-up over 10%% of --steps (1 to 100 "
+                        "steps), cosine decay to lr/10 at --steps")
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--mesh", default=None, help="e.g. 'data=2,fsdp=2' (default: all on data)")
     t.add_argument("--parallel", choices=("jit", "pmap", "shard_map"), default="jit",
@@ -128,7 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out-dir", default="runs/default", help="metrics.jsonl, loss.png, ...")
     t.add_argument("--checkpoint-dir", default=None, help="default: <out-dir>/checkpoints")
     t.add_argument("--checkpoint-every", type=int, default=100)
-    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the newest committed checkpoint (from scratch if "
+                        "none); --lr and --steps must be those of the run being resumed")
+    t.add_argument("--extend-schedule", action="store_true",
+                   help="with --resume and a --steps other than the run's: keep the recorded "
+                        "learning-rate schedule, unchanged up to its recorded end, and hold "
+                        "its final value for every step past it")
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--eval-batches", type=int, default=4)
     t.add_argument("--log-every", type=int, default=10)
@@ -143,13 +200,69 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _recorded_run(ckpt_dir) -> dict | None:
+    """The metadata of the newest committed checkpoint in ``ckpt_dir``, if any."""
+    if not ckpt_dir.is_dir() or not any(p.name.isdigit() for p in ckpt_dir.iterdir()):
+        return None
+    from jaxlib_ext.checkpoint import Checkpointer
+
+    with Checkpointer(ckpt_dir) as ckpt:
+        step = ckpt.latest_step()
+        return None if step is None else ckpt.restore_meta(step)
+
+
+def _run_schedule(args, ckpt_dir):
+    """``(schedule, optimizer_steps)`` of the run.
+
+    The default schedule for ``--lr``/``--steps`` and ``optimizer_steps = --steps``; on
+    ``--resume``, the schedule and horizon the checkpoint recorded, which a resume never
+    changes silently: another ``--lr`` is refused, another ``--steps`` too unless
+    ``--extend-schedule`` (then both stay as recorded and the added steps follow the
+    schedule's final value; the optimizer's own step-dependent settings, such as SMET's
+    topology schedule, keep their recorded horizon likewise).
+    """
+    from jaxlib_ext.schedule import WarmupCosine, warmup_cosine
+
+    requested = warmup_cosine(args.lr, args.steps)
+    if args.extend_schedule and not args.resume:
+        raise ValueError("--extend-schedule only applies with --resume")
+    recorded_run = _recorded_run(ckpt_dir) if args.resume else None
+    if not recorded_run or "schedule" not in recorded_run:
+        return requested, args.steps
+    recorded = WarmupCosine.from_dict(recorded_run["schedule"])
+    recorded_steps = int(recorded_run["steps"])
+    horizon = int(recorded_run.get("optimizer_steps", recorded_steps))
+    if recorded.peak_lr != requested.peak_lr:
+        raise ValueError(
+            f"--lr {args.lr} differs from the peak learning rate {recorded.peak_lr} recorded by "
+            f"the run being resumed (step {recorded_run.get('step')} in {ckpt_dir}); pass "
+            f"--lr {recorded.peak_lr} as before"
+        )
+    if args.steps == recorded_steps:
+        return recorded, horizon
+    if args.extend_schedule:
+        return recorded.extended_to(args.steps), horizon
+    raise ValueError(
+        f"--steps {args.steps} differs from the run being resumed (--steps {recorded_steps}, "
+        f"step {recorded_run.get('step')} in {ckpt_dir}), whose learning-rate schedule was "
+        f"recorded as {recorded}; another --steps would silently change that curve. Pass "
+        f"--steps {recorded_steps} as before, or --extend-schedule to train to step "
+        f"{args.steps} on the recorded curve (unchanged up to step {recorded.total_steps}, "
+        f"its final value {recorded.end_lr:g} held after)"
+    )
+
+
 def run_train(args: argparse.Namespace):
     """The ``train`` command; returns :class:`jaxlib_ext.train.TrainResult`."""
     if args.num_cpu_devices is not None:
         os.environ["JAX_NUM_CPU_DEVICES"] = str(args.num_cpu_devices)
     from jaxlib_ext import distributed
 
-    proc = distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    try:
+        proc = distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    except ValueError as e:
+        raise _renamed(e, {"coordinator": "--coordinator", "num_processes": "--num-processes",
+                           "process_id": "--process-id"}) from None
 
     import jax
 
@@ -158,14 +271,18 @@ def run_train(args: argparse.Namespace):
     # Cheap checks first, before any model is built or any file is written.
     if args.lr <= 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
+    if args.steps <= 0:
+        raise ValueError(f"--steps must be positive, got {args.steps}")
     _load(MODELS, "model", args.model)
-    _load(OPTIMIZERS, "optimizer", args.optimizer)
-    mesh = sharding.make_mesh(args.mesh)
-    corpus = data.load_corpus(args.corpus)
-    model = build_model(args.model, args.preset, vocab_size=corpus.vocab_size, seed=args.seed)
-    tx = build_optimizer(
-        args.optimizer, args.lr, steps=args.steps, seed=args.seed, weight_decay=args.weight_decay
-    )
+    parse_opt(args.opt, args.optimizer, args.steps)  # the keys and types, before any I/O
+    try:
+        mesh = sharding.make_mesh(args.mesh)
+    except ValueError as e:
+        raise _renamed(e, {"spec": "--mesh"}) from None
+    try:
+        corpus = data.load_corpus(args.corpus)
+    except (ValueError, FileNotFoundError) as e:
+        raise _renamed(e, {"path": "--corpus", "none": "no --corpus"}) from None
     cfg = train.TrainConfig(
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
         parallel=args.parallel, eval_every=args.eval_every, eval_batches=args.eval_batches,
@@ -174,6 +291,12 @@ def run_train(args: argparse.Namespace):
         progress=not args.no_progress,
         meta={"run": f"{args.model}:{args.preset} + {args.optimizer}", "argv": sys.argv[1:]},
     )
+    cfg.schedule, optimizer_steps = _run_schedule(args, cfg.ckpt_dir)
+    cfg.meta["optimizer_steps"] = optimizer_steps
+    hyperparams = parse_opt(args.opt, args.optimizer, optimizer_steps)
+    model = build_model(args.model, args.preset, vocab_size=corpus.vocab_size, seed=args.seed)
+    tx = build_optimizer(args.optimizer, cfg.schedule.to_optax(), steps=optimizer_steps,
+                         seed=args.seed, weight_decay=args.weight_decay, **hyperparams)
     main_process = jax.process_index() == 0
     if main_process:
         print(
@@ -203,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             run_train(args)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {flag_message(str(e))}", file=sys.stderr)
         return 2
     except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {flag_message(str(e))}", file=sys.stderr)
         return 3
     return 0

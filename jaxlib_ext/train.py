@@ -6,10 +6,20 @@
   and donation of the old state: parameters may be sharded over ``fsdp``/``tensor`` and the
   batch over ``data``/``fsdp``, XLA inserts the collectives.
 * :func:`make_pmap_train_step` is the classic data-parallel step (``jax.pmap`` with a
-  ``pmean`` of the gradients): same numbers, replicated state.
+  ``pmean`` of the gradients) and :func:`make_shard_map_train_step` the same written with
+  ``jax.shard_map``: same numbers, replicated state.
 * :func:`fit` runs the loop: a progress bar (step, loss, tokens/s, ETA), periodic eval,
   a metrics JSONL file, a loss-curve PNG, Orbax checkpoints every N steps and exact
   resume. A non-finite loss stops the run, naming the step and the last good checkpoint.
+
+Resume (``TrainConfig.resume``) starts from the newest *committed* checkpoint, or from
+scratch when there is none; a save that a crash interrupted is never read. Batches are a
+pure function of ``(seed, step)``, so the resumed run ends equal to an uninterrupted one.
+When ``TrainConfig.schedule`` is given it is recorded with every checkpoint, and a resume
+that asks for another schedule raises :class:`~jaxlib_ext.schedule.ScheduleMismatchError`.
+
+Errors about the configuration name the ``TrainConfig`` field at fault
+(``TrainConfig.batch_size``, ...).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from flax import nnx
 from jaxlib_ext import data as data_lib
 from jaxlib_ext import sharding as sharding_lib
 from jaxlib_ext.checkpoint import Checkpointer, abstract_like
+from jaxlib_ext.schedule import ScheduleMismatchError, WarmupCosine
 
 __all__ = [
     "TrainState",
@@ -66,6 +77,9 @@ class TrainState(NamedTuple):
 
 @dataclasses.dataclass
 class TrainConfig:
+    """What :func:`fit` does: the run's length, batch, parallel mode, cadence of logs, evals
+    and checkpoints, where outputs go, and whether to resume."""
+
     steps: int = 200
     batch_size: int = 32
     seq_len: int = 128
@@ -81,6 +95,9 @@ class TrainConfig:
     max_to_keep: int = 3
     progress: bool = True
     meta: dict = dataclasses.field(default_factory=dict)  # recorded with every checkpoint
+    # The learning-rate schedule ``tx`` follows, if known: recorded with every checkpoint;
+    # a resume whose schedule differs from the recorded one raises ScheduleMismatchError.
+    schedule: WarmupCosine | None = None
 
     @property
     def ckpt_dir(self) -> pathlib.Path:
@@ -89,6 +106,9 @@ class TrainConfig:
 
 @dataclasses.dataclass
 class TrainResult:
+    """The final state (gathered as the ``jit`` mode shards it), the metrics rows of this
+    call, the step it started from (``> 0`` when resumed) and its output folder."""
+
     state: TrainState
     history: list[dict]  # metrics rows of this invocation (train and eval)
     start_step: int
@@ -224,66 +244,144 @@ def train_state_shardings(state: TrainState, mesh) -> TrainState:
     return TrainState(rep, p_sh, o_sh, rep)
 
 
+_POSITIVE_FIELDS = ("steps", "batch_size", "seq_len", "eval_every", "log_every",
+                   "checkpoint_every", "eval_batches")
+
+
 def _validate(cfg: TrainConfig, model, mesh, corpus: data_lib.Corpus) -> None:
-    for name in ("steps", "batch_size", "seq_len", "eval_every", "log_every",
-                 "checkpoint_every", "eval_batches"):
+    """Checks ``cfg`` against the model, mesh and corpus; errors name the ``TrainConfig``
+    field (``TrainConfig.batch_size``, ...) so that a front end can map it to its flag."""
+    for name in _POSITIVE_FIELDS:
         if getattr(cfg, name) <= 0:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} must be positive, got {getattr(cfg, name)}")
+            raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(cfg, name)}")
     if cfg.parallel not in PARALLEL_MODES:
-        raise ValueError(f"--parallel must be one of {PARALLEL_MODES}, got {cfg.parallel!r}")
+        raise ValueError(
+            f"TrainConfig.parallel must be one of {PARALLEL_MODES}, got {cfg.parallel!r}"
+        )
     dp = sharding_lib.data_parallel_size(mesh)
     if cfg.batch_size % dp:
         raise ValueError(
-            f"--batch-size {cfg.batch_size} is not divisible by the data-parallel size {dp} "
-            f"(mesh {dict(mesh.shape)}: data x fsdp); use a multiple of {dp}"
+            f"TrainConfig.batch_size {cfg.batch_size} is not divisible by the data-parallel "
+            f"size {dp} (mesh {dict(mesh.shape)}: data x fsdp); use a multiple of {dp}"
         )
     if cfg.parallel == "pmap":
         if jax.process_count() > 1:
-            raise ValueError("--parallel pmap runs in one process; use --parallel jit multi-host")
+            raise ValueError(
+                "TrainConfig.parallel 'pmap' runs in one process; use TrainConfig.parallel "
+                "'jit' across processes"
+            )
         n = jax.local_device_count()
         if cfg.batch_size % n:
             raise ValueError(
-                f"--batch-size {cfg.batch_size} is not divisible by the {n} local devices "
-                f"that --parallel pmap splits it over"
+                f"TrainConfig.batch_size {cfg.batch_size} is not divisible by the {n} local "
+                f"devices that TrainConfig.parallel 'pmap' splits it over"
             )
     max_len = getattr(model, "max_seq_len", None)
     if max_len is not None and cfg.seq_len > max_len:
         raise ValueError(
-            f"--seq-len {cfg.seq_len} exceeds the model's maximum sequence length {max_len}; "
-            f"use --seq-len <= {max_len}"
+            f"TrainConfig.seq_len {cfg.seq_len} exceeds the model's maximum sequence length "
+            f"{max_len}; use TrainConfig.seq_len <= {max_len}"
         )
     ckpt_dir = cfg.ckpt_dir
     if not cfg.resume and ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
         raise ValueError(
-            f"--checkpoint-dir {ckpt_dir} already holds checkpoints; pass --resume to continue "
-            "that run, or choose another --out-dir/--checkpoint-dir for a new one"
+            f"TrainConfig.checkpoint_dir {ckpt_dir} already holds checkpoints; use "
+            "TrainConfig.resume to continue that run, or another TrainConfig.out_dir / "
+            "TrainConfig.checkpoint_dir for a new one"
         )
     if len(corpus.train) <= cfg.seq_len + 1 or len(corpus.eval) <= cfg.seq_len + 1:
         raise ValueError(
-            f"--seq-len {cfg.seq_len} is too long for the corpus ({len(corpus.train)} train / "
-            f"{len(corpus.eval)} eval tokens)"
+            f"TrainConfig.seq_len {cfg.seq_len} is too long for the corpus "
+            f"({len(corpus.train)} train / {len(corpus.eval)} eval tokens)"
         )
 
 
-class _MetricsLog:
-    """Append-only JSONL written by process 0; on resume, rows past the restored step go."""
+def _check_schedule(cfg: TrainConfig, meta: dict, step: int, directory) -> None:
+    """A resumed run follows the schedule its checkpoint recorded, or stops here."""
+    recorded = meta.get("schedule")
+    if cfg.schedule is None or recorded is None:
+        return
+    recorded = WarmupCosine.from_dict(recorded)
+    fields = cfg.schedule.mismatch(recorded)
+    if fields:
+        raise ScheduleMismatchError(
+            f"TrainConfig.schedule {cfg.schedule} differs in {', '.join(fields)} from the "
+            f"schedule recorded at step {step} in {directory}: {recorded}. A resumed run "
+            "follows the recorded curve: pass it again, or its extended_to(steps) to train "
+            "longer on it",
+            fields,
+        )
 
-    def __init__(self, path: pathlib.Path, resume_step: int | None, enabled: bool):
-        self.path, self.enabled = path, enabled
-        if not enabled:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        keep = []
-        if resume_step is not None and path.exists():
-            keep = [line for line in path.read_text().splitlines()
-                    if line and json.loads(line)["step"] <= resume_step]
-        path.write_text("".join(line + "\n" for line in keep))
 
-    def write(self, row: dict) -> None:
+class _RunLog:
+    """The run's record: metrics rows (kept in ``history``, appended to a JSONL file by
+    process 0), the progress bar and the throughput between train rows.
+
+    On resume, the file's rows past the restored step are dropped.
+    """
+
+    def __init__(self, cfg: TrainConfig, start: int, enabled: bool):
+        self.cfg, self.enabled = cfg, enabled
+        self.path = pathlib.Path(cfg.out_dir) / "metrics.jsonl"
+        self.history: list[dict] = []
+        self.bar = None
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            keep = []
+            if cfg.resume and self.path.exists():
+                keep = [line for line in self.path.read_text().splitlines()
+                        if line and json.loads(line)["step"] <= start]
+            self.path.write_text("".join(line + "\n" for line in keep))
+            if cfg.progress:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step",
+                                dynamic_ncols=True)
+        self._t_last, self._steps_since = time.perf_counter(), 0
+
+    def _write(self, row: dict) -> None:
+        self.history.append(row)
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+
+    def train_step(self, done: int, loss: float, metrics: dict) -> None:
+        """Counts step ``done``; every ``log_every`` steps (and at the end) writes a row."""
+        self._steps_since += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        if not _due(done, self.cfg.log_every, self.cfg.steps):
+            return
+        now = time.perf_counter()
+        tokens = self._steps_since * self.cfg.batch_size * self.cfg.seq_len
+        row = {
+            "step": done,
+            "loss": loss,
+            "grad_norm": _first(metrics["grad_norm"]),
+            "tokens_per_s": tokens / max(now - self._t_last, 1e-9),
+        }
+        self._t_last, self._steps_since = now, 0
+        self._write(row)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+
+    def eval(self, done: int, eval_loss: float) -> None:
+        self._write({"step": done, "eval_loss": eval_loss})
+        if self.bar is not None:
+            self.bar.write(f"step {done}: eval loss {eval_loss:.4f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _due(done: int, every: int, steps: int) -> bool:
+    return done % every == 0 or done == steps
+
+
+def _first(x) -> float:
+    """The value of a replicated scalar (a pmap step returns one per local device)."""
+    return float(np.asarray(x).reshape(-1)[0])
 
 
 def plot_metrics(metrics_path, png_path, *, reference: float | None = None, title: str = ""):
@@ -311,6 +409,137 @@ def plot_metrics(metrics_path, png_path, *, reference: float | None = None, titl
     plt.close(fig)
 
 
+class _ParallelMode(NamedTuple):
+    """How one ``TrainConfig.parallel`` mode runs a step.
+
+    ``place`` turns the global state (in ``state_sharding``) into the state ``step`` takes,
+    ``gather`` turns it back (for eval, checkpoints and the result), and ``batch`` makes the
+    step's batch from the global batch's row offsets.
+    """
+
+    step: Callable  # (state, batch) -> (state, metrics)
+    place: Callable
+    gather: Callable
+    batch: Callable
+    state_sharding: TrainState
+
+
+def _jit_mode(tx, loss_fn, cfg, corpus, state_sh, mesh) -> _ParallelMode:
+    """Sharded state (params over ``fsdp``/``tensor``), one ``jax.jit`` step."""
+    batch_sh = sharding_lib.batch_sharding(mesh)
+    return _ParallelMode(
+        step=make_train_step(tx, loss_fn, state_sh, batch_sh),
+        place=lambda s: s,
+        gather=lambda s: s,
+        batch=lambda offsets: data_lib.make_global_batch(
+            corpus.train, offsets, cfg.seq_len, batch_sh
+        ),
+        state_sharding=state_sh,
+    )
+
+
+def _shard_map_mode(tx, loss_fn, cfg, corpus, state_sh, mesh) -> _ParallelMode:
+    """Replicated state: every device holds the whole model, as in the pmap step."""
+    rep = jax.tree.map(lambda _: sharding_lib.replicated(mesh), state_sh)
+    batch_sh = sharding_lib.batch_sharding(mesh)
+    return _ParallelMode(
+        step=make_shard_map_train_step(tx, loss_fn, mesh),
+        place=lambda s: jax.device_put(s, rep),
+        gather=lambda s: s,
+        batch=lambda offsets: data_lib.make_global_batch(
+            corpus.train, offsets, cfg.seq_len, batch_sh
+        ),
+        state_sharding=rep,
+    )
+
+
+def _pmap_mode(tx, loss_fn, cfg, corpus, state_sh, mesh) -> _ParallelMode:
+    """One state copy per local device on a leading axis; the batch split over it."""
+    n_local = jax.local_device_count()
+    window = np.arange(cfg.seq_len + 1)[None, :]
+
+    def batch(offsets):
+        rows = corpus.train[offsets[:, None] + window]
+        return rows.reshape(n_local, -1, cfg.seq_len + 1)
+
+    return _ParallelMode(
+        step=make_pmap_train_step(tx, loss_fn),
+        place=lambda s: jax.tree.map(lambda x: jnp.stack([np.asarray(x)] * n_local), s),
+        gather=lambda s: jax.device_put(jax.tree.map(lambda x: x[0], s), state_sh),
+        batch=batch,
+        state_sharding=state_sh,
+    )
+
+
+_MODES = {"jit": _jit_mode, "shard_map": _shard_map_mode, "pmap": _pmap_mode}
+
+
+def _make_evaluate(loss_fn, mode: _ParallelMode, cfg: TrainConfig, corpus, mesh):
+    """``evaluate(state) -> float``: the mean loss over the fixed eval batches."""
+    batch_sh = sharding_lib.batch_sharding(mesh)
+    eval_fn = make_eval_step(loss_fn, mode.state_sharding.params, batch_sh)
+    offsets = data_lib.eval_batches(corpus.eval, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
+
+    def evaluate(state) -> float:
+        params = mode.gather(state).params
+        losses = [
+            eval_fn(params, data_lib.make_global_batch(corpus.eval, o, cfg.seq_len, batch_sh))
+            for o in offsets
+        ]
+        return float(np.mean([float(x) for x in losses]))
+
+    return evaluate
+
+
+def _start(ckpt: Checkpointer, cfg: TrainConfig, host_state: TrainState, state_sh):
+    """``(step, state)`` to start from: the newest committed checkpoint when resuming (its
+    recorded schedule checked first), else ``host_state`` placed step 0."""
+    step = ckpt.latest_step() if cfg.resume else None
+    if step is None:
+        # Place the freshly initialised state; every leaf becomes a global array.
+        return 0, jax.device_put(_distinct_buffers(host_state), state_sh)
+    _check_schedule(cfg, ckpt.restore_meta(step), step, ckpt.directory)
+    state, _ = ckpt.restore(step, abstract_like(host_state, state_sh))
+    return int(step), state
+
+
+def _checkpoint_meta(cfg: TrainConfig, step: int) -> dict:
+    meta = {**cfg.meta, "step": step, "seed": cfg.seed, "steps": cfg.steps}
+    if cfg.schedule is not None:
+        meta["schedule"] = cfg.schedule.to_dict()
+    return meta
+
+
+def _non_finite(loss: float, step: int, ckpt: Checkpointer) -> NonFiniteLossError:
+    ckpt.wait()
+    good = ckpt.latest_step()
+    good = "none" if good is None else f"step {good}"
+    return NonFiniteLossError(
+        f"loss became {loss} at step {step}; stopped without saving it. Last good "
+        f"checkpoint: {good} in {ckpt.directory}. Lower the learning rate or check the "
+        "data, then resume from it (TrainConfig.resume)."
+    )
+
+
+def _train_loop(mode, state, start, cfg, corpus, evaluate, ckpt, log: _RunLog):
+    """Steps ``start .. cfg.steps``; logs, evaluates and saves when due. Returns the state."""
+    for step in range(start, cfg.steps):
+        offsets = data_lib.batch_offsets(
+            cfg.seed, step, cfg.batch_size, cfg.seq_len, len(corpus.train)
+        )
+        state, metrics = mode.step(state, mode.batch(offsets))
+        loss = _first(metrics["loss"])
+        done = step + 1
+        if not math.isfinite(loss):
+            raise _non_finite(loss, done, ckpt)
+        log.train_step(done, loss, metrics)
+        if _due(done, cfg.eval_every, cfg.steps):
+            log.eval(done, evaluate(state))
+        if _due(done, cfg.checkpoint_every, cfg.steps):
+            ckpt.save(done, mode.gather(state), _checkpoint_meta(cfg, done))
+    return state
+
+
 def fit(
     model: nnx.Module,
     tx: optax.GradientTransformation,
@@ -321,123 +550,35 @@ def fit(
     """Trains ``model`` with ``tx`` on ``corpus``; see the module docstring.
 
     Everything the run needs is checked before anything is written, so bad input leaves
-    no partial output or checkpoint behind.
+    no partial output or checkpoint behind. Errors name the ``TrainConfig`` field at fault.
     """
     mesh = mesh or sharding_lib.make_mesh(None)
     _validate(cfg, model, mesh, corpus)
     main = jax.process_index() == 0
-    out_dir = pathlib.Path(cfg.out_dir)
-
     graphdef, rest, host_state = init_state(model, tx, cfg.seed)
     loss_fn = make_loss_fn(graphdef, rest)
     state_sh = train_state_shardings(host_state, mesh)
-    batch_sh = sharding_lib.batch_sharding(mesh)
 
     ckpt = Checkpointer(cfg.ckpt_dir, max_to_keep=cfg.max_to_keep)
-    start = ckpt.latest_step() if cfg.resume else None
-    if start is not None:
-        state, _ = ckpt.restore(start, abstract_like(host_state, state_sh))
-    else:
-        # Place the freshly initialised state; every leaf becomes a global array.
-        state = jax.device_put(_distinct_buffers(host_state), state_sh)
-    del host_state
-    start = int(start or 0)
-
-    if cfg.parallel == "pmap":
-        step_fn = make_pmap_train_step(tx, loss_fn)
-        n_local = jax.local_device_count()
-        state = jax.tree.map(lambda x: jnp.stack([np.asarray(x)] * n_local), state)
-    elif cfg.parallel == "shard_map":
-        # Replicated state: every device holds the whole model, as in the pmap step.
-        state_sh = jax.tree.map(lambda _: sharding_lib.replicated(mesh), state_sh)
-        state = jax.device_put(state, state_sh)
-        step_fn = make_shard_map_train_step(tx, loss_fn, mesh)
-    else:
-        step_fn = make_train_step(tx, loss_fn, state_sh, batch_sh)
-    eval_fn = make_eval_step(loss_fn, state_sh.params, batch_sh)
-    eval_offsets = data_lib.eval_batches(corpus.eval, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
-
-    def unreplicated(s):
-        if cfg.parallel != "pmap":
-            return s
-        return jax.device_put(jax.tree.map(lambda x: x[0], s), state_sh)
-
-    def evaluate(s) -> float:
-        params = unreplicated(s).params
-        losses = [
-            eval_fn(params, data_lib.make_global_batch(corpus.eval, o, cfg.seq_len, batch_sh))
-            for o in eval_offsets
-        ]
-        return float(np.mean([float(x) for x in losses]))
-
-    def save(step, s):
-        ckpt.save(step, unreplicated(s), {**cfg.meta, "step": step, "seed": cfg.seed})
-
-    log = _MetricsLog(out_dir / "metrics.jsonl", start if cfg.resume else None, main)
-    history: list[dict] = []
-    tokens_per_step = cfg.batch_size * cfg.seq_len
-    bar = None
-    if main and cfg.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
-    t_last, n_since = time.perf_counter(), 0
+    log = None
     try:
-        for step in range(start, cfg.steps):
-            offsets = data_lib.batch_offsets(
-                cfg.seed, step, cfg.batch_size, cfg.seq_len, len(corpus.train)
-            )
-            if cfg.parallel == "pmap":
-                local = corpus.train[offsets[:, None] + np.arange(cfg.seq_len + 1)[None, :]]
-                batch = local.reshape(n_local, -1, cfg.seq_len + 1)
-            else:
-                batch = data_lib.make_global_batch(corpus.train, offsets, cfg.seq_len, batch_sh)
-            state, metrics = step_fn(state, batch)
-            loss = float(np.asarray(metrics["loss"]).reshape(-1)[0])
-            if not math.isfinite(loss):
-                ckpt.wait()
-                good = ckpt.latest_step()
-                good = "none" if good is None else f"step {good}"
-                raise NonFiniteLossError(
-                    f"loss became {loss} at step {step + 1}; stopped without saving it. Last good "
-                    f"checkpoint: {good} in {ckpt.directory}. "
-                    "Lower --lr or check the data, then rerun with --resume."
-                )
-            n_since += 1
-            done = step + 1
-            if bar is not None:
-                bar.update(1)
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                now = time.perf_counter()
-                row = {
-                    "step": done,
-                    "loss": loss,
-                    "grad_norm": float(np.asarray(metrics["grad_norm"]).reshape(-1)[0]),
-                    "tokens_per_s": n_since * tokens_per_step / max(now - t_last, 1e-9),
-                }
-                t_last, n_since = now, 0
-                log.write(row)
-                history.append(row)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-            if done % cfg.eval_every == 0 or done == cfg.steps:
-                row = {"step": done, "eval_loss": evaluate(state)}
-                log.write(row)
-                history.append(row)
-                if bar is not None:
-                    bar.write(f"step {done}: eval loss {row['eval_loss']:.4f}")
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                save(done, state)
+        start, state = _start(ckpt, cfg, host_state, state_sh)
+        del host_state
+        mode = _MODES[cfg.parallel](tx, loss_fn, cfg, corpus, state_sh, mesh)
+        evaluate = _make_evaluate(loss_fn, mode, cfg, corpus, mesh)
+        log = _RunLog(cfg, start, enabled=main)
+        state = _train_loop(mode, mode.place(state), start, cfg, corpus, evaluate, ckpt, log)
     finally:
-        if bar is not None:
-            bar.close()
+        if log is not None:
+            log.close()
         ckpt.close()
 
-    if main and (out_dir / "metrics.jsonl").exists():
+    out_dir = pathlib.Path(cfg.out_dir)
+    if main and log.path.exists():
         plot_metrics(
-            out_dir / "metrics.jsonl",
+            log.path,
             out_dir / "loss.png",
             reference=data_lib.unigram_entropy(corpus.train, corpus.vocab_size),
             title=str(cfg.meta.get("run", "")),
         )
-    return TrainResult(unreplicated(state), history, start, out_dir)
+    return TrainResult(mode.gather(state), log.history, start, out_dir)

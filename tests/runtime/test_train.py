@@ -2,6 +2,7 @@
 
 import json
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +10,8 @@ import optax
 import pytest
 
 from jaxlib_ext import cli, data, sharding, train
-from jaxlib_ext.models.transformer import build_transformer
+from jaxlib_ext.models import build_transformer
+from jaxlib_ext.schedule import ScheduleMismatchError, warmup_cosine
 
 SMALL = dict(batch_size=8, seq_len=32, eval_every=3, eval_batches=1, log_every=1,
              checkpoint_every=3, progress=False)
@@ -47,21 +49,21 @@ def test_data_parallel_steps_match_the_sharded_jit_step(tmp_path, corpus, jit_ru
         assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(a)
 
 
-def test_outputs_and_exact_resume(tmp_path, corpus):
-    full = _fit(tmp_path / "full", corpus, steps=6)
+def test_outputs_and_exact_resume(tmp_path, corpus, jit_run):
     out = tmp_path / "part"
-    _fit(out, corpus, steps=3)
-    resumed = _fit(out, corpus, steps=6, resume=True)
+    recorded = warmup_cosine(1e-3, 6)  # metadata only here: the optimizer is constant-rate
+    _fit(out, corpus, steps=3, schedule=recorded)
+    resumed = _fit(out, corpus, steps=6, resume=True, schedule=recorded)
     assert resumed.start_step == 3
-    for a, b in zip(jax.tree.leaves(full.state.params), jax.tree.leaves(resumed.state.params),
-                    strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    chex.assert_trees_all_equal(jit_run.state.params, resumed.state.params)
     rows = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
     assert (out / "loss.png").stat().st_size > 1000
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()) == [3, 6]
-    with pytest.raises(ValueError, match="--resume"):  # never silently mixes two runs
+    with pytest.raises(ValueError, match="TrainConfig.resume"):  # never mixes two runs
         _fit(out, corpus, steps=6)
+    with pytest.raises(ScheduleMismatchError, match="TrainConfig.schedule.*total_steps"):
+        _fit(out, corpus, steps=8, resume=True, schedule=warmup_cosine(1e-3, 8))
     # The sharded state: params over fsdp where the logical axis is "embed".
     kernel = resumed.state.params["blocks"][0]["mlp"]["gate"]["kernel"]
     assert kernel.get_value().sharding.spec == jax.P("fsdp", None)
@@ -92,6 +94,22 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, corpu
 
 
 @pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"steps": 0}, "TrainConfig.steps must be positive"),
+        ({"parallel": "vmap"}, "TrainConfig.parallel must be one of"),
+        ({"batch_size": 6}, "TrainConfig.batch_size 6 is not divisible"),
+        ({"seq_len": 128}, "TrainConfig.seq_len 128 exceeds"),
+    ],
+)
+def test_library_errors_name_the_config_field_and_write_nothing(tmp_path, corpus, overrides,
+                                                                 message):
+    with pytest.raises(ValueError, match=message):
+        _fit(tmp_path / "run", corpus, **overrides)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
     "flags, message",
     [
         (["--corpus", "/no/such/corpus"], "--corpus"),
@@ -101,6 +119,13 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, corpu
         (["--optimizer", "sgdx"], "--optimizer"),
         (["--seq-len", "4096"], "--seq-len"),
         (["--lr", "-1"], "--lr"),
+        (["--steps", "0"], "--steps"),
+        (["--parallel", "pmap", "--batch-size", "4"], "--batch-size 4 is not divisible"),
+        (["--eval-every", "0"], "--eval-every must be positive"),
+        (["--opt", "levels=4", "--optimizer", "foam"], "--opt: unknown key 'levels'"),
+        (["--opt", "level=2.5", "--optimizer", "foam"], "--opt level: expected int"),
+        (["--opt", "level"], "--opt: expected key=value"),
+        (["--extend-schedule"], "--extend-schedule only applies with --resume"),
     ],
 )
 def test_bad_input_names_the_flag_and_writes_nothing(tmp_path, capsys, flags, message):
@@ -111,23 +136,70 @@ def test_bad_input_names_the_flag_and_writes_nothing(tmp_path, capsys, flags, me
     assert not out.exists()
 
 
-def test_cli_trains_and_reports(tmp_path, capsys):
-    code = cli.main([
-        "train", "--steps", "4", "--batch-size", "8", "--seq-len", "32", "--eval-every", "2",
-        "--eval-batches", "1", "--out-dir", str(tmp_path), "--no-progress", "--mesh", "data=-1",
+def _cli_train(out, *flags):
+    return cli.main([
+        "train", "--batch-size", "8", "--seq-len", "32", "--eval-every", "2",
+        "--eval-batches", "1", "--out-dir", str(out), "--no-progress", "--mesh", "data=-1",
+        "--lr", "3e-3", *flags,
     ])
-    assert code == 0
+
+
+def test_cli_trains_reports_and_resumes_only_on_the_recorded_schedule(tmp_path, capsys):
+    assert _cli_train(tmp_path, "--steps", "4") == 0
     assert "done: step 4" in capsys.readouterr().out
     assert (tmp_path / "loss.png").exists() and (tmp_path / "checkpoints" / "4").exists()
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+
+    # Another length would rebuild the schedule: refused, naming --steps and the fixes.
+    assert _cli_train(tmp_path, "--steps", "6", "--resume") == 2
+    err = capsys.readouterr().err
+    assert "--steps 6 differs" in err and "--steps 4 as before" in err, err
+    assert "--extend-schedule" in err, err
+    assert _cli_train(tmp_path, "--steps", "4", "--resume", "--lr", "1e-3") == 2
+    assert "--lr 0.003 as before" in capsys.readouterr().err
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics  # nothing written
+
+    # Asked for: two more steps on the recorded curve, which holds its final value.
+    assert _cli_train(tmp_path, "--steps", "6", "--resume", "--extend-schedule") == 0
+    assert "done: step 6" in capsys.readouterr().out
+    from jaxlib_ext.checkpoint import Checkpointer
+
+    with Checkpointer(tmp_path / "checkpoints") as ckpt:
+        meta = ckpt.restore_meta(6)
+    assert meta["schedule"] == warmup_cosine(3e-3, 4).to_dict()
+    assert meta["steps"] == 6 and meta["optimizer_steps"] == 4
+    # Resuming the extended run again with its own length needs no flag.
+    assert _cli_train(tmp_path, "--steps", "6", "--resume") == 0
+
+
+def test_extended_schedule_keeps_the_recorded_curve_and_holds_its_end():
+    recorded = warmup_cosine(3e-3, 8)
+    extended = recorded.extended_to(12)
+    old, new = recorded.to_optax(), extended.to_optax()
+    for t in range(8):
+        assert float(new(t)) == float(old(t))
+    assert [float(new(t)) for t in range(8, 12)] == [pytest.approx(3e-4, rel=1e-6)] * 4
+
+
+def test_opt_values_take_the_type_of_the_recipe_default():
+    got = cli.parse_opt(["level=4", "scale=1", "second_moment=rms", "b2=0.9"], "foam", 100)
+    assert got == {"level": 4, "scale": 1.0, "second_moment": "rms", "b2": 0.9}
+    assert type(got["scale"]) is float
+    with pytest.raises(ValueError, match="--opt: key 'level' given twice"):
+        cli.parse_opt(["level=4", "level=2"], "foam", 100)
 
 
 @pytest.mark.parametrize(
-    "model, optimizer",
-    [("transformer", "foam"), ("transformer", "smet"), ("mdn", "adamw"), ("gdn", "adamw")],
+    "model, optimizer, opts",
+    [("transformer", "foam", ["--opt", "level=1", "--opt", "b2=0.9"]),
+     ("transformer", "smet", ["--opt", "density=0.25"]),
+     ("mdn", "adamw", []),
+     ("gdn", "adamw", [])],
 )
-def test_every_registered_model_and_optimizer_trains(tmp_path, model, optimizer):
+def test_every_registered_model_and_optimizer_trains(tmp_path, model, optimizer, opts):
     code = cli.main([
-        "train", "--model", model, "--optimizer", optimizer, "--steps", "2", "--batch-size", "8",
+        "train", "--model", model, "--optimizer", optimizer, *opts, "--steps", "2",
+        "--batch-size", "8",
         "--seq-len", "16", "--eval-every", "2", "--eval-batches", "1", "--checkpoint-every", "2",
         "--out-dir", str(tmp_path), "--no-progress", "--mesh", "data=2,fsdp=4",
     ])
@@ -139,15 +211,16 @@ def test_every_registered_model_and_optimizer_trains(tmp_path, model, optimizer)
 def test_weight_decay_skips_vectors_and_flagged_parameters():
     from flax import nnx
 
-    from jaxlib_ext.models.mdn import build_mdn
+    from jaxlib_ext.models import build_mdn
+    from jaxlib_ext.optim import decay_mask
 
     params = nnx.state(build_mdn("tiny", vocab_size=64, rngs=nnx.Rngs(0)), nnx.Param)
-    mask = cli.decay_mask(params)
+    mask = decay_mask(params)
     flat = dict(jax.tree_util.tree_flatten_with_path(mask)[0])
     names = {jax.tree_util.keystr(k): v for k, v in flat.items()}
     assert any(v for k, v in names.items() if "kernel" in k)
     assert not any(v for k, v in names.items() if "A_log" in k or "scale" in k)
-    tx = optax.adamw(1e-2, weight_decay=0.5, mask=cli.decay_mask)  # as the CLI's adamw
+    tx = optax.adamw(1e-2, weight_decay=0.5, mask=decay_mask)  # as the adamw recipe
     state = tx.init(params)
     zero = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zero, state, params)
@@ -156,22 +229,32 @@ def test_weight_decay_skips_vectors_and_flagged_parameters():
     assert moved == names  # with zero gradients only decayed parameters move
 
 
-def test_mdn_pallas_kernels_train_on_a_data_tensor_mesh_as_on_one_device(tmp_path, corpus):
-    """The MDN LM with the Pallas op (interpret mode on CPU): two steps on a 2 x 2 mesh, batch
-    over data, heads over tensor (the op's sharding rule), give the losses of one device."""
+def test_mdn_pallas_kernels_train_on_a_data_tensor_mesh_as_on_one_device(corpus):
+    """The MDN LM with the Pallas op (interpret mode on CPU): two jit training steps on a
+    2 x 2 mesh, batch over data, heads over tensor (the op's sharding rule), give the losses
+    of one device. (The steps of ``fit``'s jit mode, without its eval and checkpoints.)"""
     from flax import nnx
 
-    from jaxlib_ext.models.mdn import build_mdn
+    from jaxlib_ext.models import build_mdn
 
-    def fit(out, mesh):
+    def losses(mesh, steps=2, batch_size=4, seq_len=32):
         model = build_mdn(
             "tiny", vocab_size=256, rngs=nnx.Rngs(0), method="pallas", chunk_size=16
         )
-        cfg = train.TrainConfig(
-            steps=2, out_dir=str(out), **{**SMALL, "batch_size": 4, "eval_every": 100}
-        )
-        return train.fit(model, optax.adamw(1e-3), corpus, cfg, mesh)
+        tx = optax.adamw(1e-3)
+        graphdef, rest, state = train.init_state(model, tx, seed=0)
+        state_sh = train.train_state_shardings(state, mesh)
+        batch_sh = sharding.batch_sharding(mesh)
+        step = train.make_train_step(tx, train.make_loss_fn(graphdef, rest), state_sh, batch_sh)
+        state, out = jax.device_put(state, state_sh), []
+        for i in range(steps):
+            offsets = data.batch_offsets(0, i, batch_size, seq_len, len(corpus.train))
+            state, metrics = step(
+                state, data.make_global_batch(corpus.train, offsets, seq_len, batch_sh)
+            )
+            out.append(float(metrics["loss"]))
+        return out
 
-    one = fit(tmp_path / "one", sharding.make_mesh("data=1", jax.devices()[:1]))
-    four = fit(tmp_path / "four", sharding.make_mesh("data=2,tensor=2", jax.devices()[:4]))
-    np.testing.assert_allclose(four.losses, one.losses, rtol=1e-5)
+    one = losses(sharding.make_mesh("data=1", jax.devices()[:1]))
+    four = losses(sharding.make_mesh("data=2,tensor=2", jax.devices()[:4]))
+    np.testing.assert_allclose(four, one, rtol=1e-5)
