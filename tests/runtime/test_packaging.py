@@ -79,6 +79,16 @@ def test_wheel_installs_one_namespace_with_its_data(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"jaxlib_ext"}
     for module in ("jaxlib_ext/models/mdn.py", "jaxlib_ext/optim/foam.py",
-                   "jaxlib_ext/pallas_kernels/mdn/kernel.py",
+                   "jaxlib_ext/pallas_kernels/mdn/reference.py",
                    "jaxlib_ext/samplers/data/potato_visual.csv"):
         assert module in names, module
+
+
+def test_every_public_name_of_the_runtime_resolves():
+    import jaxlib_ext
+
+    missing = [name for name in jaxlib_ext.__all__ if getattr(jaxlib_ext, name, None) is None]
+    assert not missing, missing
+    assert jaxlib_ext.fit is jaxlib_ext.train.fit
+    assert set(jaxlib_ext.__all__) <= set(dir(jaxlib_ext))
+    assert set(jaxlib_ext.__all__) == {"__version__", *jaxlib_ext._EXPORTS, *jaxlib_ext._SUBMODULES}
