@@ -25,7 +25,7 @@ def measure(args) -> dict:
     from flax import nnx
 
     from jaxlib_ext import data, memory, sharding, train
-    from jaxlib_ext.models.transformer import build_transformer
+    from jaxlib_ext.models import build_transformer
 
     corpus = data.load_corpus()
     mesh = sharding.make_mesh(None)

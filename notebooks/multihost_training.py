@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -32,8 +34,8 @@ import matplotlib.pyplot as plt
 import optax
 from flax import nnx
 
-from jaxlib_ext import data, memory, sharding, train
-from jaxlib_ext.models.transformer import build_transformer
+from jaxlib_ext import data, memory, schedule, sharding, train
+from jaxlib_ext.models import build_transformer
 
 print(jax.devices())
 
@@ -61,16 +63,20 @@ print(f"gate kernel {kernel.shape}: device {shard.device} holds {shard.data.shap
 # %% [markdown]
 # ## A short run
 # `train.fit` builds the sharded state, compiles one step with donation, and logs metrics,
-# a loss plot and Orbax checkpoints under `out_dir`.
+# a loss plot and Orbax checkpoints under `out_dir`. The learning-rate schedule is a
+# `schedule.WarmupCosine` record: every checkpoint carries it, and a resumed run
+# (`resume=True`) with another schedule stops with `ScheduleMismatchError`.
 
 # %%
 corpus = data.load_corpus()
+steps = 40 if FAST else 200
+lr = schedule.warmup_cosine(3e-3, steps, warmup=10)  # recorded with every checkpoint
 cfg = train.TrainConfig(
-    steps=40 if FAST else 200, batch_size=16, seq_len=64 if FAST else 128,
+    steps=steps, batch_size=16, seq_len=64 if FAST else 128,
     eval_every=20 if FAST else 50, eval_batches=2, log_every=5, checkpoint_every=100,
-    out_dir="runs/notebook_multihost", progress=not FAST,
+    out_dir="runs/notebook_multihost", progress=not FAST, schedule=lr,
 )
-tx = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 3e-3, 10, cfg.steps, 3e-4))
+tx = optax.adamw(lr.to_optax())
 result = train.fit(model, tx, corpus, cfg, mesh)
 
 # %%
