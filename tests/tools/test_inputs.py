@@ -1,9 +1,7 @@
-"""kernel_audit.inputs, .target and the package: shapes and domains of the op's inputs, the
-shape argument, the limits; the package stays out of the wheel."""
+"""kernel_audit.inputs and .target: shapes and domains of the op's inputs, the shape argument,
+the limits."""
 
 import argparse
-import tomllib
-from pathlib import Path
 
 import chex
 import jax
@@ -12,8 +10,6 @@ import kernel_audit
 import pytest
 from kernel_audit import inputs
 from kernel_audit.target import H200_TARGET_CONFIG
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_parse_shape():
@@ -51,8 +47,3 @@ def test_limits():
     assert kernel_audit.SHARED_LIMIT == 227 * 1024 and kernel_audit.MAX_REGISTERS == 255
     assert "shared_memory_per_block_optin: 232448" in H200_TARGET_CONFIG
 
-
-def test_the_wheel_does_not_ship_the_tools():
-    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert not [p for p in cfg["packages"] if "tools" in p or "kernel_audit" in p]
-    assert not [d for d in cfg["package-dir"].values() if d.split("/")[0] == "tools"]

@@ -15,6 +15,8 @@ Modules:
 * ``sass``: instructions and spill traffic outside loops and per loop iteration, from SASS.
 * ``xla_aot``: the programs, their deviceless compile by XLA, and the report.
 * ``triton_resources``: Triton IR of every kernel, then pip Triton's compile and ``ptxas -v``.
+* ``mdn_probes``: the Pallas op with its options as flat keywords (the candidates' form), and
+  whether the Mosaic GPU state kernel applies at a shape.
 * ``check``: the Pallas op against the recurrence (outputs, final state, gradients).
 * ``tuning``: times the candidates and keeps the fastest.
 
