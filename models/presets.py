@@ -44,6 +44,10 @@ def preset_param_count(build: Callable, preset: str = "tiny", *, vocab_size: int
     ``build`` is a model builder such as :func:`jaxlib_ext.models.build_mdn`; ``vocab_size=None``
     keeps the preset's vocabulary (50257 for the paper sizes, 256 for ``"tiny"``).
     """
+    if not callable(build):
+        raise TypeError(
+            f"preset_param_count: build must be a model builder such as build_mdn, got {build!r}"
+        )
     abstract = nnx.eval_shape(
         lambda: build(preset, vocab_size=vocab_size, rngs=nnx.Rngs(0), **overrides)
     )

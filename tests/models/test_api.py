@@ -34,3 +34,11 @@ def test_builders_take_size_only_presets(name):
     assert (model.cfg.vocab_size, len(model.blocks)) == (77, 1)
     with pytest.raises(ValueError, match=r"unknown .* preset '.*-tiny'; choose from"):
         build(f"{name}-tiny", rngs=nnx.Rngs(0))
+
+
+def test_preset_param_count_takes_a_builder():
+    assert models.preset_param_count(models.build_gdn) == models.param_count(
+        nnx.eval_shape(lambda: models.build_gdn("tiny", rngs=nnx.Rngs(0)))
+    )
+    with pytest.raises(TypeError, match="build"):
+        models.preset_param_count("400m")
