@@ -448,6 +448,13 @@ def scale_by_smet(
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+def _active_mask(idx, block_size: int, shape) -> jax.Array:
+    """Bool array of ``shape``: True on the active blocks ``idx`` (row-major blocks)."""
+    nb = math.prod(shape) // block_size
+    m = jnp.zeros((nb,), bool).at[idx].set(True, unique_indices=True)
+    return jnp.broadcast_to(m[:, None], (nb, block_size)).reshape(shape)
+
+
 def _find_state(state) -> ScaleBySmetState:
     """The :class:`ScaleBySmetState` inside an optimizer state (a chain's, an injected one...)."""
     found = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ScaleBySmetState))
@@ -493,10 +500,10 @@ def keep_inactive_zero(
                                                         treedef.flatten_up_to(params), kinds,
                                                         strict=True):
             if kind == "sparse":
-                # -p everywhere (inactive and just-pruned entries become exactly 0), the step at
-                # the active blocks: a single scatter.
-                active = jnp.asarray(u).reshape(-1, mu.shape[1])[idx]
-                u = _scatter_slots(-jnp.asarray(p).astype(u.dtype), active, idx)
+                # -p off the active blocks (inactive and just-pruned entries become exactly 0);
+                # a select, which XLA fuses with the learning-rate scaling and apply_updates.
+                active = _active_mask(idx, mu.shape[1], p.shape)
+                u = jnp.where(active, u, -jnp.asarray(p).astype(u.dtype))
             elif kind == "compact":
                 u = jnp.where(regrown[:, None], -jnp.asarray(p).astype(u.dtype), u)
             out.append(u)
@@ -514,13 +521,7 @@ def active_masks(state, params) -> Any:
     treedef, kinds = _leaf_kinds(_find_state(state), params)
     out = []
     for p, (kind, idx, _, mu, _, _) in zip(treedef.flatten_up_to(params), kinds, strict=True):
-        if kind == "sparse":
-            bs = mu.shape[1]
-            nb = math.prod(p.shape) // bs
-            m = jnp.zeros((nb,), bool).at[idx].set(True)
-            out.append(jnp.broadcast_to(m[:, None], (nb, bs)).reshape(p.shape))
-        else:
-            out.append(None)
+        out.append(_active_mask(idx, mu.shape[1], p.shape) if kind == "sparse" else None)
     return treedef.unflatten(out)
 
 

@@ -229,7 +229,7 @@ def test_step_counter_saturates():
     step = st[0].step["w"]
     assert step.dtype == jnp.int16
     st = (st[0]._replace(step={"w": jnp.full_like(step, STEP_MAX)}), *st[1:])
-    _, st = opt.update(params, st, params)
+    _, st = jax.jit(opt.update)(params, st, params)
     assert np.all(np.asarray(st[0].step["w"]) == STEP_MAX)
 
 
