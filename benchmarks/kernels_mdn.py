@@ -1,12 +1,12 @@
 """Momentum delta rule op: chunkwise vs recurrent, forward and forward+backward, time and memory.
 
 Baseline: ``method="recurrent"`` (the ``lax.scan`` reference) in the same run. Shape defaults to
-B=2, T=2048, H=4, K=64, V=128 (issue 3). Times are the median of ``--repeats`` runs after one
+B=2, T=2048, H=4, K=64, V=128. Times are the median of ``--repeats`` runs after one
 warm-up call, each ending in ``block_until_ready``; memory is XLA's compiled ``memory_analysis``
 (arguments + outputs + temporaries - aliased bytes) of the jitted function, i.e. the planned peak
 of that executable. The Gated DeltaNet chunk path is timed too, for context.
 
-    .venv/bin/python benchmarks/mdn.py [--T 2048] [--chunk-size 64] [--repeats 5]
+    .venv/bin/python benchmarks/kernels_mdn.py [--T 2048] [--chunk-size 64] [--repeats 5]
 """
 
 from __future__ import annotations

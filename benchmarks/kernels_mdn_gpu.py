@@ -2,7 +2,7 @@
 
 Prints markdown tables: median time after warm-up of the forward and the forward+backward of
 
-* ``pallas``: ``jaxlib_ext.pallas_kernels.mdn.kernel.momentum_delta_rule_pallas`` with its
+* ``pallas``: ``jaxlib_ext.pallas_kernels.mdn.momentum_delta_rule_pallas`` with its
   default tiling and launch parameters (compiled through the Pallas Triton lowering on GPU,
   ``interpret=True`` on CPU), and ``pallas bwd=xla`` (forward+backward only, on GPU): the
   kernels' state recurrence with the backward's chunk algebra in XLA;
@@ -15,7 +15,7 @@ Prints markdown tables: median time after warm-up of the forward and the forward
 then one decoding step: the Pallas step kernel against the XLA recurrent op on one token.
 
 The ratio column is against ``chunk`` (same direction). TFLOP/s uses the matmul FLOPs of the
-chunkwise algorithm (``kernel.flops_forward``; forward+backward counted as 3x forward, the usual
+chunkwise algorithm (``flops_forward``; forward+backward counted as 3x forward, the usual
 convention), GB/s the compulsory HBM traffic (inputs read once, output written once; 3x for
 forward+backward). Ceilings printed beside them: H200 ~790 TFLOP/s bf16 dense, ~4.8 TB/s HBM.
 
@@ -43,12 +43,12 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule  # noqa: E402
-from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas  # noqa: E402
-from jaxlib_ext.pallas_kernels.mdn.kernel import (  # noqa: E402
-    flops_forward,
+from jaxlib_ext.pallas_kernels.mdn import (  # noqa: E402
+    MDNKernelConfig,
+    momentum_delta_rule,
     momentum_delta_rule_pallas,
 )
+from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # H200 bf16 dense
 PEAK_GBS = 4800.0  # H200 HBM3e
@@ -153,8 +153,9 @@ def main(argv=None):
     inputs = make_inputs(B, T, H, K, V, dtype)
 
     pallas = functools.partial(
-        momentum_delta_rule_pallas, scale=K**-0.5, chunk_size=args.chunk, interpret=interpret
-    )
+        momentum_delta_rule_pallas, scale=K**-0.5, chunk_size=args.chunk,
+        config=MDNKernelConfig(interpret=interpret),
+    )  # fmt: skip
     chunk = functools.partial(
         momentum_delta_rule, scale=K**-0.5, method="chunk", chunk_size=args.chunk
     )
@@ -167,7 +168,8 @@ def main(argv=None):
     rows = []
     ops = [("pallas", pallas, True)]
     if not args.cpu:  # the backward="xla" variant: kernel state recurrence + XLA chunk math
-        ops.append(("pallas bwd=xla", functools.partial(pallas, backward="xla"), False))
+        bwd_xla = MDNKernelConfig(interpret=interpret, backward="xla")
+        ops.append(("pallas bwd=xla", functools.partial(pallas, config=bwd_xla), False))
     if not args.skip_chunk:
         ops.append(("chunk", chunk, True))
     for name, op, with_fwd in ops:
@@ -206,6 +208,22 @@ def main(argv=None):
     for msg in failed:
         print(f"FAILED {msg}")
     return 1 if failed else 0
+
+
+def flops_forward(b, t, h, kdim, vdim, chunk=64):
+    """Matmul FLOPs of one forward pass of the chunkwise algorithm."""
+    n = -(-t // chunk)
+    c = chunk
+    per_chunk = (
+        2 * c * c * c * 2  # gamma and gamma_prev
+        + 2 * c * c * kdim * 2  # P Kt^T, sQ Kt^T
+        + 2 * c * c * vdim  # T V
+        + 2 * c * c * kdim * 2  # T (A P), T (b P)
+        + 2 * c * kdim * vdim * 4  # Y S, Z M, Kgs^T Vt, Kgm^T Vt
+        + 2 * c * kdim * vdim * 2  # Qa S, Qb M
+        + 2 * c * c * vdim  # Attn Vt
+    )
+    return b * h * n * per_chunk
 
 
 def decode_table(inputs, K, interpret, warmup, iters):

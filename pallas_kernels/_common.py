@@ -1,8 +1,8 @@
 """Helpers shared by the linear-recurrence ops (``mdn``, ``gated_delta``).
 
 Validation of public arguments, the compute dtype rule, time padding to a chunk multiple,
-log-space segment sums for chunk-local decay matrices, lazy loading of Pallas kernels and
-the relative RMS error used by the tests and benchmarks.
+log-space segment sums for chunk-local decay matrices, the matmul-only unit-lower-triangular
+inverse and lazy loading of the Pallas kernels.
 """
 
 from __future__ import annotations
@@ -224,17 +224,3 @@ def resolve_auto(method: str, kernel_module: str, kernel_name: str) -> str:
     if jax.default_backend() == "gpu" and load_kernel(kernel_module, kernel_name) is not None:
         return "pallas"
     return "chunk"
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-def rel_rmse(ref, out) -> float:
-    """Relative RMS error ``||out - ref|| / ||ref||`` (0 when both are zero)."""
-    ref = np.asarray(ref, dtype=np.float64)
-    out = np.asarray(out, dtype=np.float64)
-    num = float(np.sqrt(np.mean((out - ref) ** 2)))
-    den = float(np.sqrt(np.mean(ref**2)))
-    if den == 0.0:
-        return num
-    return num / den

@@ -25,7 +25,7 @@ axis, any other name an axis that must stay whole (``need_replication_factors``)
 Where there is only one device (``jax.device_count() == 1``, or a context mesh of size one)
 the sharding rule is left out: ``custom_partitioning`` cannot be lowered against an
 ``AbstractMesh`` (JAX refuses: it needs concrete devices; the offline lowering for an H200
-in the tests and in ``benchmarks/triton_resources.py`` does exactly that), and one device
+in the tests does exactly that), and one device
 needs no partitioning. Inside a ``shard_map`` the function is called as it is too: on the local
 blocks where every axis is manual, and where only some are, XLA gathers over the others
 (``custom_partitioning`` gets no mesh axis names there).

@@ -2,11 +2,9 @@
 
 Why: Triton's PTX for a kernel carries ``.reqntid`` and no register bound, and for some large
 kernels ptxas at -O3 then settles on 32 registers and spills tens of KB per thread (the float32
-backward kernels of the momentum delta rule: 111676 B of spill stores in ``mdn_chunk_bwd``
-where the same PTX with ``.maxnreg 255`` gets 255 registers and 28948 B; XLA's compile for an
-H200, jaxlib 0.11.2, BENCHMARKS.md). Triton has a ``maxnreg`` option for this, which it stores
-as the module attribute ``ttg.maxnreg`` and lowers to ``.maxnreg``; Pallas's Triton
-``CompilerParams`` do not expose it (JAX 0.11.2, 0.12). XLA compiles the Triton module that
+backward kernels of the momentum delta rule; BENCHMARKS.md). Triton has a ``maxnreg`` option
+for this, which it stores as the module attribute ``ttg.maxnreg`` and lowers to ``.maxnreg``;
+Pallas's Triton ``CompilerParams`` do not expose it. XLA compiles the Triton module that
 Pallas serialises and honours the attribute, so the kernel sets it itself: calling
 ``max_registers(n)`` in a kernel body binds a primitive whose Triton lowering rule puts
 ``ttg.maxnreg = n`` on the enclosing module and emits nothing.

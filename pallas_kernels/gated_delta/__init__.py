@@ -1,9 +1,10 @@
 """Gated delta rule (Gated DeltaNet, arXiv 2412.06464) as a pure JAX op: the MDN baseline.
 
 ``gated_delta_rule`` validates its arguments and dispatches on ``method``: ``"recurrent"`` (the
-``lax.scan`` reference), ``"chunk"`` (the chunkwise WY form), ``"pallas"`` (lazily imported
-``jaxlib_ext.pallas_kernels.gated_delta.kernel.gated_delta_rule_pallas``, interpreted on CPU) and
-``"auto"`` (the Pallas kernel on GPU when it imports, else ``"chunk"``).
+``lax.scan`` reference), ``"chunk"`` (the chunkwise WY form), ``"pallas"``
+(:func:`gated_delta_rule_pallas`, the momentum delta rule's Pallas kernels at ``mu = 0``,
+``eta = 1``, ``p = alpha * k``; loaded on first use, interpreted on CPU) and ``"auto"`` (the
+Pallas kernels on GPU when they import, else ``"chunk"``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import jax
 
 from jaxlib_ext.pallas_kernels._common import (
+    METHODS,
     check_chunk_size,
     check_method,
     check_nonnegative,
@@ -21,9 +23,15 @@ from jaxlib_ext.pallas_kernels._common import (
 from jaxlib_ext.pallas_kernels.gated_delta.chunk import gated_delta_rule_chunk
 from jaxlib_ext.pallas_kernels.gated_delta.reference import gated_delta_rule_recurrent
 
-__all__ = ["gated_delta_rule", "gated_delta_rule_chunk", "gated_delta_rule_recurrent"]
+__all__ = [
+    "METHODS",
+    "gated_delta_rule",
+    "gated_delta_rule_chunk",
+    "gated_delta_rule_pallas",
+    "gated_delta_rule_recurrent",
+]
 
-_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.gated_delta.kernel"
+_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.gated_delta.pallas"
 _KERNEL_NAME = "gated_delta_rule_pallas"
 
 _recurrent_jit = jax.jit(gated_delta_rule_recurrent, static_argnames=("output_final_state",))
@@ -69,7 +77,8 @@ def gated_delta_rule(
       initial_state: ``[B, H, K, V]`` or ``None`` (zeros).
       output_final_state: also return ``S_T`` ``[B, H, K, V]``.
       method: ``"auto" | "recurrent" | "chunk" | "pallas"``.
-      chunk_size: one of 16, 32, 64, 128.
+      chunk_size: one of 16, 32, 64, 128 (compiled Pallas kernels with float32 inputs and
+        K > 64 take 16 or 32 and raise otherwise).
 
     Returns:
       ``(o, final_state)``: ``o`` in ``q.dtype``; ``final_state`` float32 (float64 for float64
@@ -91,15 +100,16 @@ def gated_delta_rule(
         return _recurrent_jit(q, k, v, g, beta, **kwargs)
     if method == "chunk":
         return _chunk_jit(q, k, v, g, beta, chunk_size=chunk_size, **kwargs)
-    from jaxlib_ext.pallas_kernels.gated_delta.kernel import gated_delta_rule_pallas
+    from jaxlib_ext.pallas_kernels.gated_delta.pallas import gated_delta_rule_pallas
+    from jaxlib_ext.pallas_kernels.mdn.config import MDNKernelConfig
 
-    return gated_delta_rule_pallas(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        chunk_size=chunk_size,
-        interpret=jax.default_backend() == "cpu",
-        **kwargs,
-    )
+    config = MDNKernelConfig(interpret=jax.default_backend() == "cpu")
+    return gated_delta_rule_pallas(q, k, v, g, beta, chunk_size=chunk_size, config=config, **kwargs)
+
+
+def __getattr__(name):
+    if name == "gated_delta_rule_pallas":
+        from jaxlib_ext.pallas_kernels.gated_delta import pallas
+
+        return pallas.gated_delta_rule_pallas
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

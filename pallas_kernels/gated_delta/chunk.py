@@ -1,7 +1,7 @@
 """Gated delta rule, chunkwise-parallel form (pure JAX).
 
-Gated DeltaNet (arXiv 2412.06464), the WY/UT chunk form restated in our notation (notes
-``shared/papers/models.md`` §1.2 is the momentum generalisation). Inside a chunk of length ``C``
+Gated DeltaNet (arXiv 2412.06464), the WY/UT chunk form in the notation of ``mdn.chunk`` (whose
+momentum form it is at ``mu = 0``). Inside a chunk of length ``C``
 with entering state ``S_0``, ``A_t = prod_{s<=t} alpha_s`` and pseudo-values
 ``v~_t = v_t - alpha_t S_{t-1}^T k_t``, unrolling eqs. (1)-(2) of the reference gives::
 

@@ -1,7 +1,7 @@
 """Gated delta rule, the plain recurrence (a ``lax.scan`` over time).
 
 Gated DeltaNet, Yang, Kautz and Hatamizadeh, arXiv 2412.06464; used as the baseline of Momentum
-DeltaNet (arXiv 2605.05838, notes ``shared/papers/models.md`` §1.1). Per batch, head and step,
+DeltaNet (arXiv 2605.05838). Per batch, head and step,
 with memory ``S_t`` of shape ``[K, V]`` and ``alpha_t = exp(g_t)``::
 
     S'_t = alpha_t S_{t-1}                              (1)  decay first

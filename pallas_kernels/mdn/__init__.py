@@ -6,10 +6,13 @@ same signature:
 - ``"recurrent"``: :func:`jaxlib_ext.pallas_kernels.mdn.reference.momentum_delta_rule_recurrent`,
   the step-by-step ``lax.scan`` (the ground truth).
 - ``"chunk"``: :func:`jaxlib_ext.pallas_kernels.mdn.chunk.momentum_delta_rule_chunk`, the
-  chunkwise-parallel form (notes §1.2), rematerialised per chunk.
-- ``"pallas"``: ``jaxlib_ext.pallas_kernels.mdn.kernel.momentum_delta_rule_pallas`` (imported
-  lazily; interpreted on CPU).
-- ``"auto"``: the Pallas kernel on GPU when it is importable, otherwise ``"chunk"``.
+  chunkwise-parallel form (eqs. (5)-(11)), rematerialised per chunk.
+- ``"pallas"``: :func:`momentum_delta_rule_pallas` (``mdn/pallas.py``, loaded on first use;
+  interpreted on CPU), tuned by an ``MDNKernelConfig``.
+- ``"auto"``: the Pallas kernels on GPU when they import, otherwise ``"chunk"``.
+
+``momentum_delta_rule_pallas`` and ``MDNKernelConfig`` are importable from here without loading
+the Pallas modules until first use.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import jax
 
 from jaxlib_ext.pallas_kernels._common import (
+    METHODS,
     check_chunk_size,
     check_method,
     check_nonnegative,
@@ -28,12 +32,28 @@ from jaxlib_ext.pallas_kernels.mdn.chunk import momentum_delta_rule_chunk
 from jaxlib_ext.pallas_kernels.mdn.reference import momentum_delta_rule_recurrent
 
 __all__ = [
+    "METHODS",
+    "MDNKernelConfig",
     "momentum_delta_rule",
     "momentum_delta_rule_chunk",
+    "momentum_delta_rule_pallas",
     "momentum_delta_rule_recurrent",
 ]
 
-_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.mdn.kernel"
+_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.mdn.pallas"
+_LAZY = {
+    "momentum_delta_rule_pallas": _KERNEL_MODULE,
+    "MDNKernelConfig": "jaxlib_ext.pallas_kernels.mdn.config",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 _KERNEL_NAME = "momentum_delta_rule_pallas"
 
 _recurrent_jit = jax.jit(momentum_delta_rule_recurrent, static_argnames=("output_final_state",))
@@ -67,7 +87,7 @@ def momentum_delta_rule(
     method="auto",
     chunk_size=64,
 ):
-    """Momentum delta rule over a sequence (Huang et al., arXiv 2605.05838, notes §1.1).
+    """Momentum delta rule over a sequence (Huang et al., arXiv 2605.05838).
 
     Per batch, head and step, with memory ``S`` and momentum ``M`` of shape ``[K, V]``::
 
@@ -90,7 +110,8 @@ def momentum_delta_rule(
       initial_state: ``[2, B, H, K, V]`` holding ``(S_0, M_0)``; ``None`` means zeros.
       output_final_state: return ``(S_T, M_T)`` as ``[2, B, H, K, V]``.
       method: ``"auto" | "recurrent" | "chunk" | "pallas"``.
-      chunk_size: one of 16, 32, 64, 128 (``"chunk"`` and ``"pallas"``).
+      chunk_size: one of 16, 32, 64, 128 (``"chunk"`` and ``"pallas"``; compiled Pallas
+        kernels with float32 inputs and K > 64 take 16 or 32 and raise otherwise).
 
     Returns:
       ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` float32
@@ -121,8 +142,7 @@ def momentum_delta_rule(
             output_final_state=output_final_state,
             chunk_size=chunk_size,
         )
-    # method == "pallas"
-    from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
+    from jaxlib_ext.pallas_kernels.mdn.pallas import momentum_delta_rule_pallas
 
     return momentum_delta_rule_pallas(
         *args,
@@ -130,5 +150,12 @@ def momentum_delta_rule(
         initial_state=initial_state,
         output_final_state=output_final_state,
         chunk_size=chunk_size,
-        interpret=jax.default_backend() == "cpu",
+        config=_pallas_config(),
     )
+
+
+def _pallas_config():
+    """The kernels' defaults, interpreted on a CPU backend."""
+    from jaxlib_ext.pallas_kernels.mdn.config import MDNKernelConfig
+
+    return MDNKernelConfig(interpret=jax.default_backend() == "cpu")

@@ -1,12 +1,35 @@
-"""The in-chunk algebra of the momentum delta rule kernels (Momentum DeltaNet, arXiv 2605.05838).
+"""The in-chunk algebra of the momentum delta rule's Pallas path (arXiv 2605.05838).
 
-Pure functions on float32 arrays, written once and run in two places: inside the Pallas kernels
-of ``kernel.py`` on 2-D [C, *] tiles, and by XLA on [B, N, H, C, *] arrays (leading axes
-batched) in ``_prep_xla``, the differentiable mirror that ``backward="xla"`` checks the
-hand-written reverse (``_chunk_prep_bwd``) against. Equation numbers are those of the
-``kernel`` module docstring: the cumulative gates and decay products (5), (6), the pseudo-value
-system (9) with its unit-lower-triangular inverse, the chunk's right-hand sides (11) and the
-output coefficients of (10).
+Pure functions on float32 arrays, run in two places: inside the Pallas kernels on 2-D [C, *]
+tiles (``prep.py``, ``prep_bwd.py``), and by XLA on [B, N, H, C, *] arrays (leading axes
+batched) in ``prep_xla``, the differentiable mirror against which ``backward="xla"`` checks the
+hand-written reverse ``chunk_prep_bwd``.
+
+Equations, as numbered in ``mdn.reference`` (recurrence (1)-(4)) and ``mdn.chunk`` (chunk form):
+inside a chunk of length C with entering states ``(S_0, M_0)``, ``A_t = prod_{s<=t} alpha_s``,
+``U_t = prod_{s<=t} mu_s``, ``Kt = diag(eta) K`` and the masked decay matrices
+``D1[t, i] = A_t / A_i`` (i <= t), ``D2[i, j] = U_i / U_j`` (j <= i)::
+
+    gamma = D1 diag(beta) D2                                             (5)
+    b     = D1 (beta * U)                                                (6)
+    S_C   = A_C S_0 - b_C M_0 + sum_j gamma_{C,j} kt_j vt_j^T            (7) at t = C
+    M_C   = U_C M_0 - sum_j (U_C / U_j) kt_j vt_j^T                      (8) at t = C
+    (I + L) Vt = V - diag(A_{t-1}) P S_0 + diag(b_{t-1}) P M_0,
+        L[t, j] = gamma_{t-1, j} (p_t . kt_j), j < t                     (9)
+    O = diag(A) sQ S_0 - diag(b) sQ M_0 + (gamma * (sQ Kt^T)) Vt         (10)
+    Vt = Uv - Y S_0 + Z M_0,  [Uv, Y, Z] = (I + L)^{-1} [V, diag(A_{t-1}) P, diag(b_{t-1}) P]  (11)
+
+Names (``ChunkPrep``, shared with ``mdn.chunk``): ``uv, y, z`` of (11); ``kgs = gamma_{C,:} Kt``
+and ``kgm = (U_C / U_:) Kt``, the key products of (7) and (8) at t = C; ``qa = diag(A) sQ``,
+``qb = diag(b) sQ`` and ``attn = gamma * (sQ Kt^T)`` of (10); ``a, b, u``: ``A_t, b_t, U_t``.
+Every decay factor is a product of gates in [0, 1] (no exponent is positive), so nothing
+overflows and ``beta = 0`` is exact.
+
+The unit-lower-triangular inverse of (9) has three forms here, each where it is needed:
+forward substitution (the default in the kernels: masked selects and reductions, which Triton
+lowers), the Neumann product (matmuls only, for the tensor cores; a kernel option) and XLA's
+``triangular_solve`` (the differentiable mirror). ``mdn.chunk`` uses
+``_common.unit_lower_inverse`` (batched matmuls, fast on CPU).
 """
 
 from __future__ import annotations
@@ -18,39 +41,32 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-_F32 = jnp.float32
+F32 = jnp.float32
 
 
-def _pow2(n: int, minimum: int = 16) -> int:
-    return max(minimum, 1 << (int(n) - 1).bit_length())
-
-
-def _dot_dtype(precision):
-    """Operand dtype of the in-kernel dots (see ``_mm``); intermediates that only feed dots are
+def dot_dtype(precision):
+    """Operand dtype of the in-kernel dots (see ``matmul``); intermediates that only feed dots are
     stored in it, which halves their HBM traffic on the bfloat16 path at no cost in accuracy."""
-    return jnp.bfloat16 if precision == lax.Precision.DEFAULT else _F32
+    return jnp.bfloat16 if precision == lax.Precision.DEFAULT else F32
 
 
-def _mm(a, b, *, ta=False, tb=False, precision=None):
+def matmul(a, b, *, ta=False, tb=False, precision=None):
     """Matrix product over the last two axes (leading axes batched), float32 accumulation.
 
     ``Precision.DEFAULT`` (the bfloat16-input path) rounds both operands to bfloat16 first, so
     the tensor cores run bf16 MMAs with float32 accumulation and the operands take half the
     shared memory of TF32 ones; any other precision (float32 inputs) keeps float32 operands.
-    Choice: this is what fla's Triton kernels do for bf16 (states and the triangular inverse
-    cast to the input dtype before ``tl.dot``); it doubles the bf16 error against the float32
-    recurrence (2e-3 to 5e-3 relative RMS at T = 130, K = 64, V = 128, against 1e-3 to 3e-3
-    with float32 operands; CPU, interpret mode), well inside the 1e-2 bound. With TF32
-    operands the fused backward kernel needed 250-400 KB of shared memory at K = 128 (pip
-    Triton 3.9 for sm_90a), beyond the H200's 227 KB per block.
+    This is what fla's Triton kernels do for bf16 (states and the triangular inverse cast to
+    the input dtype before ``tl.dot``); it stays within the 1e-2 bfloat16 tolerance against the
+    float32 recurrence and halves the operands' shared memory.
     """
     ca = a.ndim - 2 if ta else a.ndim - 1
     cb = b.ndim - 1 if tb else b.ndim - 2
     batch = tuple(range(a.ndim - 2))
-    dot = _dot_dtype(precision)
+    dot = dot_dtype(precision)
     a, b = a.astype(dot), b.astype(dot)
     return lax.dot_general(
-        a, b, (((ca,), (cb,)), (batch, batch)), precision=precision, preferred_element_type=_F32
+        a, b, (((ca,), (cb,)), (batch, batch)), precision=precision, preferred_element_type=F32
     )
 
 
@@ -62,7 +78,7 @@ def _mm(a, b, *, ta=False, tb=False, precision=None):
 def _identity(c):
     """The float32 [c, c] identity from iotas (lowers in Triton kernels and in XLA)."""
     rows = lax.broadcasted_iota(jnp.int32, (c, c), 0)
-    return jnp.where(rows == lax.broadcasted_iota(jnp.int32, (c, c), 1), 1.0, 0.0).astype(_F32)
+    return jnp.where(rows == lax.broadcasted_iota(jnp.int32, (c, c), 1), 1.0, 0.0).astype(F32)
 
 
 def _inverse_forward_substitution(lmat):
@@ -99,17 +115,13 @@ def _inverse_neumann(lmat, precision=None):
     power = -lmat  # (-L)^(2^j)
     inv = _identity(c) + power  # I - L
     for _ in range(c.bit_length() - 2):  # static: log2(C) - 1 more factors
-        power = _mm(power, power, precision=precision)
-        inv = inv + _mm(inv, power, precision=precision)  # inv (I + power)
+        power = matmul(power, power, precision=precision)
+        inv = inv + matmul(inv, power, precision=precision)  # inv (I + power)
     return inv
 
 
-_INVERSES = ("substitution", "neumann")
-
-
-def _inverse_fn(name, precision):
-    """The in-kernel ``inverse(lmat)`` for the ``inverse=`` option (see
-    ``momentum_delta_rule_pallas``)."""
+def inverse_fn(name, precision):
+    """The in-kernel ``inverse(lmat)`` for ``MDNKernelConfig.inverse``."""
     if name == "neumann":
         return functools.partial(_inverse_neumann, precision=precision)
     return _inverse_forward_substitution
@@ -118,7 +130,7 @@ def _inverse_fn(name, precision):
 def _inverse_triangular_solve(lmat):
     """(I + L)^{-1} with XLA's batched triangular solve (used by the differentiable mirror)."""
     c = lmat.shape[-1]
-    eye = jnp.eye(c, dtype=_F32)
+    eye = jnp.eye(c, dtype=F32)
     eye_b = jnp.broadcast_to(eye, lmat.shape)
     return lax.linalg.triangular_solve(
         eye + lmat, eye_b, left_side=True, lower=True, unit_diagonal=True
@@ -205,26 +217,26 @@ def _decay_tiles(dec, beta):
     return _DecayTiles(d1=dec.d1, d1p=d1p, d2=dec.d2, bd2=beta[..., :, None] * dec.d2)
 
 
-def _chunk_decay_tiles(la, lm, beta):
+def chunk_decay_tiles(la, lm, beta):
     """``_DecayTiles`` from the chunk's log-gates and beta alone (elementwise work, no dot)."""
     return _decay_tiles(_chunk_decays(la, lm), beta)
 
 
-def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
+def chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
     """Gate products (5), (6), the triangular inverse of (9) and the dot products of a chunk."""
     dec = _chunk_decays(la, lm)
     d1, d1p, d2, bd2 = _decay_tiles(dec, beta)
-    gam = _mm(d1, bd2, precision=precision)  # (5) gamma_{t,j}
-    gam_prev = _mm(d1p, bd2, precision=precision)  # gamma_{t-1,j}
+    gam = matmul(d1, bd2, precision=precision)  # (5) gamma_{t,j}
+    gam_prev = matmul(d1p, bd2, precision=precision)  # gamma_{t-1,j}
     u_vec = jnp.exp(dec.log_u)
     bu = beta * u_vec
     b_vec = jnp.sum(d1 * bu[..., None, :], axis=-1)  # (6) b_t
     b_prev = jnp.sum(d1p * bu[..., None, :], axis=-1)  # b_{t-1}
     kt = eta[..., :, None] * k
-    kp_mat = _mm(p, kt, tb=True, precision=precision)
+    kp_mat = matmul(p, kt, tb=True, precision=precision)
     tinv = inverse(gam_prev * kp_mat)  # (9): L strictly lower
     sq = scale * q
-    qk = _mm(sq, kt, tb=True, precision=precision)
+    qk = matmul(sq, kt, tb=True, precision=precision)
     return _Parts(
         incl=dec.incl,
         last=dec.last,
@@ -248,7 +260,7 @@ def _chunk_parts(q, k, p, la, lm, beta, eta, *, scale, precision, inverse):
 
 class _Coefficients(NamedTuple):
     """The per-chunk factors that multiply the state-side cotangents (a subset of ``_Parts``,
-    with the same names, so ``_reduce_sums`` takes either)."""
+    with the same names, so ``reduce_sums`` takes either)."""
 
     a_vec: jax.Array
     b_vec: jax.Array
@@ -258,7 +270,7 @@ class _Coefficients(NamedTuple):
     u_last: jax.Array
 
 
-def _chunk_coefficients(q, k, la, lm, beta, eta, *, scale):
+def chunk_coefficients(q, k, la, lm, beta, eta, *, scale):
     """``_Coefficients`` without the triangular inverse or any dot: gamma_{C,j} of (5) as
     sum_i (A_C / A_i) beta_i (U_i / U_j), a masked column reduction."""
     dec = _chunk_decays(la, lm)
@@ -274,7 +286,25 @@ def _chunk_coefficients(q, k, la, lm, beta, eta, *, scale):
     )
 
 
-def _chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
+class ChunkPrep(NamedTuple):
+    """Per-chunk outputs of the preparation (module docstring): [..., C, V] ``uv``;
+    [..., C, K] ``y, z, kgs, kgm, qa, qb``; [..., C, C] ``attn``; [..., C] ``a, b, u``
+    (``A_t, b_t, U_t``; the state recurrence uses their last entry)."""
+
+    uv: jax.Array
+    y: jax.Array
+    z: jax.Array
+    kgs: jax.Array
+    kgm: jax.Array
+    qa: jax.Array
+    qb: jax.Array
+    attn: jax.Array
+    a: jax.Array
+    b: jax.Array
+    u: jax.Array
+
+
+def chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
     """Per-chunk quantities of equations (5), (6), (9), (10), (11).
 
     Shapes: q, k, p [..., C, K]; v [..., C, V]; gates [..., C]; all float32.
@@ -282,21 +312,24 @@ def _chunk_prep(q, k, v, p, la, lm, beta, eta, *, scale, precision, inverse):
       uv [..., C, V]; y, z, kgs, kgm, qa, qb [..., C, K]; attn [..., C, C];
       avec = A_t, bvec = b_t, uvec = U_t [..., C] (the recurrence uses their last entry).
     """
-    f = _chunk_parts(q, k, p, la, lm, beta, eta, scale=scale, precision=precision, inverse=inverse)
-    uv = _mm(f.tinv, v, precision=precision)  # (11)
-    y = _mm(f.tinv, f.a_prev[..., :, None] * p, precision=precision)
-    z = _mm(f.tinv, f.b_prev[..., :, None] * p, precision=precision)
+    f = chunk_parts(q, k, p, la, lm, beta, eta, scale=scale, precision=precision, inverse=inverse)
+    uv = matmul(f.tinv, v, precision=precision)  # (11)
+    y = matmul(f.tinv, f.a_prev[..., :, None] * p, precision=precision)
+    z = matmul(f.tinv, f.b_prev[..., :, None] * p, precision=precision)
     attn = f.gam * f.qk  # (10), intra-chunk part
     qa = f.a_vec[..., :, None] * f.sq
     qb = f.b_vec[..., :, None] * f.sq
     kgs = f.g_last[..., :, None] * f.kt  # (7) at t = C
     kgm = f.u_last[..., :, None] * f.kt  # (8) at t = C
-    return uv, y, z, kgs, kgm, qa, qb, attn, f.a_vec, f.b_vec, f.u_vec
+    return ChunkPrep(uv, y, z, kgs, kgm, qa, qb, attn, f.a_vec, f.b_vec, f.u_vec)
 
 
-class _Reduced(NamedTuple):
-    """Cotangents of ``_chunk_prep``'s outputs, already contracted with the forward parts
-    they multiply, so the V axis is gone (``_reduce_sums`` forms them from ``_VSums``).
+GRAD_NAMES = ("dq", "dk", "dp", "dla", "dlm", "dbeta", "deta")  # what chunk_prep_bwd emits
+
+
+class Reduced(NamedTuple):
+    """Cotangents of ``chunk_prep``'s outputs, already contracted with the forward parts
+    they multiply, so the V axis is gone (``reduce_sums`` forms them from ``VSums``).
 
     dsq: from qa, qb (a_t dqa + b_t dqb); davec, dbvec, duvec: the gate vectors (incl. qa, qb);
     dattn; dtinv_v = duv v^T; dy, dz; dkt: from kgs, kgm; dg_last, du_last."""
@@ -314,7 +347,7 @@ class _Reduced(NamedTuple):
     du_last: jax.Array
 
 
-class _VSums(NamedTuple):
+class VSums(NamedTuple):
     """One chunk's state-side products, summed over V. With S, M the states entering the chunk
     and dS, dM the cotangents of the chunk-end states ([K, V]), dO and dVt the cotangents of
     the output and of the pseudo-values ([C, V]):
@@ -324,7 +357,7 @@ class _VSums(NamedTuple):
 
     Each is a bare sum of dots, so a kernel accumulating them over V-blocks keeps every sum in
     its MMA accumulator (``acc + dot`` is one instruction) and does no per-block elementwise
-    work; ``_reduce_sums`` applies the chunk's coefficients once, after the sum."""
+    work; ``reduce_sums`` applies the chunk's coefficients once, after the sum."""
 
     qs: jax.Array
     qm: jax.Array
@@ -339,15 +372,15 @@ class _VSums(NamedTuple):
     mm: jax.Array
 
 
-def _reduce_sums(f, s):
-    """``_VSums`` -> ``_Reduced``: the cotangents of ``_chunk_prep``'s outputs (qa, qb through
+def reduce_sums(f, s):
+    """``VSums`` -> ``Reduced``: the cotangents of ``chunk_prep``'s outputs (qa, qb through
     the state terms of (10), kgs, kgm through (7), (8) at t = C, Y, Z and Uv through (11),
     attn), contracted with the forward parts ``f`` (``_Parts`` or ``_Coefficients``) they
     multiply. The chunk-end state terms enter the gate vectors at t = C."""
     row = lambda x: jnp.sum(x, axis=-1)
     is_last = jnp.arange(f.kt.shape[-2]) == f.kt.shape[-2] - 1
     at_last = lambda x: jnp.where(is_last, x[..., None], 0.0)
-    return _Reduced(
+    return Reduced(
         dsq=f.a_vec[..., :, None] * s.qs - f.b_vec[..., :, None] * s.qm,
         davec=row(s.qs * f.sq) + at_last(s.ss),
         dbvec=-row(s.qm * f.sq) - at_last(s.ms),
@@ -362,24 +395,19 @@ def _reduce_sums(f, s):
     )
 
 
-def _chunk_prep_bwd(f, r, load_k, load_p, load_decays, beta, eta, *, scale, precision, emit):
-    """Reverse mode of ``_chunk_prep`` by hand (chain rule through (5), (6), (9)-(11)).
+def chunk_prep_bwd(f, r, load_k, load_p, load_decays, beta, eta, *, scale, precision, emit):
+    """Reverse mode of ``chunk_prep`` by hand (chain rule through (5), (6), (9)-(11)).
 
-    ``emit(name, value)`` receives each gradient of ``_GRAD_NAMES`` as soon as it is final, so
+    ``emit(name, value)`` receives each gradient of ``GRAD_NAMES`` as soon as it is final, so
     a kernel stores it there and its registers are free for the rest (dv = T^T duv is formed
     by the caller). ``load_k()`` gives the chunk's keys, needed only for deta, and
     ``load_p()`` the chunk's p, needed for dy, dz and the key gradient through P Kt^T: loading
     them again where they are used keeps them out of registers in between; likewise
     ``load_decays()`` gives the chunk's ``_DecayTiles``, needed only at the end (the reverse
     of (5) and (6)), so four [C, C] tiles are recomputed there instead of held through the
-    middle (measured in ``_chunk_bwd_kernel`` and ``_prep_bwd_kernel``). At B=8 T=4096 H=6
-    V=256 bf16, K=128 (K=256 in brackets), spill bytes per thread and shared memory:
-    reloading the keys (pip Triton 3.9 for sm_90a): mdn_chunk_bwd 3756 to 3112 B, 120 to
-    112 KiB (7608 to 6640 B, 216 to 208 KiB); reloading p (XLA's compile, jaxlib 0.11.2):
-    mdn_chunk_bwd 4080 to 3928 B, 104 to 88 KiB (10336 to 9350 B, 200 to 168 KiB), and
-    mdn_prep_bwd 4604 to 4616 B, 88 to 72 KiB.
+    middle.
     """
-    mm = functools.partial(_mm, precision=precision)
+    mm = functools.partial(matmul, precision=precision)
     row = lambda x: jnp.sum(x, axis=-1)
     col = lambda x: jnp.sum(x, axis=-2)
     # kgs, kgm, attn
@@ -433,23 +461,24 @@ def _chunk_prep_bwd(f, r, load_k, load_p, load_decays, beta, eta, *, scale, prec
     emit("dlm", rcumsum(dlog_u))
 
 
-def _prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
-    """Plain-jnp mirror of ``_prep_kernel`` on [B, Tp, H, ...] arrays (differentiable)."""
+def prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
+    """Plain-jnp mirror of the preparation kernel (``prep.py``) on [B, Tp, H, ...] arrays
+    (differentiable); ``ChunkPrep`` in float32."""
     b, tp, h, _ = q.shape
     n = tp // chunk
 
     def to_chunks(x):  # [B, Tp, H, ...] -> [B, N, H, C, ...]
-        x = x.astype(_F32).reshape((b, n, chunk, h) + x.shape[3:])
+        x = x.astype(F32).reshape((b, n, chunk, h) + x.shape[3:])
         return jnp.moveaxis(x, 2, 3)
 
     def from_chunks(x):  # [B, N, H, C, ...] -> [B, Tp, H, ...]
         x = jnp.moveaxis(x, 3, 2)
         return x.reshape((b, tp, h) + x.shape[4:])
 
-    outs = _chunk_prep(
+    outs = chunk_prep(
         *(to_chunks(x) for x in (q, k, v, p, la, lm, beta, eta)),
         scale=scale,
         precision=precision,
         inverse=_inverse_triangular_solve,
     )
-    return tuple(from_chunks(x) for x in outs)
+    return ChunkPrep(*(from_chunks(x) for x in outs))

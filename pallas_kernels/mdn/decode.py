@@ -1,5 +1,5 @@
 """Decoding kernel of the momentum delta rule (Momentum DeltaNet, arXiv 2605.05838): one
-token against the cached (S, M), equations (1)-(4) of the ``kernel`` module docstring::
+token against the cached (S, M), equations (1)-(4) of ``mdn.reference``::
 
     w = S^T p - v,   M' = mu M + eta k w^T,   S' = alpha S - beta M',   o = S'^T (scale q)
 """
@@ -14,8 +14,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxlib_ext.pallas_kernels._partition import batch_and_head_parallel
-from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _pow2
-from jaxlib_ext.pallas_kernels.mdn._launch import _launch_params, _sds
+from jaxlib_ext.pallas_kernels.mdn._launch import shape_dtype
+from jaxlib_ext.pallas_kernels.mdn.config import launch_params, pow2
 
 __all__ = ["momentum_delta_rule_step_pallas"]
 
@@ -63,7 +63,7 @@ def momentum_delta_rule_step_pallas(
     vdim = v.shape[-1]
     if state.shape != (2, b, h, kdim, vdim):
         raise ValueError(f"state: expected shape {(2, b, h, kdim, vdim)}, got {state.shape}")
-    kp, vp = _pow2(kdim), _pow2(vdim)
+    kp, vp = pow2(kdim), pow2(vdim)
     if block_v is None:
         block_v = min(vp, 64 if kp <= 128 else 32)
     pad_k = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, kp - kdim)))
@@ -74,13 +74,13 @@ def momentum_delta_rule_step_pallas(
     vec_v = pl.BlockSpec((None, None, block_v), lambda i, j, l: (i, j, l))
     vec_g = pl.BlockSpec((None, None, 16), lambda i, j, l: (i, j, 0))
     blk = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
-    warps, stages = _launch_params("mdn_step", kp)
+    warps, stages = launch_params("mdn_step", kp)
 
     def step(*args):
         b, h = args[0].shape[:2]  # this device's rows and heads
         return pl.pallas_call(
             functools.partial(_step_kernel, scale=float(scale)),
-            out_shape=[_sds((b, h, vp), q.dtype), _sds((b, h, kp, vp)), _sds((b, h, kp, vp))],
+            out_shape=[shape_dtype((b, h, vp), q.dtype)] + [shape_dtype((b, h, kp, vp))] * 2,
             grid=(b, h, vp // block_v),
             in_specs=[vec_k, vec_k, vec_v, vec_k, vec_g, blk, blk],
             out_specs=[vec_v, blk, blk],

@@ -1,7 +1,7 @@
 """Mosaic GPU (Hopper) variant of the forward state recurrence of the momentum delta rule
 (Momentum DeltaNet, arXiv 2605.05838).
 
-Same job as ``kernel._state_fwd_kernel`` (equations (11), (7), (8) of the kernel module, one
+Same job as ``state._state_fwd_kernel`` (equations (11), (7), (8) of ``_chunk_algebra``, one
 (batch, head, V-block) per block, a sequential loop over chunks), written for the Pallas Mosaic
 GPU backend instead of Triton, which JAX deprecates from 0.11 on. Per chunk, with the states
 (S, M) [K, BV] float32 in registers::
@@ -18,7 +18,7 @@ same shared tiles that go to HBM as the per-chunk states (hs, hm); these and Vt 
 double-buffered, and chunk n + 2 writes a slot only after the TMA stores of chunk n from it
 have finished reading.
 
-``stages`` (the ``num_stages`` of the op's ``launch=(("mdn_state_fwd_mosaic", 4, stages),)``)
+``stages`` (the ``num_stages`` of ``MDNKernelConfig.launch`` for ``mdn_state_fwd_mosaic``)
 is the number of slots: 2 as above, or 1, where every buffer is single (chunk n + 1 loads
 after chunk n, chunk n + 1 writes its states after chunk n's stores are done). One slot takes
 half the shared memory (about 95 KiB at K = 128, block_v 32, against 185 KiB), so two blocks
@@ -34,9 +34,7 @@ multiple of 64 and padded K a multiple of 64 (the M side of a wgmma is 64 rows p
 warpgroup); shared memory within the H200's 227 KiB (``smem_bytes``): K = 128 takes
 block_v <= 32 at two stages, <= 64 at one. Interpret mode (``interpret=True``) runs JAX's
 GPU interpreter with its race detector on; it fills unwritten outputs with NaN, so the tests
-see any element the kernel skips. Checked on CPU (interpret mode, JAX 0.11.2 and 0.12.0.1)
-and compiled by XLA for an H200 without a GPU (``benchmarks/xla_aot.py``); not yet run or
-timed on a GPU.
+see any element the kernel skips.
 """
 
 from __future__ import annotations
@@ -112,7 +110,7 @@ def _chunk_end(vec, chunk):
 
 def state_fwd_mosaic(prep, s0, m0, *, chunk, block_v, stages=2, interpret=False):
     """Forward state recurrence; returns ``(vt, hs, hm, st, mt)`` exactly as the Triton
-    ``_state_fwd_call`` (vt [B, Tp, H, Vp] and the per-chunk entering states hs, hm
+    ``state.state_fwd_call`` (vt [B, Tp, H, Vp] and the per-chunk entering states hs, hm
     [B, H, N*Kp, Vp] in bfloat16; the final states st, mt [B, H, Kp, Vp] float32).
 
     ``prep``: the outputs of the preparation kernel (Uv, Y, Z, Kgs, Kgm, ..., A_t, b_t, U_t).

@@ -1,6 +1,6 @@
 """Momentum delta rule, the plain recurrence (a ``lax.scan`` over time).
 
-Momentum DeltaNet, Huang et al., arXiv 2605.05838 (notes: ``shared/papers/models.md`` §1.1).
+Momentum DeltaNet, Huang et al., arXiv 2605.05838.
 Per batch, head and step ``t`` with states ``S_t, M_t`` of shape ``[K, V]``::
 
     w_t = S_{t-1}^T p_t - v_t                 (1)  residual at the old memory

@@ -1,4 +1,4 @@
-"""Gated delta rule op: chunk vs recurrent vs a NumPy loop, continuation, bad input."""
+"""Gated delta rule op: chunk and Pallas vs recurrent vs a NumPy loop, continuation, bad input."""
 
 from __future__ import annotations
 
@@ -9,34 +9,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxlib_ext.pallas_kernels._common import rel_rmse
 from jaxlib_ext.pallas_kernels.gated_delta import (
     gated_delta_rule,
     gated_delta_rule_chunk,
+    gated_delta_rule_pallas,
     gated_delta_rule_recurrent,
 )
+from jaxlib_ext.pallas_kernels.mdn import MDNKernelConfig
+from tests.pallas_kernels._helpers import gdn_inputs, rel_rmse
 
 NAMES = ("q", "k", "v", "g", "beta")
 B, T, H, K, V = 2, 131, 3, 12, 16
 
 
 def make_inputs(seed, dtype, *, b=B, t=T, h=H, kd=K, vd=V):
-    """fla-style gates: g = logsigmoid(U)/n, beta = sigmoid(N); L2-normalised q and k."""
-    rng = np.random.default_rng(seed)
-
-    def unit(shape):
-        x = rng.standard_normal(shape)
-        return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-    x = dict(
-        q=unit((b, t, h, kd)),
-        k=unit((b, t, h, kd)),
-        v=rng.standard_normal((b, t, h, vd)),
-        g=-np.logaddexp(0.0, -rng.uniform(size=(b, t, h))) / 0.8,
-        beta=1.0 / (1.0 + np.exp(-rng.standard_normal((b, t, h)))),
-    )
-    s0 = 0.5 * rng.standard_normal((b, h, kd, vd))
-    return {n: jnp.asarray(a, dtype) for n, a in x.items()}, jnp.asarray(s0, dtype)
+    return gdn_inputs(seed, dtype, b=b, t=t, h=h, kd=kd, vd=vd)
 
 
 def numpy_gdn(x, s0, scale):
@@ -81,10 +68,19 @@ def test_recurrent_matches_numpy_loop_float64():
         np.testing.assert_allclose(fin, fin_np, rtol=0, atol=1e-12)
 
 
+_F32, _F64 = (jnp.float32, 1e-4), (jnp.float64, 1e-9)
+_slow = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
-    ("dtype", "tol"), [(jnp.float32, 1e-4), (jnp.float64, 1e-9)], ids=["f32", "f64"]
+    ("dtype", "tol", "chunk_size"),
+    [
+        pytest.param(*_F32, 16, id="f32-16"),
+        pytest.param(*_F64, 64, id="f64-64"),
+        *(pytest.param(*_F32, c, id=f"f32-{c}", marks=_slow) for c in (32, 64, 128)),
+        *(pytest.param(*_F64, c, id=f"f64-{c}", marks=_slow) for c in (16, 32, 128)),
+    ],
 )
-@pytest.mark.parametrize("chunk_size", [16, 32, 64, 128])
 def test_chunk_matches_recurrent(dtype, tol, chunk_size):
     with jax.enable_x64(dtype == jnp.float64):
         x, s0 = make_inputs(chunk_size, dtype)
@@ -93,11 +89,50 @@ def test_chunk_matches_recurrent(dtype, tol, chunk_size):
         cf = jnp.asarray(rng.standard_normal(s0.shape), dtype)
         o_r, f_r, (g_r, gs_r) = _value_and_grads(x, s0, co, cf, "recurrent")
         o_c, f_c, (g_c, gs_c) = _value_and_grads(x, s0, co, cf, "chunk", chunk_size)
-        errors = {"o": rel_rmse(o_r, o_c), "final_state": rel_rmse(f_r, f_c)}
-        errors.update({f"d{n}": rel_rmse(g_r[n], g_c[n]) for n in NAMES})
-        errors["dinitial_state"] = rel_rmse(gs_r, gs_c)
+        errors = {"o": rel_rmse(o_c, o_r), "final_state": rel_rmse(f_c, f_r)}
+        errors.update({f"d{n}": rel_rmse(g_c[n], g_r[n]) for n in NAMES})
+        errors["dinitial_state"] = rel_rmse(gs_c, gs_r)
         for name, err in errors.items():
             assert np.isfinite(err) and err < tol, (name, err, errors)
+
+
+def _pallas_value_and_grads(x, s0, co, cf, chunk_size):
+    config = MDNKernelConfig(poison_outputs=True)
+
+    def loss(x, s0):
+        o, fin = gated_delta_rule_pallas(
+            *(x[n] for n in NAMES), scale=0.4, initial_state=s0, output_final_state=True,
+            chunk_size=chunk_size, config=config,
+        )  # fmt: skip
+        return jnp.sum(o.astype(jnp.float32) * co) + jnp.sum(fin * cf), (o, fin)
+
+    (_, (o, fin)), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, s0)
+    return o, fin, grads
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tol", "chunk_size"),
+    [(jnp.float32, 1e-4, 16), pytest.param(jnp.bfloat16, 1e-2, 32, marks=pytest.mark.slow)],
+    ids=["f32", "bf16"],
+)
+def test_pallas_matches_recurrent(dtype, tol, chunk_size):
+    """The Pallas path (the momentum delta rule's kernels at mu = 0, eta = 1, p = alpha k;
+    interpret mode on CPU, unwritten outputs NaN): outputs, final state and every gradient
+    against the recurrence, at an odd length and K != V (both padded)."""
+    x, s0 = make_inputs(6, jnp.float32, b=1, t=37, h=1, kd=12, vd=20)
+    x = {n: a.astype(dtype) if n in ("q", "k", "v") else a for n, a in x.items()}
+    rng = np.random.default_rng(2)
+    co = jnp.asarray(rng.standard_normal(x["v"].shape), jnp.float32)
+    cf = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
+    x32 = {n: a.astype(jnp.float32) for n, a in x.items()}
+    o_r, f_r, (g_r, gs_r) = _value_and_grads(x32, s0, co, cf, "recurrent")
+    o_p, f_p, (g_p, gs_p) = _pallas_value_and_grads(x, s0, co, cf, chunk_size)
+    assert o_p.dtype == dtype and f_p.shape == s0.shape and f_p.dtype == jnp.float32
+    errors = {"o": rel_rmse(o_p, o_r), "final_state": rel_rmse(f_p, f_r)}
+    errors.update({f"d{n}": rel_rmse(g_p[n], g_r[n]) for n in NAMES})
+    errors["dinitial_state"] = rel_rmse(gs_p, gs_r)
+    for name, err in errors.items():
+        assert np.isfinite(err) and err < tol, (name, err, errors)
 
 
 @pytest.mark.parametrize("method", ["recurrent", "chunk"])
@@ -107,8 +142,8 @@ def test_state_continuation(method):
     o, fin = gated_delta_rule(**x, initial_state=s0, **kw)
     o1, mid = gated_delta_rule(**{n: a[:, :37] for n, a in x.items()}, initial_state=s0, **kw)
     o2, fin2 = gated_delta_rule(**{n: a[:, 37:] for n, a in x.items()}, initial_state=mid, **kw)
-    assert rel_rmse(o, jnp.concatenate([o1, o2], axis=1)) < 1e-5
-    assert rel_rmse(fin, fin2) < 1e-5
+    assert rel_rmse(jnp.concatenate([o1, o2], axis=1), o) < 1e-5
+    assert rel_rmse(fin2, fin) < 1e-5
 
 
 def test_auto_defaults_and_dtypes():
@@ -117,7 +152,7 @@ def test_auto_defaults_and_dtypes():
     o, fin = gated_delta_rule(**xb, output_final_state=True)
     assert o.dtype == jnp.bfloat16 and fin.dtype == jnp.float32 and fin.shape == (B, H, K, V)
     o_r, _ = gated_delta_rule(**x, method="recurrent")
-    assert rel_rmse(o_r, o.astype(jnp.float32)) < 2e-2
+    assert rel_rmse(o.astype(jnp.float32), o_r) < 2e-2
 
 
 @pytest.mark.parametrize(

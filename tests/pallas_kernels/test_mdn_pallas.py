@@ -1,6 +1,6 @@
 """Pallas kernels of the momentum delta rule vs the recurrent reference (arXiv 2605.05838).
 
-CPU: the kernels run with ``interpret=True`` (small shapes, chunk 16/32). GPU (``-m gpu``): the
+CPU: the kernels run in the Pallas interpreter (small shapes, chunk 16/32). GPU (``-m gpu``): the
 same comparisons compiled through the Pallas Triton lowering.
 """
 
@@ -15,49 +15,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
-from jaxlib_ext.pallas_kernels.mdn._launch import _launch, _Run
+from jaxlib_ext.pallas_kernels.mdn import (
+    MDNKernelConfig,
+    momentum_delta_rule,
+    momentum_delta_rule_pallas,
+)
 from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas
-from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
 from jaxlib_ext.pallas_kernels.mdn.reference import momentum_delta_rule_recurrent
+from tests.pallas_kernels._helpers import mdn_inputs as make_inputs
+from tests.pallas_kernels._helpers import rel_rmse
 
 REPO = Path(__file__).resolve().parents[2]
 ON_GPU = jax.default_backend() == "gpu"
 
 
-def rel_rmse(out, ref):
-    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
-    ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-
-
-def make_inputs(seed, B, T, H, K, V, dtype=jnp.float32, with_state=True):
-    """Fresh random inputs with the gate ranges of the reference tests (notes §1.6)."""
-    ks = jax.random.split(jax.random.key(seed), 10)
-    normal = lambda i, s: jax.random.normal(ks[i], s, jnp.float32)
-    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-    q = normal(0, (B, T, H, K))
-    k = unit(normal(1, (B, T, H, K)))
-    v = normal(2, (B, T, H, V))
-    la = jax.nn.log_sigmoid(jax.random.uniform(ks[4], (B, T, H))) / 2
-    lm = jax.nn.log_sigmoid(jax.random.uniform(ks[5], (B, T, H))) / 2
-    p = jnp.exp(la)[..., None] * unit(normal(3, (B, T, H, K)))
-    beta = jax.nn.sigmoid(normal(6, (B, T, H))) * 0.5
-    eta = normal(7, (B, T, H))
-    s0 = 0.5 * normal(8, (2, B, H, K, V)) if with_state else None
-    toks = tuple(x.astype(dtype) for x in (q, k, v, p))
-    return toks + (la, lm, beta, eta), s0
-
-
 def pallas_fn(chunk, poison=True, interpret=not ON_GPU, backward="pallas", **kw):
-    return functools.partial(
-        momentum_delta_rule_pallas,
-        chunk_size=chunk,
-        interpret=interpret,
-        poison_outputs=poison,
-        backward=backward,
-        **kw,
-    )
+    """The Pallas op at ``chunk`` with an ``MDNKernelConfig`` of these fields."""
+    config = MDNKernelConfig(interpret=interpret, poison_outputs=poison, backward=backward, **kw)
+    return functools.partial(momentum_delta_rule_pallas, chunk_size=chunk, config=config)
 
 
 def reference_fn(*args, scale, initial_state, output_final_state):
@@ -142,7 +117,8 @@ def assert_variants_agree(seed, T, chunk, options_a, options_b, tol):
     "seed,B,T,H,K,V,chunk",
     [
         (0, 2, 37, 2, 16, 32, 16),  # odd T, K != V, padding to 48
-        (1, 1, 70, 3, 24, 20, 32),  # K, V not powers of two (zero-padded), V < K
+        # K, V not powers of two (zero-padded), V < K
+        pytest.param(1, 1, 70, 3, 24, 20, 32, marks=pytest.mark.slow),
     ],
 )
 def test_forward_and_grads_float32(seed, B, T, H, K, V, chunk):
@@ -154,10 +130,12 @@ def test_grads_at_chunk_64_bare_sums(backward):
     """At C >= 64 the backward's V loops sum bare products and reduce them once
     (``_contract_over_v`` without coefficients); below, per block. Both agree with the
     recurrence (the cases above run at C = 16 and 32)."""
-    check_case(24, 1, 70, 2, 16, 24, 64, jnp.float32, 1e-4, backward=backward)
+    check_case(24, 1, 70, 1, 16, 24, 64, jnp.float32, 1e-4, backward=backward)
 
 
-@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-4), (jnp.bfloat16, 1e-2)])
+@pytest.mark.parametrize(
+    "dtype, tol", [(jnp.float32, 1e-4), pytest.param(jnp.bfloat16, 1e-2, marks=pytest.mark.slow)]
+)
 def test_grads_backward_xla_path(dtype, tol):
     """backward="xla" (state kernel + XLA einsums + vjp of the jnp mirror) agrees too."""
     check_case(7, 2, 21, 2, 16, 16, 16, dtype, tol, backward="xla")
@@ -166,7 +144,7 @@ def test_grads_backward_xla_path(dtype, tol):
 def test_grads_backward_pallas_split_path():
     """backward="pallas_split" (V-contraction kernel, HBM round trip, reverse-prep kernel)
     agrees with the recurrence, and with the fused kernel to float32 rounding."""
-    check_case(8, 2, 37, 2, 24, 20, 16, jnp.float32, 1e-4, backward="pallas_split")
+    check_case(8, 1, 37, 2, 24, 20, 16, jnp.float32, 1e-4, backward="pallas_split")
     assert_variants_agree(9, 20, 16, dict(backward="pallas"), dict(backward="pallas_split"), 1e-6)
 
 
@@ -192,10 +170,15 @@ def test_neumann_inverse_matches_triangular_solve(c):
 
 
 def test_neumann_inverse_path():
-    """inverse="neumann" in every kernel that forms T (prep, fused and split backward) agrees
-    with the recurrence (float32 and bfloat16), and with forward substitution to float32
-    rounding."""
-    check_case(20, 2, 37, 2, 24, 20, 16, jnp.float32, 1e-4, inverse="neumann")
+    """inverse="neumann" in the kernels that form T (prep and the fused backward) agrees with
+    the recurrence."""
+    check_case(20, 1, 37, 2, 24, 20, 16, jnp.float32, 1e-4, inverse="neumann")
+
+
+@pytest.mark.slow
+def test_neumann_inverse_path_bfloat16_split_backward_and_agreement():
+    """inverse="neumann" with bfloat16 inputs and in the split backward agrees with the
+    recurrence, and with forward substitution to float32 rounding."""
     check_case(21, 1, 45, 2, 16, 32, 32, jnp.bfloat16, 1e-2, inverse="neumann")
     check_case(22, 1, 21, 2, 16, 16, 16, jnp.float32, 1e-4, backward="pallas_split",
                inverse="neumann")  # fmt: skip
@@ -203,9 +186,11 @@ def test_neumann_inverse_path():
 
 
 def test_default_backward_splits_beyond_k128():
-    from jaxlib_ext.pallas_kernels.mdn._launch import _default_backward
+    from jaxlib_ext.pallas_kernels.mdn.config import default_backward
 
-    assert [_default_backward(kp) for kp in (16, 64, 128, 256)] == ["pallas"] * 3 + ["pallas_split"]
+    assert [default_backward(kp) for kp in (16, 64, 128, 256)] == ["pallas"] * 3 + ["pallas_split"]
+    assert MDNKernelConfig.default(256, 64).backward == "pallas_split"
+    assert MDNKernelConfig.default(128, 256) == MDNKernelConfig(block_v=32, backward="pallas")
 
 
 def test_forward_and_grads_bfloat16():
@@ -220,6 +205,7 @@ def test_no_initial_state_no_final_state():
     assert rel_rmse(o, o_ref) < 1e-4
 
 
+@pytest.mark.slow  # the default run asks every method in test_methods.py
 def test_public_op_method_pallas_matches_recurrent():
     args, s0 = make_inputs(4, 2, 33, 2, 16, 32)
     o, fs = momentum_delta_rule(
@@ -283,42 +269,83 @@ def test_poison_detects_unwritten_elements():
     """The poisoning used above works: a kernel that writes half its block leaves NaNs."""
     from jax.experimental import pallas as pl
 
+    from jaxlib_ext.pallas_kernels.mdn._launch import launch
+
     def half(x_ref, o_ref):
         o_ref[:8, :] = x_ref[:8, :]
 
     spec = pl.BlockSpec((16, 16), lambda i: (0, 0))
     shape = jax.ShapeDtypeStruct((16, 16), jnp.float32)
-    (out,) = _launch(
+    (out,) = launch(
         half,
         (jnp.ones((16, 16)),),
         [spec],
         [spec],
         [shape],
         grid=(1,),
-        name="half",
+        name="mdn_out",
         kp=16,
-        run=_Run(interpret=True, poison=True),
+        config=MDNKernelConfig(interpret=True, poison_outputs=True),
     )
     assert int(jnp.isnan(out).sum()) == 8 * 16
 
 
 def test_bad_arguments():
     args, s0 = make_inputs(6, 1, 8, 1, 16, 16)
+    op = functools.partial(
+        momentum_delta_rule_pallas, scale=0.25, config=MDNKernelConfig(interpret=True)
+    )
     with pytest.raises(ValueError, match="chunk_size"):
-        momentum_delta_rule_pallas(*args, scale=0.25, chunk_size=24, interpret=True)
+        op(*args, chunk_size=24)
     with pytest.raises(ValueError, match="beta"):
-        bad = args[:6] + (args[6][:, :4],) + args[7:]
-        momentum_delta_rule_pallas(*bad, scale=0.25, interpret=True)
+        op(*args[:6], args[6][:, :4], *args[7:])
     with pytest.raises(ValueError, match="initial_state"):
-        momentum_delta_rule_pallas(*args, scale=0.25, initial_state=s0[:, :, :, :8], interpret=True)
-    with pytest.raises(ValueError, match="backward"):
-        momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, backward="torch")
-    with pytest.raises(ValueError, match="inverse"):
-        momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, inverse="cholesky")
-    with pytest.raises(ValueError, match="launch"):
-        momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, launch=(("mdn_x", 4, 1),))
-    with pytest.raises(ValueError, match="launch"):
-        momentum_delta_rule_pallas(*args, scale=0.25, interpret=True, launch=(("mdn_out", 0, 1),))
+        op(*args, initial_state=s0[:, :, :, :8])
+    with pytest.raises(ValueError, match="block_v: expected a power of two dividing 16"):
+        op(*args, config=MDNKernelConfig(interpret=True, block_v=32))
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        (dict(backward="torch"), "backward"),
+        (dict(inverse="cholesky"), "inverse"),
+        (dict(state_kernel="cuda"), "state_kernel"),
+        (dict(block_v=24), "block_v"),
+        (dict(launch=(("mdn_x", 4, 1),)), "launch"),
+        (dict(launch=(("mdn_out", 0, 1),)), "launch"),
+        (dict(launch={"mdn_state_fwd_mosaic": (8, 1)}), "launch"),
+        (dict(interpret=1), "interpret"),
+    ],
+)
+def test_config_validates_on_construction(fields, field):
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        MDNKernelConfig(**fields)
+
+
+def test_config_launch_as_mapping_and_defaults_per_shape():
+    config = MDNKernelConfig(launch={"mdn_out": (8, 2)})
+    assert config.launch == (("mdn_out", 8, 2),) and hash(config) == hash(config)
+    assert MDNKernelConfig.default(64, 20).block_v == 32  # capped at the padded V
+    assert MDNKernelConfig.default(100, 256, inverse="neumann").inverse == "neumann"
+
+
+def test_chunk_size_is_honoured_or_refused():
+    """Compiled with float32 inputs and padded K > 64, chunk 64 does not fit: a ValueError
+    naming chunk_size (never a silently smaller chunk); chunk 32 and interpret mode are fine."""
+    sds = jax.ShapeDtypeStruct
+    args = [sds((1, 64, 1, 128), jnp.float32)] * 2 + [sds((1, 64, 1, 64), jnp.float32)]
+    args += [sds((1, 64, 1, 128), jnp.float32)] + [sds((1, 64, 1), jnp.float32)] * 4
+    compiled = MDNKernelConfig(interpret=False)
+    with pytest.raises(ValueError, match="chunk_size: 64 .* use chunk_size 16 or 32"):
+        jax.eval_shape(functools.partial(momentum_delta_rule_pallas, scale=0.1, config=compiled),
+                       *args)  # fmt: skip
+    for chunk, config in ((32, compiled), (64, MDNKernelConfig(interpret=True))):
+        out = jax.eval_shape(
+            functools.partial(momentum_delta_rule_pallas, scale=0.1, chunk_size=chunk,
+                              config=config), *args,
+        )  # fmt: skip
+        assert out[0].shape == (1, 64, 1, 64)
 
 
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
@@ -386,17 +413,16 @@ def test_vmap_folds_into_the_batch():
 def test_launch_overrides_change_only_the_schedule():
     """Overriding warps/stages (what the GPU tuner does) leaves the interpret-mode result
     bitwise unchanged, and the overrides reach the Triton compiler params of that kernel."""
-    from jaxlib_ext.pallas_kernels.mdn._launch import _launch_params
+    from jaxlib_ext.pallas_kernels.mdn.config import launch_params
 
     args, s0 = make_inputs(6, 1, 20, 1, 16, 16)
     launch = (("mdn_state_fwd", 8, 2), ("mdn_chunk_bwd", 4, 1))
-    o1, _ = momentum_delta_rule_pallas(*args, scale=0.25, chunk_size=16, interpret=True)
-    o2, _ = momentum_delta_rule_pallas(
-        *args, scale=0.25, chunk_size=16, interpret=True, launch=launch
-    )
+    o1, _ = pallas_fn(16, poison=False, interpret=True)(*args, scale=0.25)
+    o2, _ = pallas_fn(16, poison=False, interpret=True, launch=launch)(*args, scale=0.25)
     assert bool(jnp.all(o1 == o2))
-    assert _launch_params("mdn_state_fwd", 128, launch) == (8, 2)
-    assert _launch_params("mdn_state_bwd", 128, launch) == _launch_params("mdn_state_bwd", 128)
+    assert launch_params("mdn_state_fwd", 128, launch) == (8, 2)
+    assert launch_params("mdn_state_bwd", 128, launch) == launch_params("mdn_state_bwd", 128)
+    assert launch_params("mdn_state_bwd", 256) == (8, 1)
 
 
 @pytest.mark.slow
@@ -450,9 +476,11 @@ def test_gpu_compiled_bfloat16_k256_split_backward():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,tol", [(jnp.bfloat16, 1e-2), (jnp.float32, 1e-4)])
 def test_gpu_compiled_neumann_inverse(dtype, tol):
-    """inverse="neumann" compiled: 3xTF32 dots for the powers of L on both paths."""
+    """inverse="neumann" compiled: 3xTF32 dots for the powers of L on both paths (float32 at
+    K = 128 takes chunk 32)."""
+    chunk = 32 if dtype == jnp.float32 else 64
     with jax.default_matmul_precision("highest"):
-        check_case(17, 2, 257, 2, 128, 256, 64, dtype, tol, interpret=False, inverse="neumann")
+        check_case(17, 2, 257, 2, 128, 256, chunk, dtype, tol, interpret=False, inverse="neumann")
 
 
 @pytest.mark.gpu
@@ -471,9 +499,9 @@ def test_gpu_decode_step():
 
 @pytest.mark.gpu
 def test_gpu_layer_shape_forward_vs_recurrent():
-    """The 400M layer shape (notes §1.7) at T = 1024, float32, forward only."""
+    """The 400M layer shape at T = 1024, float32 (chunk 32 at K = 128), forward only."""
     with jax.default_matmul_precision("highest"):
-        check_case(14, 1, 1024, 6, 128, 256, 64, jnp.float32, 1e-4, grads=False, interpret=False)
+        check_case(14, 1, 1024, 6, 128, 256, 32, jnp.float32, 1e-4, grads=False, interpret=False)
 
 
 @pytest.mark.parametrize("dtype,K,V", [(jnp.bfloat16, 128, 256), (jnp.float32, 40, 24)])
@@ -487,8 +515,9 @@ def test_lowers_through_triton_for_h200(dtype, K, V, lower_for_h200):
 
     def fwd(*a):
         return momentum_delta_rule_pallas(
-            *a[:8], scale=K**-0.5, initial_state=a[8], output_final_state=True, chunk_size=64
-        )
+            *a[:8], scale=K**-0.5, initial_state=a[8], output_final_state=True, chunk_size=64,
+            config=MDNKernelConfig(),
+        )  # fmt: skip
 
     def loss(*a):
         o, fs = fwd(*a)
@@ -515,16 +544,17 @@ def test_mosaic_state_kernel_matches_triton_state_kernel(stages):
     is reused), K = 128 (the benchmark's), two V-blocks, nonzero S0, M0; with the two-slot
     pipeline and with single buffers (the race detector checks the waits of both)."""
     from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _inverse_forward_substitution
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _prep_call, _state_fwd_call
     from jaxlib_ext.pallas_kernels.mdn.mosaic import state_fwd_mosaic
+    from jaxlib_ext.pallas_kernels.mdn.prep import prep_call
+    from jaxlib_ext.pallas_kernels.mdn.state import state_fwd_call
 
     B, T, H, K, V, C, BV = 1, 256, 2, 128, 64, 64, 32
     args, s0 = make_inputs(40, B, T, H, K, V, jnp.bfloat16)
     prec = jax.lax.Precision.DEFAULT
-    run = _Run(interpret=True, poison=True)
+    config = MDNKernelConfig(interpret=True, poison_outputs=True)
     inverse = _inverse_forward_substitution
-    prep = _prep_call(*args, chunk=C, scale=K**-0.5, precision=prec, inverse=inverse, run=run)
-    tri = _state_fwd_call(prep, s0[0], s0[1], chunk=C, block_v=BV, precision=prec, run=run)
+    prep = prep_call(*args, chunk=C, scale=K**-0.5, precision=prec, inverse=inverse, config=config)
+    tri = state_fwd_call(prep, s0[0], s0[1], chunk=C, block_v=BV, precision=prec, config=config)
     mos = state_fwd_mosaic(prep, s0[0], s0[1], chunk=C, block_v=BV, stages=stages,
                            interpret=True)  # fmt: skip
     for name, a, b in zip(("vt", "hs", "hm", "st", "mt"), mos, tri, strict=True):
@@ -536,33 +566,34 @@ def test_mosaic_state_kernel_matches_triton_state_kernel(stages):
 def test_mosaic_state_kernel_op_forward_and_grads():
     """The op with the Mosaic forward state kernel (Triton backward) against the recurrence:
     bfloat16, odd T (padding), K != V (both padded), batch 2, nonzero initial state."""
-    check_case(30, 2, 130, 2, 64, 40, 64, jnp.bfloat16, 1e-2, state_kernel="mosaic_gpu",
+    check_case(30, 2, 130, 1, 64, 40, 64, jnp.bfloat16, 1e-2, state_kernel="mosaic_gpu",
                block_v=32)  # fmt: skip
 
 
 def test_mosaic_state_kernel_bad_arguments():
     args, s0 = make_inputs(31, 1, 64, 1, 64, 64, jnp.bfloat16)
-    op = functools.partial(momentum_delta_rule_pallas, scale=0.125, interpret=True)
-    with pytest.raises(ValueError, match="state_kernel"):
-        op(*args, state_kernel="cuda")
+
+    def op(*a, chunk_size=64, **fields):
+        config = MDNKernelConfig(interpret=True, state_kernel="mosaic_gpu", **fields)
+        return momentum_delta_rule_pallas(*a, scale=0.125, chunk_size=chunk_size, config=config)
+
     with pytest.raises(ValueError, match="state_kernel='mosaic_gpu': needs bfloat16"):
-        f32 = tuple(x.astype(jnp.float32) for x in args[:4]) + args[4:]
-        op(*f32, state_kernel="mosaic_gpu")
+        op(*(x.astype(jnp.float32) for x in args[:4]), *args[4:])
     with pytest.raises(ValueError, match="chunk_size"):
-        op(*args, state_kernel="mosaic_gpu", chunk_size=32)
+        op(*args, chunk_size=32)
     small_k, _ = make_inputs(31, 1, 64, 1, 16, 64, jnp.bfloat16)
     with pytest.raises(ValueError, match="k: "):
-        op(*small_k, state_kernel="mosaic_gpu")
+        op(*small_k)
     big_k, _ = make_inputs(31, 1, 64, 1, 128, 128, jnp.bfloat16)
     with pytest.raises(ValueError, match="block_v: .*227 KiB"):
-        op(*big_k, state_kernel="mosaic_gpu", block_v=64)
-    for bad in (("mdn_state_fwd_mosaic", 4, 3), ("mdn_state_fwd_mosaic", 8, 1)):
-        with pytest.raises(ValueError, match="launch: "):
-            op(*args, state_kernel="mosaic_gpu", block_v=32, launch=(bad,))
+        op(*big_k, block_v=64)
+    with pytest.raises(ValueError, match="launch: "):
+        op(*args, block_v=32, launch=(("mdn_state_fwd_mosaic", 4, 3),))
     # one stage halves the shared memory: block_v 64 fits at K = 128 (about 120 KiB)
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _check_mosaic_state_kernel
+    from jaxlib_ext.pallas_kernels.mdn.pallas import _check_mosaic_state_kernel
 
-    _check_mosaic_state_kernel(jnp.bfloat16, 64, 128, 64, 64, (("mdn_state_fwd_mosaic", 4, 1),))
+    one_stage = MDNKernelConfig(block_v=64, launch=(("mdn_state_fwd_mosaic", 4, 1),))
+    _check_mosaic_state_kernel(jnp.bfloat16, 64, 128, 64, one_stage)
 
 
 def test_mosaic_state_kernel_lowers_for_h200(lower_for_h200):
@@ -575,8 +606,9 @@ def test_mosaic_state_kernel_lowers_for_h200(lower_for_h200):
     args += [sds((B, T, H, K), jnp.bfloat16)] + [sds((B, T, H), jnp.float32)] * 4
     one_stage = (("mdn_state_fwd_mosaic", 4, 1),)
     for launch in ((), one_stage):
-        fwd = lambda *a, launch=launch: momentum_delta_rule_pallas(  # noqa: E731
-            *a, scale=K**-0.5, state_kernel="mosaic_gpu", block_v=32, launch=launch
+        config = MDNKernelConfig(state_kernel="mosaic_gpu", block_v=32, launch=launch)
+        fwd = lambda *a, config=config: momentum_delta_rule_pallas(  # noqa: E731
+            *a, scale=K**-0.5, config=config
         )[0]
         loss = lambda *a, fwd=fwd: jnp.sum(fwd(*a).astype(jnp.float32))  # noqa: E731
         fns = (fwd, jax.grad(loss, argnums=tuple(range(8)))) if not launch else (fwd,)

@@ -1,6 +1,6 @@
 """max_registers: a Pallas Triton kernel bounds its own registers (PTX ``.maxnreg``) through
 the Triton module attribute ``ttg.maxnreg``; elsewhere it is a no-op. The MDN backward kernels
-take the bound below chunk size 64 (``_launch._max_registers``)."""
+take the bound below chunk size 64 (``mdn.config.register_bound``)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +9,8 @@ from jax.experimental import pallas as pl
 
 from jaxlib_ext.pallas_kernels import _registers
 from jaxlib_ext.pallas_kernels._registers import max_registers
-from jaxlib_ext.pallas_kernels.mdn._launch import _max_registers
-from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
+from jaxlib_ext.pallas_kernels.mdn import MDNKernelConfig, momentum_delta_rule_pallas
+from jaxlib_ext.pallas_kernels.mdn.config import register_bound
 
 
 def doubled(x, *, interpret, registers=255):
@@ -46,10 +46,10 @@ def test_bad_bound():
 def test_mdn_backward_kernels_bounded_below_chunk_64(lower_for_h200):
     """The chunk-parallel backward kernels get ``.maxnreg 255`` at C = 32 (where ptxas fell
     back to 32 registers) and no bound at C = 64; the other kernels never."""
-    assert _max_registers("mdn_chunk_bwd", 32) == 255
-    assert _max_registers("mdn_prep_bwd", 16) == 255
-    assert _max_registers("mdn_chunk_bwd_v", 64) is None
-    assert _max_registers("mdn_prep", 32) is None
+    assert register_bound("mdn_chunk_bwd", 32) == 255
+    assert register_bound("mdn_prep_bwd", 16) == 255
+    assert register_bound("mdn_chunk_bwd_v", 64) is None
+    assert register_bound("mdn_prep", 32) is None
     B, T, H, K, V = 1, 64, 1, 32, 32
     sds = lambda s, d=jnp.bfloat16: jax.ShapeDtypeStruct(s, d)
     args = [sds((B, T, H, K)), sds((B, T, H, K)), sds((B, T, H, V)), sds((B, T, H, K))]
@@ -58,7 +58,7 @@ def test_mdn_backward_kernels_bounded_below_chunk_64(lower_for_h200):
     def grads(chunk, backward):
         def loss(*a):
             o, _ = momentum_delta_rule_pallas(
-                *a, scale=K**-0.5, chunk_size=chunk, backward=backward
+                *a, scale=K**-0.5, chunk_size=chunk, config=MDNKernelConfig(backward=backward)
             )
             return jnp.sum(o.astype(jnp.float32))
 

@@ -22,7 +22,7 @@ import pytest
 from kernel_audit import triton_resources
 from kernel_audit.target import SHARED_LIMIT
 
-from jaxlib_ext.pallas_kernels.mdn._launch import _KERNELS
+from jaxlib_ext.pallas_kernels.mdn.config import KERNELS as _KERNELS
 
 KERNELS = [*_KERNELS, "mdn_step"]  # every launch-tunable kernel, and the decode step
 SMALL = (1, 128, 2, 32, 64)  # B, T, H, K, V

@@ -16,7 +16,7 @@ from kernel_audit import sass, toolchain, xla_aot
 from kernel_audit.sass import SassSpan
 from kernel_audit.target import SHARED_LIMIT
 
-from jaxlib_ext.pallas_kernels.mdn._launch import _KERNELS
+from jaxlib_ext.pallas_kernels.mdn.config import KERNELS as _KERNELS
 
 REPO = Path(__file__).resolve().parents[2]
 

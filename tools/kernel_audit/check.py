@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
-from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
+
+from .mdn_probes import pallas_op
 
 INPUT_NAMES = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta")
 
@@ -39,7 +40,7 @@ def check_against_recurrent(inputs, K, chunk, interpret, tol, grads, **options):
     s0 = 0.1 * jax.random.normal(jax.random.key(7), (2, B, H, K, V))
     kw = dict(scale=K**-0.5, initial_state=s0, output_final_state=True)
     pallas = functools.partial(
-        momentum_delta_rule_pallas, chunk_size=chunk, interpret=interpret, **kw, **options
+        pallas_op, **{"chunk_size": chunk, "interpret": interpret, **kw, **options}
     )
     ref = functools.partial(momentum_delta_rule, method="recurrent", **kw)
     with jax.default_matmul_precision("highest"):

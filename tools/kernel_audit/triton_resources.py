@@ -123,7 +123,8 @@ def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
     import jax.numpy as jnp
 
     from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas
-    from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
+
+    from .mdn_probes import pallas_op
 
     try:
         from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
@@ -140,7 +141,7 @@ def dump(out, shape=DEFAULT_SHAPE, dtype="bfloat16", block_v=None, chunk=64):
     seq, one = abstract_inputs((b, t, h, kdim, vdim), dtype)
 
     def forward(*a, backward="pallas"):
-        return momentum_delta_rule_pallas(
+        return pallas_op(
             *a, scale=scale, chunk_size=chunk, block_v=block_v, backward=backward
         )[0]
 

@@ -28,11 +28,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
-
 from .candidates import MOSAIC_CANDIDATES, TUNE_CANDIDATES
 from .check import check_against_recurrent
 from .inputs import random_inputs
+from .mdn_probes import mosaic_state_kernel_applies, pallas_op
 
 TUNE_BUDGET_S = 120.0  # stop trying candidates after this much wall time
 
@@ -90,10 +89,8 @@ def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES, budget_s=TUN
 def mosaic_applies(K, V, T, chunk, dtype, options):
     """Whether a Mosaic candidate's ``options`` run at this shape (bfloat16, chunk 64, K padded
     to 64 or 128, its block_v dividing the padded V and fitting shared memory)."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _mosaic_state_kernel_applies
-
     launch = options.get("launch", ())
-    return _mosaic_state_kernel_applies(dtype, T, K, V, chunk, options["block_v"], launch)
+    return mosaic_state_kernel_applies(dtype, T, K, V, chunk, options["block_v"], launch)
 
 
 def main(argv=None):
@@ -126,7 +123,7 @@ def main(argv=None):
         flush=True,
     )
     pallas = functools.partial(
-        momentum_delta_rule_pallas, scale=K**-0.5, chunk_size=args.chunk, interpret=interpret
+        pallas_op, scale=K**-0.5, chunk_size=args.chunk, interpret=interpret
     )
     failed = []
 

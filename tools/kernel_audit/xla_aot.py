@@ -129,21 +129,22 @@ def _fwd_bwd(forward):
 def _pallas(shape, chunk, **kwargs):
     """The Pallas op's output ``o`` as a function of the eight sequence inputs; ``kwargs`` go
     to ``momentum_delta_rule_pallas`` (backward, launch, block_v)."""
-    from jaxlib_ext.pallas_kernels.mdn.kernel import momentum_delta_rule_pallas
+    from .mdn_probes import pallas_op
 
     kwargs = dict(scale=shape[3] ** -0.5, chunk_size=chunk) | kwargs
-    return lambda *a: momentum_delta_rule_pallas(*a, **kwargs)[0]
+    return lambda *a: pallas_op(*a, **kwargs)[0]
 
 
 def _mosaic_options(shape, dtype, chunk):
     """Keyword options selecting the Mosaic GPU forward state kernel at this shape (block_v
     32, or 16 where 32 does not fit), or None where it does not apply (float32, small K)."""
-    from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import _pow2
-    from jaxlib_ext.pallas_kernels.mdn.kernel import _mosaic_state_kernel_applies
+    from jaxlib_ext.pallas_kernels.mdn.config import pow2
+
+    from .mdn_probes import mosaic_state_kernel_applies
 
     _, t, _, kdim, vdim = shape
-    for block_v in (min(32, _pow2(vdim)), min(16, _pow2(vdim))):
-        if _mosaic_state_kernel_applies(dtype, t, kdim, vdim, chunk, block_v):
+    for block_v in (min(32, pow2(vdim)), min(16, pow2(vdim))):
+        if mosaic_state_kernel_applies(dtype, t, kdim, vdim, chunk, block_v):
             return dict(state_kernel="mosaic_gpu", block_v=block_v)
     return None
 
@@ -452,9 +453,9 @@ def main(argv=None):
     if args.sweep:
         sweep = {}
         for warps, stages in SWEEP:
-            from jaxlib_ext.pallas_kernels.mdn._launch import _KERNELS
+            from jaxlib_ext.pallas_kernels.mdn.config import KERNELS
 
-            launch = tuple((name, warps, stages) for name in _KERNELS)
+            launch = tuple((name, warps, stages) for name in KERNELS)
             sweep[(warps, stages)] = compile_programs(
                 device, programs(args.shape, args.dtype, args.chunk, launch, False, False), tool
             )

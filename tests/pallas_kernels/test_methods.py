@@ -1,0 +1,63 @@
+"""Every op runs every method it advertises (its ``METHODS``) and matches its recurrence.
+
+A tiny shape, forward only (the gradients of each path are checked in the op's own tests);
+``"auto"`` is whatever it resolves to on this backend. The decode step
+(``mdn.decode.momentum_delta_rule_step_pallas``) is a single kernel with no ``method``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxlib_ext.pallas_kernels import gated_delta, mdn
+from jaxlib_ext.pallas_kernels.gated_delta.reference import gated_delta_rule_recurrent
+from jaxlib_ext.pallas_kernels.mdn.reference import momentum_delta_rule_recurrent
+from tests.pallas_kernels._helpers import gdn_inputs, mdn_inputs, rel_rmse
+
+TOL = 1e-4  # float32, as in the op tests
+
+
+def _mdn_case():
+    args, s0 = mdn_inputs(70, 1, 20, 1, 16, 16)
+    kw = dict(initial_state=s0, output_final_state=True)
+    return mdn.momentum_delta_rule, args, kw, momentum_delta_rule_recurrent(*args, **kw)
+
+
+def _gdn_case():
+    x, s0 = gdn_inputs(71, "float32", b=1, t=20, h=1, kd=16, vd=16)
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    kw = dict(initial_state=s0, output_final_state=True)
+    return gated_delta.gated_delta_rule, args, kw, gated_delta_rule_recurrent(*args, **kw)
+
+
+OPS = {"momentum_delta_rule": (mdn, _mdn_case), "gated_delta_rule": (gated_delta, _gdn_case)}
+CASES = [(op, method) for op, (pkg, _) in OPS.items() for method in pkg.METHODS]
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return {op: make() for op, (_, make) in OPS.items()}
+
+
+@pytest.mark.parametrize(("op", "method"), CASES, ids=[f"{o}-{m}" for o, m in CASES])
+def test_every_advertised_method_runs_and_matches(op, method, cases):
+    fn, args, kw, (o_ref, fin_ref) = cases[op]
+    o, fin = fn(*args, **kw, method=method, chunk_size=16)
+    assert o.shape == o_ref.shape and o.dtype == o_ref.dtype
+    assert fin.shape == fin_ref.shape
+    assert rel_rmse(o, o_ref) < TOL, rel_rmse(o, o_ref)
+    assert rel_rmse(fin, fin_ref) < TOL, rel_rmse(fin, fin_ref)
+
+
+@pytest.mark.parametrize("pkg", [mdn, gated_delta], ids=["mdn", "gated_delta"])
+def test_auto_is_pallas_on_gpu_and_chunk_elsewhere(pkg, monkeypatch):
+    """``"auto"`` resolves to the Pallas kernels on a GPU backend (their module imports) and to
+    ``"chunk"`` on any other."""
+    import jax
+
+    from jaxlib_ext.pallas_kernels._common import resolve_auto
+
+    resolve = lambda: resolve_auto("auto", pkg._KERNEL_MODULE, pkg._KERNEL_NAME)  # noqa: E731
+    for backend, method in (("cpu", "chunk"), ("tpu", "chunk"), ("gpu", "pallas")):
+        monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
+        assert resolve() == method, backend
