@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.multiprocess
+# One xdist worker runs them all, so the module's runs are made once.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("runtime_multiprocess")]
 
 WORKER = pathlib.Path(__file__).with_name("mp_worker.py")
 COMMON = [

@@ -1,4 +1,5 @@
-"""The training loop in one process: jit vs pmap, resume, bad input, NaN."""
+"""The training loop in one process: jit vs pmap vs shard_map, exact resume on the recorded
+schedule, outputs, bad input named by field (library) and flag (CLI), NaN, the CLI's --opt."""
 
 import json
 
@@ -31,11 +32,16 @@ def _fit(tmp_path, corpus, *, steps=6, tx=None, mesh=None, **kw):
     return train.fit(model, tx, corpus, cfg, mesh or sharding.make_mesh("data=4,fsdp=2"))
 
 
+# The tests that compare with this run share one xdist worker, so it is made once.
+SHARES_JIT_RUN = pytest.mark.xdist_group("runtime_jit_run")
+
+
 @pytest.fixture(scope="module")
 def jit_run(tmp_path_factory, corpus):
     return _fit(tmp_path_factory.mktemp("jit"), corpus, parallel="jit")
 
 
+@SHARES_JIT_RUN
 @pytest.mark.parametrize("parallel", ["pmap", "shard_map"])
 def test_data_parallel_steps_match_the_sharded_jit_step(tmp_path, corpus, jit_run, parallel):
     other = _fit(tmp_path, corpus, parallel=parallel)
@@ -49,6 +55,7 @@ def test_data_parallel_steps_match_the_sharded_jit_step(tmp_path, corpus, jit_ru
         assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(a)
 
 
+@SHARES_JIT_RUN
 def test_outputs_and_exact_resume(tmp_path, corpus, jit_run):
     out = tmp_path / "part"
     recorded = warmup_cosine(1e-3, 6)  # metadata only here: the optimizer is constant-rate
