@@ -1,5 +1,6 @@
-"""The tuning candidates of the momentum delta rule Pallas kernels: ``(label, keyword overrides
-of momentum_delta_rule_pallas)``, most informative first (a time budget may cut the tail).
+"""The tuning candidates of the momentum delta rule Pallas kernels: ``(label, options)``, the
+options being ``chunk_size`` and fields of ``MDNKernelConfig`` as keywords (the form
+``mdn_probes.pallas_op`` takes), most informative first (a time budget may cut the tail).
 
 The kernels' defaults come from XLA's offline compile for sm_90a (shared memory, registers,
 spills; ``xla_aot``), not from GPU timings; ``tuning`` times these alternatives on a GPU and

@@ -34,7 +34,7 @@ def check_against_recurrent(inputs, K, chunk, interpret, tol, grads, **options):
     """Relative RMS errors of the Pallas op against the recurrence on ``inputs`` (the eight
     sequence inputs), printed on one line with PASS or FAIL; returns the errors
     ``{"o", "final_state"[, "dq", ..., "deta"]}`` or raises ``CheckFailed`` when the largest is
-    not below ``tol``. ``options`` go to ``momentum_delta_rule_pallas``."""
+    not below ``tol``. ``options`` (a candidate's) go to ``mdn_probes.pallas_op``."""
     B, T, H, _ = inputs[0].shape
     V = inputs[2].shape[-1]
     s0 = 0.1 * jax.random.normal(jax.random.key(7), (2, B, H, K, V))

@@ -1,7 +1,7 @@
 """Time the tuning candidates of the momentum delta rule Pallas kernels on a GPU and keep the
 fastest.
 
-For each of ``candidates.TUNE_CANDIDATES`` (keyword overrides of ``momentum_delta_rule_pallas``)
+For each of ``candidates.TUNE_CANDIDATES`` (options of the Pallas op, ``mdn_probes.pallas_op``)
 the forward+backward is compiled and timed (median after warm-up) at the benchmark shape; a
 candidate that fails, e.g. a kernel over the shared-memory limit, is a row of the table, not an
 abort; candidates stop being tried once ``--budget`` seconds are spent. The Mosaic GPU

@@ -128,7 +128,7 @@ def _fwd_bwd(forward):
 
 def _pallas(shape, chunk, **kwargs):
     """The Pallas op's output ``o`` as a function of the eight sequence inputs; ``kwargs`` go
-    to ``momentum_delta_rule_pallas`` (backward, launch, block_v)."""
+    to ``mdn_probes.pallas_op`` (backward, launch, block_v, a candidate's options)."""
     from .mdn_probes import pallas_op
 
     kwargs = dict(scale=shape[3] ** -0.5, chunk_size=chunk) | kwargs
