@@ -9,9 +9,9 @@ with entering state ``S_0``, ``A_t = prod_{s<=t} alpha_s`` and pseudo-values
     o_t = A_t (s q_t)^T S_0 + sum_{j<=t} (A_t / A_j) beta_j (s q_t . k_j) v~_j        (5)
     (I + L) V~ = V - diag(A) K S_0,   L_{t,j} = (A_t / A_j) beta_j (k_t . k_j), j < t   (6)
 
-With ``[U, W] = (I + L)^{-1} [V, diag(A) K]`` for all chunks at once (the inverse by matmul-only
-block inversion, :func:`~jaxlib_ext.pallas_kernels._common.unit_lower_inverse`), the sequential
-part is ``V~ = U - W S_0`` and eqs. (4)-(5), a ``lax.scan`` over chunks with a
+With ``[uv, y] = (I + L)^{-1} [V, diag(A) K]`` for all chunks at once (the inverse by
+matmul-only block inversion, :func:`~jaxlib_ext.pallas_kernels._common.unit_lower_inverse`), the
+sequential part is ``V~ = uv - y S_0`` and eqs. (4)-(5), a ``lax.scan`` over chunks with a
 ``jax.checkpoint``-ed body (one state kept per chunk for the backward pass). ``A_t / A_j`` comes
 from log-space segment sums of ``g = log alpha``
 (:func:`~jaxlib_ext.pallas_kernels._common.segsum`), so every decay factor is in ``[0, 1]``.
@@ -39,25 +39,25 @@ def _prepare(qs, k, v, g, beta):
     kk = jnp.einsum("...tk,...jk->...tj", k, k)
     L = jnp.tril(Gb * kk, -1)  # (6)
     rhs = jnp.concatenate([v, A[..., None] * k], axis=-1)
-    sol = unit_lower_inverse(L) @ rhs  # [U, W] of (6)
+    sol = unit_lower_inverse(L) @ rhs  # [uv, y] of (6)
     Vdim = v.shape[-1]
     return dict(
-        U=sol[..., :Vdim],
-        W=sol[..., Vdim:],
+        uv=sol[..., :Vdim],
+        y=sol[..., Vdim:],
         qs=qs,
-        A=A,
-        Qk=jnp.einsum("...tk,...jk->...tj", qs, k) * Gb,  # (5), Gb is lower triangular
-        wS=Gb[..., -1, :, None] * k,  # (4) at t = C
-        A_end=A[..., -1],
+        a=A,
+        attn=jnp.einsum("...tk,...jk->...tj", qs, k) * Gb,  # (5), Gb is lower triangular
+        kgs=Gb[..., -1, :, None] * k,  # (4) at t = C
+        a_end=A[..., -1],
     )
 
 
 def _chunk_step(S, x):
-    Vt = x["U"] - jnp.einsum("bhck,bhkv->bhcv", x["W"], S)
-    o = x["A"][..., None] * jnp.einsum("bhck,bhkv->bhcv", x["qs"], S) + jnp.einsum(
-        "bhcj,bhjv->bhcv", x["Qk"], Vt
+    Vt = x["uv"] - jnp.einsum("bhck,bhkv->bhcv", x["y"], S)
+    o = x["a"][..., None] * jnp.einsum("bhck,bhkv->bhcv", x["qs"], S) + jnp.einsum(
+        "bhcj,bhjv->bhcv", x["attn"], Vt
     )  # (5)
-    S = x["A_end"][..., None, None] * S + jnp.einsum("bhck,bhcv->bhkv", x["wS"], Vt)  # (4)
+    S = x["a_end"][..., None, None] * S + jnp.einsum("bhck,bhcv->bhkv", x["kgs"], Vt)  # (4)
     return S, o
 
 

@@ -21,12 +21,14 @@ pseudo-values solve a unit-lower-triangular system (the UT/WY step)::
 
 Everything but the entering states is computed for all chunks at once (``(I + L)^{-1}`` by
 recursive block inversion with matmuls only,
-:func:`~jaxlib_ext.pallas_kernels._common.unit_lower_inverse`); the sequential part is (11),
+:func:`~jaxlib_ext.pallas_kernels._common.unit_lower_inverse`, rather than ``triangular_solve``,
+whose batched CPU lowering is slow for wide right-hand sides); the sequential part is (11),
 (10) and (7), (8) at ``t = C``, a ``lax.scan`` over chunks carrying ``(S, M)``. The scan body is
-wrapped in ``jax.checkpoint``, so the backward pass keeps one ``(S, M)`` pair per chunk and
-recomputes the chunk's internals. The per-chunk quantities have the names of the Pallas path
-(``_chunk_algebra.ChunkPrep``): ``uv, y, z``, ``attn = gamma * (sQ Kt^T)``, ``kgs``, ``kgm``
-(the key products of (7), (8) at ``t = C``) and the chunk-end gates ``a_end, b_end, u_end``.
+wrapped in ``jax.checkpoint``, so the backward pass keeps one ``(S, M)`` pair per chunk (memory
+grows with ``T / C`` states, not ``T``) and recomputes the chunk's internals. The per-chunk
+quantities have the names of the Pallas path (``_chunk_algebra.ChunkPrep``): ``uv, y, z``,
+``attn = gamma * (sQ Kt^T)``, ``kgs``, ``kgm`` (the key products of (7), (8) at ``t = C``) and
+the chunk-end gates ``a_end, b_end, u_end``.
 
 Numerics: ``D1`` and ``D2`` are built from log-space segment sums of ``log alpha`` and ``log mu``
 (:func:`~jaxlib_ext.pallas_kernels._common.segsum`), so every entry is a product of gates in
