@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 # A fresh run each time; continue it with
-#   .venv/bin/python -m jaxlib_ext train --out-dir runs/demo --steps 400 --resume
+#   .venv/bin/python -m jaxlib_ext train --out-dir runs/demo --steps 400 --resume --extend-schedule
 demo: venv
 	rm -rf runs/demo
 	$(BIN)/python -m jaxlib_ext train --out-dir runs/demo
@@ -44,10 +44,10 @@ lint: venv
 	$(BIN)/ruff check .
 
 test: venv lint
-	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu and not slow" -n 2 --dist loadgroup $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu and not slow" -n 2 --dist loadscope $(PYTEST_ARGS)
 
 test-all: venv lint
-	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu" -n 2 --dist loadgroup $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu" -n 2 --dist loadscope $(PYTEST_ARGS)
 
 # XLA's own compile of the Pallas kernels for an H200, without a GPU: tools/kernel_audit/xla_aot.py
 # run as a module of the repo root (e.g. XLA_AOT_ARGS="--sweep --candidates"); PYTHONPATH holds
