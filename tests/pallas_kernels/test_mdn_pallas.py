@@ -469,7 +469,7 @@ def test_gpu_compiled_bfloat16():
 
 @pytest.mark.gpu
 def test_gpu_compiled_bfloat16_k256_split_backward():
-    """Padded K = 256: the default backward is the split one (_default_backward)."""
+    """Padded K = 256: the default backward is the split one (config.default_backward)."""
     check_case(16, 1, 130, 2, 256, 64, 64, jnp.bfloat16, 1e-2, interpret=False, backward=None)
 
 
