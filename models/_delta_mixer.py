@@ -40,7 +40,7 @@ from jaxlib_ext.models.layers import (
     swiglu_hidden_size,
 )
 from jaxlib_ext.models.short_conv import ShortConvolution
-from jaxlib_ext.pallas_kernels._common import METHODS, SUPPORTED_CHUNK_SIZES
+from jaxlib_ext.pallas_kernels import METHODS, SUPPORTED_CHUNK_SIZES
 
 __all__ = [
     "DeltaNetConfig",
@@ -78,7 +78,7 @@ class DeltaNetConfig:
     norm_eps: float = 1e-6
     max_seq_len: int = 256
     method: str = "auto"
-    chunk_size: int = 64
+    chunk_size: int | None = None  # None: the op's default for the dtype and head_dim
     decode_recurrent_max_len: int = 64
 
     def __post_init__(self):
@@ -97,7 +97,7 @@ class DeltaNetConfig:
             raise ValueError(f"DeltaNetConfig.min_log_mu must be < 0, got {self.min_log_mu}")
         if self.method not in METHODS:
             raise ValueError(f"DeltaNetConfig.method must be one of {METHODS}, got {self.method!r}")
-        if self.chunk_size not in SUPPORTED_CHUNK_SIZES:
+        if self.chunk_size is not None and self.chunk_size not in SUPPORTED_CHUNK_SIZES:
             raise ValueError(
                 f"DeltaNetConfig.chunk_size must be one of {SUPPORTED_CHUNK_SIZES}, "
                 f"got {self.chunk_size}"

@@ -89,12 +89,27 @@ def check_nonnegative(name: str, x) -> None:
         raise ValueError(f"{name} must be >= 0 everywhere, got minimum {float(values.min())}")
 
 
-def check_chunk_size(chunk_size) -> int:
+def check_chunk_size(chunk_size) -> int | None:
+    """``chunk_size`` is ``None`` (the op's default, :func:`default_chunk_size`) or one of
+    :data:`SUPPORTED_CHUNK_SIZES`."""
+    if chunk_size is None:
+        return None
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
         raise ValueError(f"chunk_size must be one of {SUPPORTED_CHUNK_SIZES}, got {chunk_size!r}")
     if int(chunk_size) not in SUPPORTED_CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {SUPPORTED_CHUNK_SIZES}, got {chunk_size}")
     return int(chunk_size)
+
+
+def default_chunk_size(method: str, dtype, head_dim: int) -> int:
+    """The chunk length an op uses when its caller gives none: 64, except 32 for the compiled
+    Pallas kernels with float32 inputs and ``head_dim`` padded past 64, where the fused backward
+    kernel would not fit a Hopper SM's shared memory at 64 (float32 dots run as 3xTF32 there)."""
+    padded = 1 << max(head_dim - 1, 0).bit_length()
+    compiled_pallas = method == "pallas" and jax.default_backend() != "cpu"
+    if compiled_pallas and jnp.dtype(dtype) == jnp.float32 and padded > 64:
+        return 32
+    return 64
 
 
 def check_method(method) -> str:

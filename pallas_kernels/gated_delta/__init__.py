@@ -17,6 +17,7 @@ from jaxlib_ext.pallas_kernels._common import (
     check_method,
     check_nonnegative,
     check_token_layout,
+    default_chunk_size,
     resolve_auto,
     resolve_scale,
 )
@@ -58,7 +59,7 @@ def gated_delta_rule(
     initial_state=None,
     output_final_state=False,
     method="auto",
-    chunk_size=64,
+    chunk_size=None,
 ):
     """Gated delta rule over a sequence (Yang et al., arXiv 2412.06464).
 
@@ -78,7 +79,8 @@ def gated_delta_rule(
       output_final_state: also return ``S_T`` ``[B, H, K, V]``.
       method: ``"auto" | "recurrent" | "chunk" | "pallas"``.
       chunk_size: one of 16, 32, 64, 128 (compiled Pallas kernels with float32 inputs and
-        K > 64 take 16 or 32 and raise otherwise).
+        K > 64 take 16 or 32 and raise otherwise). ``None``: 64, or 32 where the compiled
+        Pallas kernels need it (``_common.default_chunk_size``).
 
     Returns:
       ``(o, final_state)``: ``o`` in ``q.dtype``; ``final_state`` float32 (float64 for float64
@@ -94,6 +96,8 @@ def gated_delta_rule(
     scale = resolve_scale(scale, K)
     output_final_state = bool(output_final_state)
     method = resolve_auto(method, _KERNEL_MODULE, _KERNEL_NAME)
+    if chunk_size is None:
+        chunk_size = default_chunk_size(method, q.dtype, K)
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
 
     if method == "recurrent":

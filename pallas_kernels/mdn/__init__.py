@@ -25,6 +25,7 @@ from jaxlib_ext.pallas_kernels._common import (
     check_method,
     check_nonnegative,
     check_token_layout,
+    default_chunk_size,
     resolve_auto,
     resolve_scale,
 )
@@ -85,7 +86,7 @@ def momentum_delta_rule(
     initial_state=None,
     output_final_state=False,
     method="auto",
-    chunk_size=64,
+    chunk_size=None,
 ):
     """Momentum delta rule over a sequence (Huang et al., arXiv 2605.05838).
 
@@ -111,7 +112,8 @@ def momentum_delta_rule(
       output_final_state: return ``(S_T, M_T)`` as ``[2, B, H, K, V]``.
       method: ``"auto" | "recurrent" | "chunk" | "pallas"``.
       chunk_size: one of 16, 32, 64, 128 (``"chunk"`` and ``"pallas"``; compiled Pallas
-        kernels with float32 inputs and K > 64 take 16 or 32 and raise otherwise).
+        kernels with float32 inputs and K > 64 take 16 or 32 and raise otherwise). ``None``:
+        64, or 32 where the compiled Pallas kernels need it (``_common.default_chunk_size``).
 
     Returns:
       ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` float32
@@ -129,6 +131,8 @@ def momentum_delta_rule(
     args = (q, k, v, p, log_alpha, log_mu, beta, eta)
 
     method = resolve_auto(method, _KERNEL_MODULE, _KERNEL_NAME)
+    if chunk_size is None:
+        chunk_size = default_chunk_size(method, q.dtype, K)
 
     if method == "recurrent":
         return _recurrent_jit(

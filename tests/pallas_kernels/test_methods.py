@@ -61,3 +61,25 @@ def test_auto_is_pallas_on_gpu_and_chunk_elsewhere(pkg, monkeypatch):
     for backend, method in (("cpu", "chunk"), ("tpu", "chunk"), ("gpu", "pallas")):
         monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
         assert resolve() == method, backend
+
+
+@pytest.mark.parametrize(
+    "backend, method, dtype, head_dim, expected",
+    [
+        ("cpu", "pallas", "float32", 128, 64),  # interpreted: no shared-memory limit
+        ("gpu", "pallas", "float32", 128, 32),  # the fused backward needs C <= 32 there
+        ("gpu", "pallas", "float32", 64, 64),
+        ("gpu", "pallas", "bfloat16", 128, 64),
+        ("gpu", "chunk", "float32", 128, 64),
+    ],
+)
+def test_default_chunk_size_follows_the_compiled_kernels_limit(
+    monkeypatch, backend, method, dtype, head_dim, expected
+):
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlib_ext.pallas_kernels import _common
+
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert _common.default_chunk_size(method, jnp.dtype(dtype), head_dim) == expected
