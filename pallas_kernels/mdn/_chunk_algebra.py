@@ -25,11 +25,12 @@ and ``kgm = (U_C / U_:) Kt``, the key products of (7) and (8) at t = C; ``qa = d
 Every decay factor is a product of gates in [0, 1] (no exponent is positive), so nothing
 overflows and ``beta = 0`` is exact.
 
-The unit-lower-triangular inverse of (9) has three forms here, each where it is needed:
-forward substitution (the default in the kernels: masked selects and reductions, which Triton
-lowers), the Neumann product (matmuls only, for the tensor cores; a kernel option) and XLA's
-``triangular_solve`` (the differentiable mirror). ``mdn.chunk`` uses
-``_common.unit_lower_inverse`` (batched matmuls, fast on CPU).
+The unit-lower-triangular inverse of (9) has one XLA form, ``_common.unit_lower_inverse``
+(recursive block inversion by batched matmuls; ``mdn.chunk``, ``gated_delta.chunk`` and the
+mirror ``prep_xla`` use it), and two in-kernel forms, because a kernel sees one [C, C] tile and
+Triton lowers neither XLA's slicing nor its triangular solve there: forward substitution (the
+default; masked selects and reductions) and the Neumann product (matmuls only, for the tensor
+cores; a ``MDNKernelConfig.inverse`` option).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from jaxlib_ext.pallas_kernels._common import unit_lower_inverse
 
 F32 = jnp.float32
 
@@ -125,16 +128,6 @@ def inverse_fn(name, precision):
     if name == "neumann":
         return functools.partial(_inverse_neumann, precision=precision)
     return _inverse_forward_substitution
-
-
-def _inverse_triangular_solve(lmat):
-    """(I + L)^{-1} with XLA's batched triangular solve (used by the differentiable mirror)."""
-    c = lmat.shape[-1]
-    eye = jnp.eye(c, dtype=F32)
-    eye_b = jnp.broadcast_to(eye, lmat.shape)
-    return lax.linalg.triangular_solve(
-        eye + lmat, eye_b, left_side=True, lower=True, unit_diagonal=True
-    )
 
 
 def _masked_decay(row_log, col_log, mask):
@@ -479,6 +472,6 @@ def prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
         *(to_chunks(x) for x in (q, k, v, p, la, lm, beta, eta)),
         scale=scale,
         precision=precision,
-        inverse=_inverse_triangular_solve,
+        inverse=unit_lower_inverse,
     )
     return ChunkPrep(*(from_chunks(x) for x in outs))

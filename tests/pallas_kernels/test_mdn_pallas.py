@@ -149,23 +149,26 @@ def test_grads_backward_pallas_split_path():
 
 
 @pytest.mark.parametrize("c", [16, 32, 64, 128])
-def test_neumann_inverse_matches_triangular_solve(c):
-    """(I - L)(I + L^2)(I + L^4)... = (I + L)^{-1} for strictly lower L, at a mild scale and
-    at one where the inverse has entries of 10 to 70 (relative RMS error then 2e-7 to 4e-7)."""
+def test_unit_lower_inverses_match_a_float64_solve(c):
+    """The three forms of (I + L)^{-1} for strictly lower L (the Neumann product
+    (I - L)(I + L^2)(I + L^4)..., forward substitution, and XLA's block inversion) against a
+    float64 solve, at a mild scale and at one where the inverse has entries of 10 to 70."""
+    from jaxlib_ext.pallas_kernels._common import unit_lower_inverse
     from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import (
         _inverse_forward_substitution,
         _inverse_neumann,
-        _inverse_triangular_solve,
     )
 
     for i, size in enumerate((0.3, 3.0)):
         raw = jax.random.normal(jax.random.key(c + i), (c, c), jnp.float32) * size / c**0.5
         lmat = jnp.tril(raw, -1)
+        ref = np.linalg.inv(np.eye(c) + np.asarray(lmat, np.float64))
         with jax.default_matmul_precision("highest"):
-            ref = _inverse_triangular_solve(lmat)
             neumann = _inverse_neumann(lmat, precision=jax.lax.Precision.HIGHEST)
+            blocks = unit_lower_inverse(lmat)
         assert rel_rmse(neumann, ref) < 1e-5, (c, size, rel_rmse(neumann, ref))
         assert rel_rmse(_inverse_forward_substitution(lmat), ref) < 1e-5
+        assert rel_rmse(blocks, ref) < 1e-5
         assert bool(jnp.all(jnp.triu(neumann, 1) == 0))
 
 
