@@ -1,9 +1,9 @@
 """The in-chunk algebra of the momentum delta rule's Pallas path (arXiv 2605.05838).
 
-Pure functions on float32 arrays, run in two places: inside the Pallas kernels on 2-D [C, *]
-tiles (``prep.py``, ``prep_bwd.py``), and by XLA on [B, N, H, C, *] arrays (leading axes
-batched) in ``prep_xla``, the differentiable mirror against which ``backward="xla"`` checks the
-hand-written reverse ``chunk_prep_bwd``.
+Pure functions on float32 [C, *] tiles, run inside the Pallas kernels (``prep.py``,
+``prep_bwd.py``): the preparation ``chunk_prep`` and its hand-written reverse
+``chunk_prep_bwd``. ``prep_xla`` gives the same outputs from the one XLA chunk preparation
+(``mdn.chunk.chunk_prepare``), differentiably: ``backward="xla"`` takes its ``jax.vjp``.
 
 Equations, as numbered in ``mdn.reference`` (recurrence (1)-(4)) and ``mdn.chunk`` (chunk form):
 inside a chunk of length C with entering states ``(S_0, M_0)``, ``A_t = prod_{s<=t} alpha_s``,
@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxlib_ext.pallas_kernels._common import unit_lower_inverse
+from jaxlib_ext.pallas_kernels.mdn.chunk import chunk_prepare
 
 F32 = jnp.float32
 
@@ -455,8 +455,10 @@ def chunk_prep_bwd(f, r, load_k, load_p, load_decays, beta, eta, *, scale, preci
 
 
 def prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
-    """Plain-jnp mirror of the preparation kernel (``prep.py``) on [B, Tp, H, ...] arrays
-    (differentiable); ``ChunkPrep`` in float32."""
+    """The preparation kernel's outputs (``prep.py``) computed by XLA on [B, Tp, H, ...] arrays,
+    differentiably: ``mdn.chunk.chunk_prepare`` (the one XLA chunk preparation) in float32,
+    arranged as ``ChunkPrep``. Its matmuls run at float32 grade, so on the bfloat16 path it is
+    the more precise of the two."""
     b, tp, h, _ = q.shape
     n = tp // chunk
 
@@ -468,10 +470,15 @@ def prep_xla(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision):
         x = jnp.moveaxis(x, 3, 2)
         return x.reshape((b, tp, h) + x.shape[4:])
 
-    outs = chunk_prep(
-        *(to_chunks(x) for x in (q, k, v, p, la, lm, beta, eta)),
-        scale=scale,
-        precision=precision,
-        inverse=unit_lower_inverse,
+    q, k, v, p, la, lm, beta, eta = (to_chunks(x) for x in (q, k, v, p, la, lm, beta, eta))
+    if precision == lax.Precision.DEFAULT:  # the bfloat16 path's dots; the mirror stays float32
+        precision = lax.Precision.HIGHEST
+    x = chunk_prepare(
+        scale * q, eta[..., None] * k, v, p, la, lm, beta, precision=precision
     )
-    return ChunkPrep(*(from_chunks(x) for x in outs))
+    qa = x["a"][..., None] * x["qs"]
+    qb = x["b"][..., None] * x["qs"]
+    outs = ChunkPrep(
+        x["uv"], x["y"], x["z"], x["kgs"], x["kgm"], qa, qb, x["attn"], x["a"], x["b"], x["u"]
+    )
+    return ChunkPrep(*(from_chunks(y) for y in outs))

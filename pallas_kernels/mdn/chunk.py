@@ -42,6 +42,8 @@ head.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -55,27 +57,31 @@ from jaxlib_ext.pallas_kernels._common import (
 )
 
 
-def _prepare(qs, kt, v, p, la, lm, beta):
-    """Everything that does not depend on the entering states, for all chunks at once.
+def chunk_prepare(qs, kt, v, p, la, lm, beta, *, precision=None):
+    """Everything that does not depend on the entering states, for all chunks at once: the
+    one XLA chunk preparation (the Pallas path's differentiable mirror runs it too).
 
-    Shapes: ``qs, kt, p`` ``[..., C, K]``; ``v`` ``[..., C, V]``; ``la, lm, beta`` ``[..., C]``.
+    Shapes: ``qs, kt, p`` ``[..., C, K]``; ``v`` ``[..., C, V]``; ``la, lm, beta`` ``[..., C]``
+    (``qs = scale q``, ``kt = eta k``). ``precision`` is that of every matmul. Returns a dict
+    of the per-chunk quantities named as in the module docstring, plus ``u`` (``U_t``).
     """
+    einsum = functools.partial(jnp.einsum, precision=precision)
     D1 = jnp.exp(segsum(la))  # A_t / A_i for i <= t
     D2 = jnp.exp(segsum(lm))  # U_i / U_j for j <= i
-    gamma = jnp.einsum("...ti,...ij->...tj", D1, beta[..., :, None] * D2)  # (5)
+    gamma = einsum("...ti,...ij->...tj", D1, beta[..., :, None] * D2)  # (5)
     logA = jnp.cumsum(la, axis=-1)
     A = jnp.exp(logA)
     U = jnp.exp(jnp.cumsum(lm, axis=-1))
-    b = jnp.einsum("...ti,...i->...t", D1, beta * U)  # (6)
+    b = einsum("...ti,...i->...t", D1, beta * U)  # (6)
 
     # Shift by one step for the pseudo-value system (9): A_0 = 1, b_0 = 0, gamma_{0,.} = 0.
     zero = jnp.zeros_like(la[..., :1])
     A_prev = jnp.exp(jnp.concatenate([zero, logA[..., :-1]], axis=-1))
     b_prev = jnp.concatenate([zero, b[..., :-1]], axis=-1)
     gamma_prev = jnp.concatenate([jnp.zeros_like(gamma[..., :1, :]), gamma[..., :-1, :]], axis=-2)
-    L = gamma_prev * jnp.einsum("...tk,...jk->...tj", p, kt)  # (9), strictly lower
+    L = gamma_prev * einsum("...tk,...jk->...tj", p, kt)  # (9), strictly lower
     rhs = jnp.concatenate([v, A_prev[..., None] * p, b_prev[..., None] * p], axis=-1)
-    sol = unit_lower_inverse(L) @ rhs  # [uv, y, z] of (11)
+    sol = jnp.matmul(unit_lower_inverse(L), rhs, precision=precision)  # [uv, y, z] of (11)
     Vdim = v.shape[-1]
     Kdim = p.shape[-1]
     return dict(
@@ -83,9 +89,10 @@ def _prepare(qs, kt, v, p, la, lm, beta):
         y=sol[..., Vdim : Vdim + Kdim],
         z=sol[..., Vdim + Kdim :],
         qs=qs,
-        attn=jnp.einsum("...tk,...jk->...tj", qs, kt) * gamma,  # intra-chunk part of (10)
+        attn=einsum("...tk,...jk->...tj", qs, kt) * gamma,  # intra-chunk part of (10)
         a=A,
         b=b,
+        u=U,
         kgs=gamma[..., -1, :, None] * kt,  # gamma_{C,j} kt_j, for (7) at t = C
         kgm=D2[..., -1, :, None] * kt,  # (U_C / U_j) kt_j, for (8) at t = C
         a_end=A[..., -1],
@@ -148,7 +155,7 @@ def momentum_delta_rule_chunk(
     qc, kc, vc, pc, lac, lmc, bc, ec = chunk_inputs(
         dt, C, q, k, v, p, log_alpha, log_mu, beta, eta
     )
-    x = _prepare(qc * jnp.asarray(scale, dt), kc * ec[..., None], vc, pc, lac, lmc, bc)
+    x = chunk_prepare(qc * jnp.asarray(scale, dt), kc * ec[..., None], vc, pc, lac, lmc, bc)
 
     if initial_state is None:
         S0 = jnp.zeros((B, H, K, V), dt)
