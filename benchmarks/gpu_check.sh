@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_check.sh          # GPU: correctness (checks + pytest -m gpu), tuning,
 #                                         # timings, XLA's compile
 #   bash benchmarks/gpu_check.sh --cpu    # CPU half: interpret mode, tiny shapes, float32 and
-#                                         # a bfloat16 run of the GPU-only paths (CI runs this
+#                                         # a bfloat16 run of the GPU-only paths (`make test-all` runs this
 #                                         # through tests/pallas_kernels/test_mdn_pallas.py)
 #
 # Steps (GPU), each under its own timeout (240 + 120 + 60 + 150 s), GPU timings first:

@@ -6,14 +6,12 @@ import subprocess
 import sys
 import tomllib
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOLDERS = {"models", "optim", "samplers", "pallas_kernels"}
 
 
 def _sources():
-    for folder in [*FOLDERS, "jaxlib_ext", "benchmarks", "notebooks", "tests"]:
+    for folder in [*FOLDERS, "jaxlib_ext", "benchmarks", "notebooks", "tests", "tools"]:
         yield from (ROOT / folder).rglob("*.py")
 
 
@@ -65,7 +63,6 @@ def test_import_does_no_heavy_work():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.slow
 def test_wheel_installs_one_namespace_with_its_data(tmp_path):
     import zipfile
 
