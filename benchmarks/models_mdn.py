@@ -4,25 +4,34 @@ The three tiny presets are trained for the same number of steps on the same batc
 embedded corpus (byte tokens, :func:`jaxlib_ext.data.load_corpus`) with the same optimizer
 (AdamW + warm-up/cosine schedule of the training CLI, clip 1.0) through
 :func:`jaxlib_ext.train.fit`. Parameter counts are matched by widening the MLP of the smaller
-models until each is within 1% of MDN's. Prints a markdown table of eval loss (nats/token, mean
-over seeds) with the ratio to the Transformer baseline, plus training throughput (median
-tokens/s over the logging windows after the first, so compilation is excluded).
+models until each is within 1% of MDN's.
 
-The paper's claim (arXiv 2605.05838) is MDN < GDN in loss at equal size; at this scale and budget
-the differences are small and seed noise matters, so several seeds are worth running.
+A single learning rate shared by all models can stall one of them and decide the comparison by
+itself, so the comparison follows the rule of ``benchmarks/_comparison.py``: every model gets the
+same learning-rate grid (``--lrs``) and seeds (``--seeds``, at least 3), each model's rate is
+picked by validation loss, and the test loss is reported there. The held-out tail of the corpus
+is split in two: its first half is the validation split (the eval of ``train.fit``), its second
+half the test split. Prints the whole grid (validation loss per model and rate, every seed), a
+summary (best rate, test loss mean ± std and every seed, ratio to the Transformer baseline,
+parameters, training throughput: median tokens/s over the logging windows after the first, so
+compilation is excluded) and one verdict line per pair, which says "within spread" unless the
+mean ± std intervals are apart.
 
-    python benchmarks/models_mdn.py                      # 300 steps, seq 128, batch 16, 1 seed
-    python benchmarks/models_mdn.py --steps 600 --seeds 3
-    python benchmarks/models_mdn.py --fast               # smoke run (20 steps)
+The paper's claim (arXiv 2605.05838) is MDN < GDN in loss at equal size.
+
+    python benchmarks/models_mdn.py                      # 300 steps, seq 128, batch 16, 3x3 grid
+    python benchmarks/models_mdn.py --steps 600 --lrs 3e-4,1e-3,3e-3 --seeds 5
+    python benchmarks/models_mdn.py --fast               # smoke run (tiny budget)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import tempfile
-import time
 
+import _comparison as comparison
 import jax
 import numpy as np
 from flax import nnx
@@ -65,52 +74,74 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--eval-batches", type=int, default=8)
-    ap.add_argument("--fast", action="store_true", help="20 steps, for a smoke run")
+    comparison.add_arguments(ap, lrs="1e-3,3e-3,1e-2")
+    ap.add_argument("--eval-batches", type=int, default=8,
+                    help="batches of each of the validation and test splits")
+    ap.add_argument("--fast", action="store_true",
+                    help="smoke run: 10 steps, batch 4 x seq 32, 1 eval batch")
     args = ap.parse_args(argv)
     if args.fast:
-        args.steps, args.eval_batches = 20, 2
+        args.steps, args.batch_size, args.seq_len, args.eval_batches = 10, 4, 32, 1
 
-    corpus = data.load_corpus(None)
+    full = data.load_corpus(None)
+    half = full.eval.size // 2
+    corpus = dataclasses.replace(full, eval=full.eval[:half])  # fit evaluates on validation
+    test_tokens = full.eval[half:]
+    test_offsets = data.eval_batches(test_tokens, args.batch_size, args.seq_len,
+                                     args.eval_batches)
+    test_batches = [np.stack([test_tokens[o:o + args.seq_len + 1] for o in offs])
+                    for offs in test_offsets]
     mesh = sharding.make_mesh(None, devices=jax.devices()[:1])
     builders, target = _matched_builders(corpus.vocab_size, args.seq_len)
-    rows = {}
-    for name, (build, hidden) in builders.items():
-        losses, secs, tps = [], [], []
-        for seed in range(args.seeds):
-            model = build(hidden, seed)
-            tx = build_optimizer("adamw", args.lr, steps=args.steps, seed=seed)
-            with tempfile.TemporaryDirectory() as out:
-                cfg = train.TrainConfig(
-                    steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                    seed=seed, eval_every=args.steps, eval_batches=args.eval_batches,
-                    log_every=max(1, args.steps // 10), checkpoint_every=10 * args.steps,
-                    out_dir=out, progress=False,
-                )
-                t0 = time.perf_counter()
-                result = train.fit(model, tx, corpus, cfg, mesh)
-                secs.append(time.perf_counter() - t0)
-            losses.append(result.eval_losses[-1][1])
-            rates = [r["tokens_per_s"] for r in result.history if "tokens_per_s" in r][1:]
-            tps.append(float(np.median(rates)) if rates else float("nan"))  # compile excluded
-            print(f"{name} seed {seed}: eval loss {losses[-1]:.4f} ({secs[-1]:.0f} s)", flush=True)
-        rows[name] = (param_count(model), float(np.mean(losses)), float(np.std(losses)),
-                      float(np.mean(tps)))
+    spec = comparison.Comparison(
+        methods=tuple(builders), lrs=args.lrs, seeds=tuple(range(args.seeds)),
+        budget=f"{args.steps} steps x batch {args.batch_size} x seq {args.seq_len} byte tokens, "
+               "AdamW (warm-up + cosine), clip 1.0",
+    )
+    test_loss = {}  # method -> jitted loss(params, rest, batch), compiled once per model
 
-    base = rows["Transformer"][1]
+    def run(name: str, lr: float, seed: int) -> dict:
+        build, hidden = builders[name]
+        model = build(hidden, seed)
+        graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+        if name not in test_loss:
+            test_loss[name] = jax.jit(lambda p, r, b, g=graphdef: train.make_loss_fn(g, r)(p, b))
+        tx = build_optimizer("adamw", lr, steps=args.steps, seed=seed)
+        with tempfile.TemporaryDirectory() as out:
+            cfg = train.TrainConfig(
+                steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                seed=seed, eval_every=args.steps, eval_batches=args.eval_batches,
+                log_every=max(1, args.steps // 10), checkpoint_every=10 * args.steps,
+                out_dir=out, progress=False,
+            )
+            try:
+                result = train.fit(model, tx, corpus, cfg, mesh)
+            except train.NonFiniteLossError:  # diverged: the worst choice of lr, not a crash
+                return dict(val=np.nan, test=np.nan, params=param_count(model),
+                            tokens_per_s=np.nan)
+        params = result.state.params
+        test = float(np.mean([float(test_loss[name](params, rest, b)) for b in test_batches]))
+        rates = [r["tokens_per_s"] for r in result.history if "tokens_per_s" in r][1:]
+        return dict(val=result.eval_losses[-1][1], test=test, params=param_count(model),
+                    tokens_per_s=float(np.median(rates)) if rates else float("nan"))
+
     h = data.unigram_entropy(corpus.train, corpus.vocab_size)
-    print(f"\n{args.steps} steps x batch {args.batch_size} x seq {args.seq_len} byte tokens, "
-          f"AdamW lr {args.lr} (warm-up + cosine), {args.seeds} seed(s); "
-          f"{platform.processor() or platform.machine()}, jax {jax.__version__}; "
-          f"unigram entropy {h:.3f} nats\n")
-    print("| model | params | eval loss (nats/token) | ratio vs Transformer | train tokens/s |")
-    print("|---|---|---|---|---|")
-    for name, (n, mean, std, rate) in rows.items():
-        spread = f" ± {std:.3f}" if args.seeds > 1 else ""
-        print(f"| {name} | {n:,} | {mean:.4f}{spread} | {mean / base:.3f} | {rate:,.0f} |")
-    return rows
+    print(f"{spec.describe()}; {platform.processor() or platform.machine()}, "
+          f"jax {jax.__version__}; unigram entropy {h:.3f} nats; parameters matched to "
+          f"{target:,} (MDN)", flush=True)
+    comparison.cache_compilations()
+    result = comparison.run_comparison(spec, run)
+    print(f"\nValidation loss (nats/token) over the whole grid ({len(spec.seeds)} seeds):\n")
+    print(result.grid_table())
+    print("\nTest loss (nats/token) at each model's best learning rate:\n")
+    print(result.summary_table(baseline="Transformer", extras=(
+        ("params", "params", ",.0f"), ("train tokens/s", "tokens_per_s", ",.0f"))))
+    print()
+    for a, b in (("MDN", "GDN"), ("MDN", "Transformer"), ("GDN", "Transformer")):
+        print(result.verdict(a, b))
+    print(f"\n{len(spec.methods) * len(spec.lrs) * len(spec.seeds)} runs, "
+          f"{result.total_seconds():.0f} s")
+    return result
 
 
 if __name__ == "__main__":

@@ -2,23 +2,36 @@
 
 Same model init, data order and learning-rate schedule (linear warm-up 5%, cosine to 0.1x) for
 every optimizer, byte-level tokens of the embedded corpus (``jaxlib_ext.data.load_corpus``),
-``jaxlib_ext.models.transformer.build_transformer("tiny")``. Prints two markdown tables:
+``jaxlib_ext.models.transformer.build_transformer("tiny")``.
 
-1. final eval loss (mean over fixed held-out windows) per optimizer, ratio to AdamW;
-2. for dynamic sparse training at density 0.5, the largest loss jump within 10 steps after each
-   topology update, measured on a fixed training batch (so batch noise does not count):
-   ``max_u max_{s in (u, u+10]} L(s) - L(u)``, SMET (code warm-up, lr/d) vs naive DST
-   (global Adam step for regrown weights, no warm-up, no density lr scale); the variants
-   ``naive_dst_lr_d`` (naive with lr/d) and ``smet_reset`` (paper-text warm-up) separate the
-   effects. With ``warmup_mode="code"`` the stored-moment ramp of the first
-   ``optimizer_warmup_steps`` global steps also damps every dense parameter (as the released
-   code), and here ``optimizer_warmup_steps = update_every``, so the first topology update
-   coincides with the end of that ramp: the "updates 2+" column leaves it out.
+One peak learning rate shared by all optimizers can favour one of them and decide the
+comparison by itself, so the comparison follows the rule of ``benchmarks/_comparison.py``: every
+optimizer gets the same learning-rate grid (``--lrs``) and seeds (``--seeds``, at least 3; a
+seed sets the model init, the data order and SMET's masks), each optimizer's rate is picked by
+validation loss and the test loss is reported there. The held-out tail of the corpus is split in
+two: fixed windows of its first half are the validation split, of its second half the test
+split. Prints, as markdown:
+
+1. validation loss over the whole grid (every optimizer and rate, mean ± std and every seed);
+2. test loss per optimizer at its best rate (mean ± std and every seed), ratio to the first
+   optimizer (the baseline), final train loss, seconds per run; one verdict line per optimizer
+   against the baseline, "within spread" unless the mean ± std intervals are apart;
+3. for dynamic sparse training at density 0.5, at each variant's best rate, the largest loss
+   jump within 10 steps after each topology update, measured on a fixed training batch (so
+   batch noise does not count): ``max_u max_{s in (u, u+10]} L(s) - L(u)``, SMET (code
+   warm-up, lr/d) vs naive DST (global Adam step for regrown weights, no warm-up, no density lr
+   scale); the variants ``naive_dst_lr_d`` (naive with lr/d) and ``smet_reset`` (paper-text
+   warm-up) separate the effects. With ``warmup_mode="code"`` the stored-moment ramp of the
+   first ``optimizer_warmup_steps`` global steps also damps every dense parameter (as the
+   released code), and here ``optimizer_warmup_steps = update_every``, so the first topology
+   update coincides with the end of that ramp: the "updates 2+" column leaves it out.
 
 Usage::
 
     python benchmarks/optim_foam_smet_training.py          # 300 steps, topology every 50
     python benchmarks/optim_foam_smet_training.py --steps 600 --update-every 100 --batch 32
+    python benchmarks/optim_foam_smet_training.py --lrs 3e-4,1e-3,3e-3 --seeds 5
+    python benchmarks/optim_foam_smet_training.py --fast   # smoke run (tiny budget)
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import argparse
 import platform
 import time
 
+import _comparison as comparison
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,7 +78,8 @@ def make_variant(name: str, lr, steps: int, update_every: int, seed: int):
 
 def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50, seed=0,
           corpus=None, n_eval=8, model="transformer"):
-    """Returns a dict with per-step train loss, fixed-batch loss, final eval loss and topo steps."""
+    """Returns a dict with per-step train loss, fixed-batch loss, final validation and test
+    loss (``n_eval`` fixed batches from each half of the held-out split) and topology steps."""
     corpus = corpus or data_lib.load_corpus()
     build = {"transformer": build_transformer, "mdn": build_mdn}[model]
     model = build("tiny", vocab_size=corpus.vocab_size, rngs=nnx.Rngs(seed))
@@ -94,8 +109,13 @@ def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50
         return jnp.asarray(np.stack([tokens[o:o + seq_len + 1] for o in offsets]), jnp.int32)
 
     fixed = windows(corpus.train, rng.integers(0, n, batch))
-    eval_off = np.linspace(0, corpus.eval.shape[0] - seq_len - 2, n_eval * batch).astype(int)
-    evals = [windows(corpus.eval, eval_off[i * batch:(i + 1) * batch]) for i in range(n_eval)]
+    half = corpus.eval.shape[0] // 2
+
+    def held_out(tokens):
+        off = np.linspace(0, tokens.shape[0] - seq_len - 2, n_eval * batch).astype(int)
+        return [windows(tokens, off[i * batch:(i + 1) * batch]) for i in range(n_eval)]
+
+    vals, tests = held_out(corpus.eval[:half]), held_out(corpus.eval[half:])
     losses, fixed_losses = [], [float(eval_fn(params, fixed))]
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -104,12 +124,13 @@ def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50
         losses.append(float(loss))
         fixed_losses.append(float(fl))
     wall = time.perf_counter() - t0
-    eval_loss = float(np.mean([float(eval_fn(params, b)) for b in evals]))
+    val_loss = float(np.mean([float(eval_fn(params, b)) for b in vals]))
+    test_loss = float(np.mean([float(eval_fn(params, b)) for b in tests]))
     # topology updates run at the start of update number c + 1 for c = k * update_every,
     # i.e. they change the params reported in fixed_losses[c + 1] (fixed_losses[0] = init).
     topo = list(range(update_every, steps, update_every)) if name in _DST else []
-    return dict(name=name, losses=losses, fixed_losses=fixed_losses, eval_loss=eval_loss,
-                topo=topo, wall=wall)
+    return dict(name=name, losses=losses, fixed_losses=fixed_losses, val_loss=val_loss,
+                test_loss=test_loss, topo=topo, wall=wall)
 
 
 def max_spike(fixed_losses, topo, window=10):
@@ -123,46 +144,76 @@ def max_spike(fixed_losses, topo, window=10):
     return max(jumps) if jumps else float("nan"), jumps
 
 
+LABELS = {"adamw": "optax.adamw", "foam": "foam level=2",
+          "smet": "smet d=0.5 (code warm-up)", "smet_reset": "smet d=0.5, warmup_mode=reset",
+          "naive_dst": "naive DST d=0.5", "naive_dst_lr_d": "naive DST d=0.5, lr/d"}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("transformer", "mdn"), default="transformer")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    comparison.add_arguments(ap, lrs="1e-3,3e-3,1e-2")
     ap.add_argument("--update-every", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--optimizers", default="adamw,foam,smet,naive_dst",
                     help="comma list from adamw,foam," + ",".join(_DST) + " (first = baseline)")
+    ap.add_argument("--fast", action="store_true",
+                    help="smoke run: 30 steps, topology every 10, batch 4 x seq 32, "
+                         "optimizers adamw,smet,naive_dst unless given")
     args = ap.parse_args(argv)
+    if args.fast:
+        args.steps, args.update_every, args.batch, args.seq_len = 30, 10, 4, 32
+        if args.optimizers == ap.get_default("optimizers"):
+            args.optimizers = "adamw,smet,naive_dst"
+    unknown = sorted(set(args.optimizers.split(",")) - set(VARIANTS))
+    if unknown:
+        ap.error(f"--optimizers: unknown {unknown}; choose from {sorted(VARIANTS)}")
     corpus = data_lib.load_corpus()
+    spec = comparison.Comparison(
+        methods=tuple(args.optimizers.split(",")), lrs=args.lrs, seeds=tuple(range(args.seeds)),
+        budget=f"{args.steps} steps, batch {args.batch}x{args.seq_len}, warmup 5% + cosine to "
+               "0.1x of the peak lr",
+    )
     print(f"jax {jax.__version__}, optax {optax.__version__}, {platform.processor() or 'cpu'}; "
-          f"tiny {args.model}, {corpus.source}, byte tokens, {args.steps} steps, batch "
-          f"{args.batch}x{args.seq_len}, peak lr {args.lr}, warmup 5% + cosine to 0.1x")
-    runs = {}
-    for name in args.optimizers.split(","):
-        runs[name] = train(name, steps=args.steps, batch=args.batch, seq_len=args.seq_len,
-                           lr=args.lr, update_every=args.update_every, seed=args.seed,
-                           corpus=corpus, model=args.model)
-    first = next(iter(runs))
-    base = runs[first]["eval_loss"]
-    labels = {"adamw": "optax.adamw", "foam": "foam level=2",
-              "smet": "smet d=0.5 (code warm-up)", "smet_reset": "smet d=0.5, warmup_mode=reset",
-              "naive_dst": "naive DST d=0.5", "naive_dst_lr_d": "naive DST d=0.5, lr/d"}
-    print(f"\n| optimizer | final eval loss | vs {first} | final train loss (mean last 20) | s |")
-    print("|---|---|---|---|---|")
-    for name, r in runs.items():
-        print(f"| {labels[name]} | {r['eval_loss']:.4f} | {r['eval_loss'] / base:.3f} | "
-              f"{np.mean(r['losses'][-20:]):.4f} | {r['wall']:.0f} |")
-    print(f"\n| d=0.5, topology every {args.update_every} | max jump in 10 steps after an update "
-          "| max jump, updates 2+ | mean jump | jumps per update |")
-    print("|---|---|---|---|---|")
-    for name in [n for n in _DST if n in runs]:
-        r = runs[name]
+          f"tiny {args.model}, {corpus.source}, byte tokens; {spec.describe()}", flush=True)
+
+    def run(name: str, lr: float, seed: int) -> dict:
+        r = train(name, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=lr,
+                  update_every=args.update_every, seed=seed, corpus=corpus, model=args.model)
         worst, jumps = max_spike(r["fixed_losses"], r["topo"])
-        later = max(jumps[1:]) if len(jumps) > 1 else float("nan")
-        print(f"| {labels[name]} | {worst:.4f} | {later:.4f} | {np.mean(jumps):.4f} | "
-              f"{', '.join(f'{j:.3f}' for j in jumps)} |")
+        return dict(val=r["val_loss"], test=r["test_loss"],
+                    train_loss=float(np.mean(r["losses"][-20:])), wall=r["wall"],
+                    worst_jump=worst, later_jump=max(jumps[1:]) if len(jumps) > 1 else np.nan,
+                    mean_jump=float(np.mean(jumps)) if jumps else np.nan)
+
+    comparison.cache_compilations()
+    result = comparison.run_comparison(spec, run)
+    first = spec.methods[0]
+    print(f"\nValidation loss over the whole grid ({len(spec.seeds)} seeds):\n")
+    print(result.grid_table(labels=LABELS))
+    print("\nTest loss at each optimizer's best learning rate:\n")
+    print(result.summary_table(baseline=first, labels=LABELS, extras=(
+        ("final train loss (mean last 20)", "train_loss", ".4f"), ("s", "wall", ".0f"))))
+    print()
+    for name in spec.methods[1:]:
+        print(result.verdict(name, first))
+    dst = [n for n in _DST if n in spec.methods]
+    if dst:
+        print(f"\n| d=0.5, topology every {args.update_every} | best lr | max jump in 10 steps "
+              "after an update | max jump, updates 2+ | mean jump | max jump, every seed |")
+        print("|---|---|---|---|---|---|")
+        for name in dst:
+            worst = result.at_best(name, "worst_jump")
+            print(f"| {LABELS[name]} | {result.best_lr(name):g} | "
+                  f"{comparison.format_pm(worst)} | "
+                  f"{comparison.format_pm(result.at_best(name, 'later_jump'))} | "
+                  f"{comparison.format_pm(result.at_best(name, 'mean_jump'))} | "
+                  f"{comparison.format_each(worst, '.3f')} |")
+    print(f"\n{len(spec.methods) * len(spec.lrs) * len(spec.seeds)} runs, "
+          f"{result.total_seconds():.0f} s")
+    return result
 
 
 if __name__ == "__main__":
