@@ -13,7 +13,7 @@
 # forward against the recurrence at that shape and forward+gradients at a small one (also for
 # the Mosaic GPU state kernel's candidates); then fwd+bwd of each kernel tiling/launch
 # candidate (TUNE_CANDIDATES, at most ~120 s), and the fastest;
-# 2) benchmarks/kernels_mdn_gpu.py: medians after warm-up of the Pallas fwd / fwd+bwd with the
+# 2) python -m benchmarks.kernels_mdn_gpu: medians after warm-up of the Pallas fwd / fwd+bwd with the
 # default parameters, the XLA chunk path, and fla-core's chunk_gated_delta_rule when present;
 # the decode step;
 # 3) python -m tools.kernel_audit.xla_aot: grid, shared memory, registers and spills of each
@@ -53,8 +53,8 @@ if ! "$PY" -P -c "import jaxlib_ext.pallas_kernels.mdn" >/dev/null 2>&1; then
   export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-# The kernel authors' tools (tools/kernel_audit, not installed) run as modules of the repo
-# root, `"${AUDIT[@]}" <module> ...`: -P and the root last on the path, so that jaxlib_ext is
+# The kernel authors' tools (tools/kernel_audit, not installed) and the timing benchmark, which
+# uses them, run as modules of the repo root, `"${AUDIT[@]}" <module> ...`: -P and the root last on the path, so that jaxlib_ext is
 # the shim's (or the installed one), not the bare source folder.
 audit_command() {
   AUDIT=(env "PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$REPO" "$PY" -P -W ignore::DeprecationWarning
@@ -66,13 +66,13 @@ if [ "$MODE" = "cpu" ]; then
   echo "== CPU half: interpret mode, tiny shapes"
   audit_command
   "${AUDIT[@]}" tools.kernel_audit.tuning --cpu --check --dtype float32 || exit 1
-  "$PY" benchmarks/kernels_mdn_gpu.py --cpu --dtype float32 || exit 1
+  "${AUDIT[@]}" benchmarks.kernels_mdn_gpu --cpu --dtype float32 || exit 1
   # bfloat16 at K = 64, chunk 64, without --cpu: the paths only the GPU run takes otherwise
   # (the Mosaic GPU candidates' checks, the backward="xla" row, the XLA chunk row)
   echo "== CPU half: the GPU run's bfloat16 paths, interpreted"
   small=(--B 1 --T 128 --H 1 --K 64 --V 64 --warmup 1 --iters 1)
   "${AUDIT[@]}" tools.kernel_audit.tuning "${small[@]}" --check || exit 1
-  exec "$PY" benchmarks/kernels_mdn_gpu.py "${small[@]}" --skip-fla
+  exec "${AUDIT[@]}" benchmarks.kernels_mdn_gpu "${small[@]}" --skip-fla
 fi
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
@@ -94,7 +94,7 @@ audit_command
 timeout 240 "${AUDIT[@]}" tools.kernel_audit.tuning --check || status=1
 
 echo "== 2/4 timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
-timeout 120 "$PY" -W ignore::DeprecationWarning benchmarks/kernels_mdn_gpu.py || status=1
+timeout 120 "${AUDIT[@]}" benchmarks.kernels_mdn_gpu || status=1
 
 echo "== 3/4 what XLA compiled: grid, shared memory, registers, spills per kernel (xla_aot)"
 # The same deviceless compile as offline (JAX_PLATFORMS=cpu: the GPU is not touched), here with

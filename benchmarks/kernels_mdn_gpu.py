@@ -21,8 +21,11 @@ forward+backward). Ceilings printed beside them: H200 ~790 TFLOP/s bf16 dense, ~
 
 Usage::
 
-    python benchmarks/kernels_mdn_gpu.py          # GPU, B=8 T=4096 H=6 K=128 V=256 bf16
-    python benchmarks/kernels_mdn_gpu.py --cpu    # CPU, interpret mode, tiny shapes
+    python -m benchmarks.kernels_mdn_gpu          # GPU, B=8 T=4096 H=6 K=128 V=256 bf16
+    python -m benchmarks.kernels_mdn_gpu --cpu    # CPU, interpret mode, tiny shapes
+
+Run from the repository root, as a module: the inputs and the timing loop are
+``tools.kernel_audit``'s.
 
 Correctness against the recurrence and the timing of other tilings and launch parameters are
 the kernel authors' tools: ``python -m tools.kernel_audit.tuning --check``.
@@ -33,9 +36,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
-import time
 
 # JAX must leave room on the GPU for PyTorch (the fla peer runs in the same process).
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
@@ -49,36 +50,11 @@ from jaxlib_ext.pallas_kernels.mdn import (  # noqa: E402
     momentum_delta_rule_pallas,
 )
 from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas  # noqa: E402
+from tools.kernel_audit.inputs import random_inputs  # noqa: E402
+from tools.kernel_audit.tuning import forward_backward, median_time  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # H200 bf16 dense
 PEAK_GBS = 4800.0  # H200 HBM3e
-
-
-def make_inputs(B, T, H, K, V, dtype, seed=0):
-    ks = jax.random.split(jax.random.key(seed), 8)
-    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-    q = unit(jax.random.normal(ks[0], (B, T, H, K)))
-    k = unit(jax.random.normal(ks[1], (B, T, H, K)))
-    v = jax.random.normal(ks[2], (B, T, H, V))
-    la = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H))) / 8
-    lm = jax.nn.log_sigmoid(jax.random.normal(ks[4], (B, T, H))) / 8
-    p = jnp.exp(la)[..., None] * k
-    beta = jax.nn.sigmoid(jax.random.normal(ks[5], (B, T, H))) * 0.5
-    eta = jnp.tanh(jax.random.normal(ks[6], (B, T, H))) + 1.0
-    toks = tuple(x.astype(dtype) for x in (q, k, v, p))
-    return toks + (la, lm, beta, eta)
-
-
-def median_time(fn, args, warmup, iters):
-    """Median wall time of ``fn(*args)`` (blocked) after ``warmup`` calls, in seconds."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def jax_fns(op):
@@ -87,10 +63,7 @@ def jax_fns(op):
     def fwd(*a):
         return op(*a)[0]
 
-    def loss(*a):
-        return jnp.sum(op(*a)[0].astype(jnp.float32))
-
-    return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=tuple(range(8))))
+    return jax.jit(fwd), forward_backward(op)
 
 
 def fla_times(B, T, H, K, V, warmup, iters):
@@ -150,7 +123,7 @@ def main(argv=None):
     interpret = jax.default_backend() == "cpu"
     B, T, H, K, V = args.B, args.T, args.H, args.K, args.V
     dtype = jnp.dtype(args.dtype)
-    inputs = make_inputs(B, T, H, K, V, dtype)
+    inputs = random_inputs(B, T, H, K, V, dtype)
 
     pallas = functools.partial(
         momentum_delta_rule_pallas, scale=K**-0.5, chunk_size=args.chunk,
