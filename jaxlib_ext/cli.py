@@ -83,6 +83,13 @@ def build_model(name: str, preset: str = "tiny", *, vocab_size: int = 256, seed:
     return _load(MODELS, "model", name)(preset, vocab_size=vocab_size, rngs=nnx.Rngs(seed))
 
 
+def prepare_model(name: str, model, **hyperparams):
+    """:func:`jaxlib_ext.optim.prepare_model`: the model the recipe ``name`` trains."""
+    from jaxlib_ext.optim import prepare_model as prepare
+
+    return prepare(name, model, **hyperparams)
+
+
 def schedule(lr: float, steps: int, warmup: int | None = None):
     """The default optax schedule of a run: :func:`jaxlib_ext.schedule.warmup_cosine`."""
     from jaxlib_ext.schedule import warmup_cosine
@@ -295,6 +302,7 @@ def run_train(args: argparse.Namespace):
     cfg.meta["optimizer_steps"] = optimizer_steps
     hyperparams = parse_opt(args.opt, args.optimizer, optimizer_steps)
     model = build_model(args.model, args.preset, vocab_size=corpus.vocab_size, seed=args.seed)
+    model = prepare_model(args.optimizer, model, **hyperparams)
     tx = build_optimizer(args.optimizer, cfg.schedule.to_optax(), steps=optimizer_steps,
                          seed=args.seed, weight_decay=args.weight_decay, **hyperparams)
     main_process = jax.process_index() == 0

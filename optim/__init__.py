@@ -11,6 +11,7 @@ from jaxlib_ext.optim.recipes import (
     OPTIMIZER_NAMES,
     decay_mask,
     make_optimizer,
+    prepare_model,
     recipe_defaults,
 )
 from jaxlib_ext.optim.smet import (
@@ -35,6 +36,7 @@ __all__ = [
     "foam",
     "keep_inactive_zero",
     "make_optimizer",
+    "prepare_model",
     "recipe_defaults",
     "scale_by_foam",
     "scale_by_smet",

@@ -28,7 +28,9 @@ from jaxlib_ext.optim import _common
 from jaxlib_ext.optim.foam import foam
 from jaxlib_ext.optim.smet import smet
 
-__all__ = ["OPTIMIZER_NAMES", "decay_mask", "make_optimizer", "recipe_defaults"]
+__all__ = [
+    "OPTIMIZER_NAMES", "decay_mask", "make_optimizer", "prepare_model", "recipe_defaults",
+]
 
 OPTIMIZER_NAMES: tuple[str, ...] = ("adamw", "foam", "smet")
 
@@ -49,6 +51,18 @@ def decay_mask(params) -> Any:
         return bool(np.ndim(x) >= 2)
 
     return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def prepare_model(name: str, model, **hyperparams):
+    """The model recipe ``name`` trains: ``model`` itself for every recipe that trains the
+    model's own parameters. Call it on a freshly built model before building the optimizer.
+
+    Raises:
+      ValueError: if ``name`` is not one of :data:`OPTIMIZER_NAMES`.
+    """
+    _check_name(name)
+    del hyperparams
+    return model
 
 
 def _smet_update_every(total_steps: int) -> int:
