@@ -32,8 +32,10 @@ __all__ = [
     "data_parallel_size",
 ]
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")  # the batch is split over every data-parallel axis
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+# the batch is split over every data-parallel axis; expert-parallel devices are data-parallel
+# outside the mixture-of-experts layers (whose tokens travel by all-to-all over ``expert``)
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # logical axis -> mesh axis (or None: replicated)
 DEFAULT_RULES: dict[str, str | None] = {
@@ -43,7 +45,7 @@ DEFAULT_RULES: dict[str, str | None] = {
     "mlp": "tensor",
     "heads": "tensor",
     "kv": None,
-    "expert": "tensor",
+    "expert": "expert",
     "norm": None,
 }
 
@@ -93,7 +95,7 @@ def parse_mesh_spec(spec: str | None, num_devices: int) -> dict[str, int]:
 
 
 def make_mesh(spec: str | None = None, devices: Sequence | None = None) -> Mesh:
-    """A mesh with axes ``("data", "fsdp", "tensor")`` (size 1 where not given).
+    """A mesh with axes ``("data", "fsdp", "tensor", "expert")`` (size 1 where not given).
 
     Axes are ``AxisType.Auto``: XLA's sharding propagation inserts the collectives, as with
     classic ``jit`` + ``NamedSharding`` training code.
@@ -115,8 +117,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) axis split over ``data`` and ``fsdp``."""
-    return NamedSharding(mesh, P(BATCH_AXES))
+    """Leading (batch) axis split over ``data``, ``fsdp`` and ``expert`` (those in ``mesh``)."""
+    return NamedSharding(mesh, P(tuple(a for a in BATCH_AXES if a in mesh.shape)))
 
 
 def logical_to_spec(
