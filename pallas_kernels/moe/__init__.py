@@ -1,0 +1,161 @@
+"""Grouped matrix multiplication for mixture-of-experts dispatch, as pure JAX ops.
+
+``gmm(lhs, rhs, group_sizes)`` multiplies consecutive row groups of ``lhs [M, K]`` by their own
+matrix of ``rhs [G, K, N]`` (the contract of ``jax.lax.ragged_dot``); ``tgmm(lhs, grad,
+group_sizes)`` is its per-group weight gradient ``[G, K, N]``. ``group_sizes [G]`` is integer,
+sums to at most ``M``; rows past the sum belong to no group (``gmm`` gives them zeros, ``tgmm``
+ignores them). Both take ``method``:
+
+- ``"xla"``: ``jax.lax.ragged_dot`` / ``ragged_dot_general`` (``reference.gmm_xla``,
+  ``reference.tgmm_xla``), differentiable by JAX's own rules.
+- ``"pallas"``: :func:`gmm_pallas` / :func:`tgmm_pallas` (``moe/pallas.py``, loaded on first
+  use; interpreted on CPU), tiled over group boundaries, tuned by a :class:`GMMKernelConfig`,
+  differentiable through a ``custom_vjp`` built from the two kernels.
+- ``"auto"``: the Pallas kernels on a GPU backend for 16-bit and float32 operands (Triton has
+  no float64 dot), otherwise ``"xla"``.
+
+The Python loops over groups ``reference.gmm_loop`` / ``reference.tgmm_loop`` are the ground
+truth of the tests.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlib_ext.pallas_kernels._common import is_concrete, load_kernel
+from jaxlib_ext.pallas_kernels.moe.reference import gmm_loop, gmm_xla, tgmm_loop, tgmm_xla
+
+__all__ = [
+    "METHODS",
+    "GMMKernelConfig",
+    "gmm",
+    "gmm_loop",
+    "gmm_pallas",
+    "gmm_xla",
+    "tgmm",
+    "tgmm_loop",
+    "tgmm_pallas",
+    "tgmm_xla",
+]
+
+METHODS: tuple[str, ...] = ("auto", "xla", "pallas")
+
+_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.moe.pallas"
+_LAZY = {
+    "gmm_pallas": _KERNEL_MODULE,
+    "tgmm_pallas": _KERNEL_MODULE,
+    "GMMKernelConfig": "jaxlib_ext.pallas_kernels.moe.config",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _check_matrix(name, x, ndim, layout):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name} must be an array of shape {layout}, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have shape {layout}, got shape {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name} must have a floating dtype, got {x.dtype}")
+
+
+def _check_group_sizes(group_sizes, num_groups: int, m: int):
+    if not hasattr(group_sizes, "shape") or not hasattr(group_sizes, "dtype"):
+        raise ValueError(f"group_sizes must be an integer array [G], got {type(group_sizes)}")
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise ValueError(f"group_sizes must have an integer dtype, got {group_sizes.dtype}")
+    if tuple(group_sizes.shape) != (num_groups,):
+        raise ValueError(
+            f"group_sizes must have shape [G] = ({num_groups},), got {tuple(group_sizes.shape)}"
+        )
+    if is_concrete(group_sizes):
+        sizes = np.asarray(group_sizes)
+        if sizes.size and sizes.min() < 0:
+            raise ValueError(f"group_sizes must be >= 0, got minimum {int(sizes.min())}")
+        if int(sizes.sum()) > m:
+            raise ValueError(f"group_sizes must sum to at most M = {m}, got {int(sizes.sum())}")
+
+
+def _resolve(method, *arrays) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method != "auto":
+        return method
+    f64 = any(jnp.dtype(a.dtype) == jnp.float64 for a in arrays)
+    on_gpu = jax.default_backend() == "gpu"
+    if on_gpu and not f64 and load_kernel(_KERNEL_MODULE, "gmm_pallas") is not None:
+        return "pallas"
+    return "xla"
+
+
+def gmm(lhs, rhs, group_sizes, *, method="auto", config=None):
+    """Grouped matmul: ``out[r] = lhs[r] @ rhs[g(r)]`` for the group ``g(r)`` of row ``r``.
+
+    Args:
+      lhs: ``[M, K]`` floating rows, grouped consecutively.
+      rhs: ``[G, K, N]`` one matrix per group (cast to ``lhs.dtype``).
+      group_sizes: ``[G]`` integer rows per group, ``>= 0``, summing to at most ``M`` (checked
+        when concrete).
+      method: ``"auto" | "xla" | "pallas"`` (module docstring).
+      config: a ``GMMKernelConfig`` for ``"pallas"`` (default: its defaults, interpreted on CPU).
+
+    Returns:
+      ``[M, N]`` in ``lhs.dtype``; rows past ``sum(group_sizes)`` are zero. Accumulation is
+      float32 (float64 for float64 operands).
+
+    Raises:
+      ValueError: wrong ranks, mismatched ``K`` or ``G``, non-floating operands, non-integer or
+        negative ``group_sizes``, a sum above ``M``, an unknown ``method``.
+    """
+    _check_matrix("lhs", lhs, 2, "[M, K]")
+    _check_matrix("rhs", rhs, 3, "[G, K, N]")
+    if rhs.shape[1] != lhs.shape[1]:
+        raise ValueError(
+            f"rhs must have shape [G, K, N] with K = {lhs.shape[1]} from lhs, got "
+            f"{tuple(rhs.shape)}"
+        )
+    _check_group_sizes(group_sizes, rhs.shape[0], lhs.shape[0])
+    method = _resolve(method, lhs, rhs)
+    if method == "xla":
+        return gmm_xla(lhs, rhs.astype(lhs.dtype), group_sizes)
+    from jaxlib_ext.pallas_kernels.moe.pallas import gmm_pallas
+
+    return gmm_pallas(lhs, rhs, group_sizes, config=config)
+
+
+def tgmm(lhs, grad, group_sizes, *, method="auto", config=None):
+    """Per-group transposed product ``out[g] = sum_{r in group g} lhs[r]^T grad[r]``.
+
+    Args:
+      lhs: ``[M, K]``; grad: ``[M, N]`` (cast to ``lhs.dtype``); group_sizes: ``[G]`` as in
+        :func:`gmm`; method, config: as in :func:`gmm`.
+
+    Returns:
+      ``[G, K, N]`` in ``lhs.dtype``, zero for an empty group; rows past the sum are ignored.
+
+    Raises:
+      ValueError: as :func:`gmm`, and a ``grad`` whose row count differs from ``lhs``.
+    """
+    _check_matrix("lhs", lhs, 2, "[M, K]")
+    _check_matrix("grad", grad, 2, "[M, N]")
+    if grad.shape[0] != lhs.shape[0]:
+        raise ValueError(
+            f"grad must have shape [M, N] with M = {lhs.shape[0]} from lhs, got {tuple(grad.shape)}"
+        )
+    if group_sizes is None or not hasattr(group_sizes, "shape") or group_sizes.ndim != 1:
+        raise ValueError("group_sizes must be an integer array of shape [G]")
+    _check_group_sizes(group_sizes, group_sizes.shape[0], lhs.shape[0])
+    method = _resolve(method, lhs, grad)
+    if method == "xla":
+        return tgmm_xla(lhs, grad.astype(lhs.dtype), group_sizes)
+    from jaxlib_ext.pallas_kernels.moe.pallas import tgmm_pallas
+
+    return tgmm_pallas(lhs, grad.astype(lhs.dtype), group_sizes, config=config)
