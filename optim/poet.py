@@ -1,0 +1,252 @@
+r"""POET-X: orthogonal equivalence training as one Optax transform (arXiv 2506.08001, 2603.05500).
+
+A POET layer (:class:`jaxlib_ext.optim.PoetLinear`) computes ``x @ W_eff`` with
+``W_eff = R_in W0 R_out``; ``W0`` is fixed and only the rotation parameters ``theta`` are trained
+(POET-BS, arXiv 2506.08001, with the Cayley–Neumann blocks of the POET-X kernel, arXiv
+2603.05500; conventions in :mod:`jaxlib_ext.pallas_kernels.poet`). :func:`poet_x` trains a whole
+parameter tree in which such layers appear as subtrees holding the five leaves ``poet_base``,
+``theta_in``, ``theta_out``, ``perm_in`` and ``perm_out`` (a plain dict or an ``nnx.State``):
+
+* ``theta_*``: HF-style AdamW (``eps`` added to :math:`\sqrt v`, bias correction folded into the
+  step size: :math:`u = \eta\,\mathrm{scale}\,\frac{\sqrt{1-\beta_2^t}}{1-\beta_1^t}
+  \frac{m}{\sqrt v + \epsilon}`), learning rate ``learning_rate * poet_lr_scale`` (the
+  authors' ``poet_scale = 0.5`` multiplies the POET learning rate inside the step), no weight
+  decay;
+* ``poet_base``, ``perm_*``: zero updates and no optimizer state, except at a merge;
+* every other leaf: the same HF AdamW with ``base_learning_rate`` (default ``learning_rate``) and
+  decoupled weight decay :math:`p \leftarrow (p - \eta u)(1 - \eta\lambda)` on leaves with
+  ``ndim >= 2`` (the authors' parameter groups: vectors and biases without decay).
+
+**Merge-then-reinitialize** (arXiv 2506.08001, Algorithm 1; every ``merge_every`` steps, when the
+step counter :math:`t \ge 1` after the update is a multiple of it): with :math:`\theta_t` the
+rotation parameters after this step's update,
+
+.. math::
+
+   W_0 &\leftarrow R_{in}(\theta^{in}_t)\, W_0\, R_{out}(\theta^{out}_t) \qquad (1)\\
+   \pi_{in}, \pi_{out} &\leftarrow \text{fresh uniform permutations} \qquad (2)\\
+   \theta &\leftarrow 0, \quad (m, v, t)_\theta \leftarrow 0 \qquad (3)
+
+(1) folds the rotations into the base weight, so the layer's function is unchanged (with
+:math:`\theta = 0` the rotations are the identity for any permutation); (2) draws the
+permutations from ``jax.random.fold_in(key(seed), t)``; (3) zeroes the rotation parameters and
+resets their Adam moments and bias-correction counter, every other leaf's state untouched. The
+merge is expressed through the returned updates (``merged - params`` for the base weight and
+permutations, ``-theta`` for the rotations, which makes ``theta`` exactly zero), so any loop that
+applies ``optax.apply_updates`` runs it; it is a ``lax.cond`` on the step counter, so the step
+compiles once. The learning-rate schedule runs on the global step counter, not the reset one.
+Gradient-clipping warm-up after each merge (the authors' driver) is not part of this transform.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxlib_ext.optim import _common
+from jaxlib_ext.optim.foam import scale_by_foam
+from jaxlib_ext.pallas_kernels.poet.reference import cayley_neumann, inverse_permutation
+from jaxlib_ext.pallas_kernels.poet.xla import block_apply
+
+__all__ = ["PoetXState", "merge_poet_layer", "poet_labels", "poet_x"]
+
+_BASE = "poet_base"
+_THETAS = ("theta_in", "theta_out")
+_PERMS = ("perm_in", "perm_out")
+_LAYER_KEYS = frozenset((_BASE, *_THETAS, *_PERMS))
+
+ROTATION, FROZEN, DENSE, DENSE_DECAY = "rotation", "frozen", "dense", "dense_decay"
+
+
+class PoetXState(NamedTuple):
+    """State of :func:`poet_x`.
+
+    Attributes:
+      count: steps done (int32), drives the learning-rate schedules and the merges.
+      rotation: HF-Adam state (``ScaleByFoamState`` at level 0) of the ``theta`` leaves (other
+        leaves hold ``optax.MaskedNode``); reset to zeros at each merge.
+      dense: HF-Adam state of every other trainable leaf.
+    """
+
+    count: jax.Array
+    rotation: Any
+    dense: Any
+
+
+def _layers(tree):
+    """``{prefix: {name: flat index}}`` of the POET layers in ``tree``, and the flat paths."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    groups: dict[tuple, dict[str, int]] = {}
+    names = [_common.path_names(p) for p, _ in flat]
+    for i, nm in enumerate(names):
+        if nm and nm[-1] in _LAYER_KEYS:
+            groups.setdefault(nm[:-1], {})[nm[-1]] = i
+    return {k: v for k, v in groups.items() if set(v) == _LAYER_KEYS}, flat
+
+
+def poet_labels(tree) -> Any:
+    """Tree of labels: ``"rotation"`` (``theta_*`` of a POET layer), ``"frozen"`` (its base
+    weight and permutations), ``"dense_decay"`` (other leaves with ``ndim >= 2``), ``"dense"``."""
+    layers, flat = _layers(tree)
+    labels = []
+    members = {i: name for layer in layers.values() for name, i in layer.items()}
+    for i, (_, leaf) in enumerate(flat):
+        if i in members:
+            labels.append(ROTATION if members[i] in _THETAS else FROZEN)
+        else:
+            labels.append(DENSE_DECAY if jnp.ndim(leaf) >= 2 else DENSE)
+    return jax.tree.unflatten(jax.tree.structure(tree), labels)
+
+
+def _block_size(theta) -> int:
+    p = theta.shape[-1]
+    b = int(round((1 + (1 + 8 * p) ** 0.5) / 2))
+    if b * (b - 1) // 2 != p:
+        raise ValueError(f"theta: last axis {p} is not b (b - 1) / 2 for an integer b")
+    return b
+
+
+def merge_poet_layer(w, theta_in, theta_out, perm_in, perm_out, key):
+    """Merge-then-reinitialize of one layer, equations (1)-(2) of the module docstring.
+
+    Args:
+      w: ``[n, m]`` base weight; ``theta_*`` as in :func:`~jaxlib_ext.pallas_kernels.poet.
+        poet_linear`; ``perm_*`` permutations (integer or float holding integers).
+      key: PRNG key for the new permutations.
+
+    Returns:
+      ``(w_merged, perm_in_new, perm_out_new)``, ``w_merged = R_in w R_out`` computed without
+      forming the rotations (``O(n m b)``), permutations in ``perm_*``'s dtypes.
+    """
+    b = _block_size(theta_in)
+    ct = jnp.promote_types(w.dtype, jnp.float32)
+    p_in, p_out = perm_in.astype(jnp.int32), perm_out.astype(jnp.int32)
+    g_in = cayley_neumann(theta_in.astype(ct), b)
+    g_out = cayley_neumann(theta_out.astype(ct), b)
+    w32 = w.astype(ct)
+    # R_in @ w = (w^T @ R_in^T)^T, and R^T = S B^T S^T: rotate w's columns by the transposed blocks
+    a = block_apply(w32.T[:, p_in], jnp.swapaxes(g_in, -1, -2))[:, inverse_permutation(p_in)].T
+    merged = block_apply(a[:, p_out], g_out)[:, inverse_permutation(p_out)]
+    k_in, k_out = jax.random.split(key)
+    n, m = w.shape
+    new_in = jax.random.permutation(k_in, n).astype(perm_in.dtype)
+    new_out = jax.random.permutation(k_out, m).astype(perm_out.dtype)
+    return merged.astype(w.dtype), new_in, new_out
+
+
+def _merged_updates(updates, params, key):
+    """Updates that carry out the merge of every POET layer from ``params + updates``."""
+    layers, flat_p = _layers(params)
+    p_leaves = [leaf for _, leaf in flat_p]
+    treedef = jax.tree.structure(updates)
+    u_leaves = list(treedef.flatten_up_to(updates))
+    for j, (_, idx) in enumerate(sorted(layers.items())):
+        th_in = p_leaves[idx["theta_in"]] + u_leaves[idx["theta_in"]]
+        th_out = p_leaves[idx["theta_out"]] + u_leaves[idx["theta_out"]]
+        w, pin, pout = (p_leaves[idx[k]] for k in (_BASE, *_PERMS))
+        merged, new_in, new_out = merge_poet_layer(
+            w, th_in, th_out, pin, pout, jax.random.fold_in(key, j)
+        )
+        u_leaves[idx[_BASE]] = (merged - w).astype(w.dtype)
+        u_leaves[idx["perm_in"]] = (new_in - pin).astype(pin.dtype)
+        u_leaves[idx["perm_out"]] = (new_out - pout).astype(pout.dtype)
+        for name in _THETAS:
+            p = p_leaves[idx[name]]
+            u_leaves[idx[name]] = (-p).astype(p.dtype)  # p + (-p) == 0 exactly
+    return treedef.unflatten(u_leaves)
+
+
+def poet_x(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    merge_every: int = 200,
+    poet_lr_scale: float = 0.5,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    weight_decay: float = 0.0,
+    base_learning_rate: optax.ScalarOrSchedule | None = None,
+    seed: int = 0,
+) -> optax.GradientTransformation:
+    r"""POET-X's optimizer with merge-then-reinitialize (module docstring).
+
+    Args:
+      learning_rate: POET learning rate (float or schedule); the rotations move with
+        ``learning_rate * poet_lr_scale``.
+      merge_every: merge interval :math:`T_m` in steps (static).
+      poet_lr_scale: the authors' ``poet_scale``.
+      b1, b2, eps: HF AdamW hyperparameters (defaults of the authors' ``POETAdamW``).
+      weight_decay: decoupled decay of the non-POET matrices.
+      base_learning_rate: learning rate of the non-POET leaves; ``None``: ``learning_rate``.
+      seed: seeds the permutations drawn at merges (static).
+
+    With ``optax.inject_hyperparams`` pass ``static_args=("merge_every", "seed")``.
+    ``update`` needs ``params``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxlib_ext.optim import poet_x
+      >>> opt = poet_x(1e-3, merge_every=2)
+      >>> params = {"w": jnp.ones((2, 2))}
+      >>> int(opt.init(params).count)
+      0
+    """
+    _common.check_learning_rate(learning_rate)
+    if base_learning_rate is not None:
+        _common.check_learning_rate(base_learning_rate)
+    merge_every = _common.check_int("merge_every", merge_every, lo=1)
+    seed = _common.check_int("seed", seed)
+    _common.check_scalar("poet_lr_scale", poet_lr_scale, lo=0.0)
+    _common.check_scalar("weight_decay", weight_decay, lo=0.0)
+    base_lr = learning_rate if base_learning_rate is None else base_learning_rate
+    adam = scale_by_foam(b1, b2, eps, level=0, fold_mask=lambda t: jax.tree.map(lambda _: False, t))
+    rot_tx = optax.masked(adam, lambda t: jax.tree.map(lambda x: x == ROTATION, poet_labels(t)))
+    dense_tx = optax.masked(
+        adam, lambda t: jax.tree.map(lambda x: x in (DENSE, DENSE_DECAY), poet_labels(t))
+    )
+
+    def init_fn(params):
+        return PoetXState(count=jnp.zeros([], jnp.int32), rotation=rot_tx.init(params),
+                          dense=dense_tx.init(params))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("params: poet_x needs them in update(updates, state, params)")
+        labels = jax.tree.leaves(poet_labels(updates))
+        u_rot, rot_state = rot_tx.update(updates, state.rotation, params)
+        u_dense, dense_state = dense_tx.update(updates, state.dense, params)
+        lr = jnp.asarray(_common.lr_at(learning_rate, state.count))
+        blr = jnp.asarray(_common.lr_at(base_lr, state.count))
+        treedef = jax.tree.structure(updates)
+        out = []
+        for label, g, ur, ud, p in zip(labels, treedef.flatten_up_to(updates),
+                                       treedef.flatten_up_to(u_rot),
+                                       treedef.flatten_up_to(u_dense),
+                                       treedef.flatten_up_to(params), strict=True):
+            if label == ROTATION:
+                u = -(lr * poet_lr_scale) * ur
+            elif label == FROZEN:
+                u = jnp.zeros_like(g)
+            else:
+                u = -blr * ud
+                if label == DENSE_DECAY and not _common.is_static_zero(weight_decay):
+                    u = u - blr * weight_decay * (p + u)  # HF decay of the updated params
+            out.append(u.astype(g.dtype))
+        new_updates = treedef.unflatten(out)
+        count = optax.safe_increment(state.count)
+        if _layers(params)[0]:
+            do_merge = count % merge_every == 0
+            key = jax.random.fold_in(jax.random.key(seed), count)
+            new_updates, rot_state = jax.lax.cond(
+                do_merge,
+                lambda u, s: (_merged_updates(u, params, key), jax.tree.map(jnp.zeros_like, s)),
+                lambda u, s: (u, s),
+                new_updates, rot_state,
+            )
+        return new_updates, PoetXState(count=count, rotation=rot_state, dense=dense_state)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
