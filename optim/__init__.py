@@ -3,10 +3,13 @@
 * :func:`foam` / :func:`scale_by_foam`: Adam with block-folded moments (arXiv 2512.07112).
 * :func:`smet` / :func:`scale_by_smet`: dynamic sparse training with compact optimizer state
   (arXiv 2606.00888).
-* :func:`make_optimizer`: the AdamW / FOAM / SMET training recipes by name.
+* :func:`poet_x`: POET-X orthogonal equivalence training with merge-then-reinitialize (arXiv
+  2506.08001, 2603.05500), over :class:`PoetLinear` layers made by :func:`poetize`.
+* :func:`make_optimizer`: the AdamW / FOAM / SMET / POET-X training recipes by name.
 """
 
 from jaxlib_ext.optim.foam import ScaleByFoamState, foam, scale_by_foam
+from jaxlib_ext.optim.poet import PoetXState, merge_poet_layer, poet_labels, poet_x
 from jaxlib_ext.optim.recipes import (
     OPTIMIZER_NAMES,
     decay_mask,
@@ -28,6 +31,14 @@ from jaxlib_ext.optim.smet import (
 
 __all__ = [
     "OPTIMIZER_NAMES",
+    "PoetLinear",
+    "PoetXState",
+    "merge_poet_layer",
+    "poet_labels",
+    "poet_layers",
+    "poet_x",
+    "poetize",
+    "poetize_report",
     "ScaleByFoamState",
     "ScaleBySmetState",
     "SparseSlots",
@@ -45,3 +56,15 @@ __all__ = [
     "sparsify",
     "topology_update_slots",
 ]
+
+
+# The NNX layer loads flax on first use: `import jaxlib_ext.optim` does not.
+_POET_LAYER = ("PoetLinear", "poet_layers", "poetize", "poetize_report")
+
+
+def __getattr__(name):
+    if name in _POET_LAYER:
+        from jaxlib_ext.optim import _poet_layer
+
+        return getattr(_poet_layer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
