@@ -47,7 +47,6 @@ import jax.numpy as jnp
 import optax
 
 from jaxlib_ext.optim import _common
-from jaxlib_ext.optim.foam import scale_by_foam
 from jaxlib_ext.pallas_kernels.poet.reference import cayley_neumann, inverse_permutation
 from jaxlib_ext.pallas_kernels.poet.xla import block_apply
 
@@ -65,15 +64,18 @@ class PoetXState(NamedTuple):
     """State of :func:`poet_x`.
 
     Attributes:
-      count: steps done (int32), drives the learning-rate schedules and the merges.
-      rotation: HF-Adam state (``ScaleByFoamState`` at level 0) of the ``theta`` leaves (other
-        leaves hold ``optax.MaskedNode``); reset to zeros at each merge.
-      dense: HF-Adam state of every other trainable leaf.
+      count: steps done (int32); drives the learning-rate schedules, the merges and the bias
+        correction of the non-POET leaves.
+      rotation_count: steps since the last merge (int32), the bias-correction counter of the
+        rotation parameters; reset to zero at each merge.
+      mu, nu: HF-Adam moments, the shape of each trained leaf; the base weights and
+        permutations of POET layers hold an empty ``[0]`` placeholder (no optimizer state).
     """
 
     count: jax.Array
-    rotation: Any
-    dense: Any
+    rotation_count: jax.Array
+    mu: Any
+    nu: Any
 
 
 def _layers(tree):
@@ -202,51 +204,73 @@ def poet_x(
     _common.check_scalar("poet_lr_scale", poet_lr_scale, lo=0.0)
     _common.check_scalar("weight_decay", weight_decay, lo=0.0)
     base_lr = learning_rate if base_learning_rate is None else base_learning_rate
-    adam = scale_by_foam(b1, b2, eps, level=0, fold_mask=lambda t: jax.tree.map(lambda _: False, t))
-    rot_tx = optax.masked(adam, lambda t: jax.tree.map(lambda x: x == ROTATION, poet_labels(t)))
-    dense_tx = optax.masked(
-        adam, lambda t: jax.tree.map(lambda x: x in (DENSE, DENSE_DECAY), poet_labels(t))
-    )
 
     def init_fn(params):
-        return PoetXState(count=jnp.zeros([], jnp.int32), rotation=rot_tx.init(params),
-                          dense=dense_tx.init(params))
+        labels = jax.tree.leaves(poet_labels(params))
+        treedef = jax.tree.structure(params)
 
-    def update_fn(updates, state, params=None):
+        def zeros():
+            return treedef.unflatten([
+                jnp.zeros((0,), p.dtype) if lab == FROZEN else jnp.zeros_like(p)
+                for lab, p in zip(labels, treedef.flatten_up_to(params), strict=True)
+            ])
+
+        zero = jnp.zeros([], jnp.int32)
+        return PoetXState(count=zero, rotation_count=zero, mu=zeros(), nu=zeros())
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
         if params is None:
             raise ValueError("params: poet_x needs them in update(updates, state, params)")
         labels = jax.tree.leaves(poet_labels(updates))
-        u_rot, rot_state = rot_tx.update(updates, state.rotation, params)
-        u_dense, dense_state = dense_tx.update(updates, state.dense, params)
+        count = optax.safe_increment(state.count)
+        rot_count = optax.safe_increment(state.rotation_count)
         lr = jnp.asarray(_common.lr_at(learning_rate, state.count))
         blr = jnp.asarray(_common.lr_at(base_lr, state.count))
         treedef = jax.tree.structure(updates)
-        out = []
-        for label, g, ur, ud, p in zip(labels, treedef.flatten_up_to(updates),
-                                       treedef.flatten_up_to(u_rot),
-                                       treedef.flatten_up_to(u_dense),
-                                       treedef.flatten_up_to(params), strict=True):
+        out, mus, nus = [], [], []
+        for label, g, m, v, p in zip(labels, treedef.flatten_up_to(updates),
+                                     treedef.flatten_up_to(state.mu),
+                                     treedef.flatten_up_to(state.nu),
+                                     treedef.flatten_up_to(params), strict=True):
+            if label == FROZEN:
+                out.append(jnp.zeros_like(g))
+                mus.append(m)
+                nus.append(v)
+                continue
+            # HF AdamW: bias correction folded into the step size, eps added to sqrt(v)
+            dtype = m.dtype
+            ct = jnp.promote_types(g.dtype, jnp.float32)
+            t = (rot_count if label == ROTATION else count).astype(ct)
+            factor = jnp.sqrt(1.0 - jnp.asarray(b2, ct) ** t) / (1.0 - jnp.asarray(b1, ct) ** t)
+            m = b1 * m + (1.0 - b1) * g
+            v = b2 * v + (1.0 - b2) * (g * g)
+            adam = factor * (m / (jnp.sqrt(v) + eps))
             if label == ROTATION:
-                u = -(lr * poet_lr_scale) * ur
-            elif label == FROZEN:
-                u = jnp.zeros_like(g)
+                u = -(lr * poet_lr_scale) * adam
             else:
-                u = -blr * ud
+                u = -blr * adam
                 if label == DENSE_DECAY and not _common.is_static_zero(weight_decay):
                     u = u - blr * weight_decay * (p + u)  # HF decay of the updated params
             out.append(u.astype(g.dtype))
+            mus.append(m.astype(dtype))
+            nus.append(v.astype(dtype))
         new_updates = treedef.unflatten(out)
-        count = optax.safe_increment(state.count)
+        mu, nu = treedef.unflatten(mus), treedef.unflatten(nus)
         if _layers(params)[0]:
-            do_merge = count % merge_every == 0
             key = jax.random.fold_in(jax.random.key(seed), count)
-            new_updates, rot_state = jax.lax.cond(
-                do_merge,
-                lambda u, s: (_merged_updates(u, params, key), jax.tree.map(jnp.zeros_like, s)),
-                lambda u, s: (u, s),
-                new_updates, rot_state,
-            )
-        return new_updates, PoetXState(count=count, rotation=rot_state, dense=dense_state)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+            def merge(u, m, v, c):
+                reset = lambda tree: treedef.unflatten([  # noqa: E731
+                    jnp.zeros_like(x) if lab == ROTATION else x
+                    for lab, x in zip(labels, treedef.flatten_up_to(tree), strict=True)
+                ])
+                return _merged_updates(u, params, key), reset(m), reset(v), jnp.zeros_like(c)
+
+            new_updates, mu, nu, rot_count = jax.lax.cond(
+                count % merge_every == 0, merge, lambda *a: a, new_updates, mu, nu, rot_count
+            )
+        return new_updates, PoetXState(count=count, rotation_count=rot_count, mu=mu, nu=nu)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
