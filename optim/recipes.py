@@ -1,4 +1,4 @@
-"""Training recipes: AdamW, FOAM and SMET as full optax transforms, by name.
+"""Training recipes: AdamW, FOAM, SMET and POET-X as full optax transforms, by name.
 
 :func:`make_optimizer` builds ``chain(clip_by_global_norm(clip_norm), <optimizer>)`` with the
 hyperparameters the papers train with; any of them can be overridden by keyword. Weight decay
@@ -8,7 +8,12 @@ follows each optimizer's own convention:
 * ``"foam"``: FOAM's decoupled decay of the already-updated parameters, on every leaf
   (arXiv 2512.07112, reference code);
 * ``"smet"``: :func:`optax.add_decayed_weights` on every leaf before SMET's preconditioner
-  (arXiv 2606.00888).
+  (arXiv 2606.00888);
+* ``"poet_x"``: HF decoupled decay of the matrices that are not POET layers (arXiv 2603.05500,
+  the authors' parameter groups). Its model is :func:`prepare_model`'s: the model's dense layers
+  replaced by POET layers of ``block_size``; the rotations train at ``learning_rate *
+  poet_lr_scale`` and the other leaves at ``learning_rate * base_lr_scale`` (the authors' 3B
+  script: POET lr 5e-4, base lr 1e-3).
 
 SMET's schedule scales with the run: the topology is updated about six times a run, every
 ``max(1, min(100, total_steps // 6))`` steps, and each update is followed by the per-slot warm-up
@@ -26,13 +31,17 @@ import optax
 
 from jaxlib_ext.optim import _common
 from jaxlib_ext.optim.foam import foam
+from jaxlib_ext.optim.poet import poet_x
 from jaxlib_ext.optim.smet import smet
 
 __all__ = [
     "OPTIMIZER_NAMES", "decay_mask", "make_optimizer", "prepare_model", "recipe_defaults",
 ]
 
-OPTIMIZER_NAMES: tuple[str, ...] = ("adamw", "foam", "smet")
+OPTIMIZER_NAMES: tuple[str, ...] = ("adamw", "foam", "smet", "poet_x")
+
+#: poet_x hyperparameters that shape the model (:func:`prepare_model`), not the optimizer
+_POET_MODEL_KEYS = ("block_size", "method", "memory_saving")
 
 
 def decay_mask(params) -> Any:
@@ -55,14 +64,23 @@ def decay_mask(params) -> Any:
 
 def prepare_model(name: str, model, **hyperparams):
     """The model recipe ``name`` trains: ``model`` itself for every recipe that trains the
-    model's own parameters. Call it on a freshly built model before building the optimizer.
+    model's own parameters; for ``"poet_x"``, ``model`` with its eligible dense layers replaced
+    in place by POET layers (:func:`jaxlib_ext.optim.poetize` with ``block_size``, ``method`` and
+    ``memory_saving`` from ``hyperparams``, the recipe's defaults otherwise; the other
+    hyperparameters are the optimizer's and ignored here). Call it on a freshly built model
+    before building the optimizer.
 
     Raises:
       ValueError: if ``name`` is not one of :data:`OPTIMIZER_NAMES`.
     """
     _check_name(name)
-    del hyperparams
-    return model
+    if name != "poet_x":
+        return model
+    from jaxlib_ext.optim._poet_layer import poetize  # loads flax
+
+    hp = {**recipe_defaults(name), **hyperparams}
+    return poetize(model, block_size=hp["block_size"], method=hp["method"],
+                   memory_saving=bool(hp["memory_saving"]))
 
 
 def _smet_update_every(total_steps: int) -> int:
@@ -87,6 +105,11 @@ def recipe_defaults(name: str, total_steps: int = 1000) -> dict[str, Any]:
         return {
             "b1": 0.9, "b2": 0.95, "eps": 1e-8, "level": 2, "scale": 1.0, "res_scale": 1.0,
             "fold_axis": -2, "second_moment": "mean_of_squares",
+        }
+    if name == "poet_x":
+        return {
+            "b1": 0.9, "b2": 0.999, "eps": 1e-6, "merge_every": 200, "poet_lr_scale": 0.5,
+            "base_lr_scale": 2.0, "block_size": 256, "method": "auto", "memory_saving": False,
         }
     every = _smet_update_every(total_steps)
     return {
@@ -163,9 +186,22 @@ def _smet(learning_rate, total_steps, seed, weight_decay, hp):
     return [*decay, smet(learning_rate, total_steps=total_steps, key=jax.random.key(seed), **hp)]
 
 
+def _poet_x(learning_rate, total_steps, seed, weight_decay, hp):
+    del total_steps
+    hp = {k: v for k, v in hp.items() if k not in _POET_MODEL_KEYS}
+    scale = hp.pop("base_lr_scale")
+    if callable(learning_rate):
+        base = lambda count: scale * learning_rate(count)  # noqa: E731
+    else:
+        base = scale * learning_rate
+    return [poet_x(learning_rate, weight_decay=weight_decay, base_learning_rate=base, seed=seed,
+                   **hp)]
+
+
 #: name -> the transforms that follow the clipping, in chain order
 _PARTS: dict[str, Callable[..., list[optax.GradientTransformation]]] = {
     "adamw": _adamw,
     "foam": _foam,
     "smet": _smet,
+    "poet_x": _poet_x,
 }
