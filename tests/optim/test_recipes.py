@@ -11,6 +11,7 @@ from jaxlib_ext.optim import (
     decay_mask,
     foam,
     make_optimizer,
+    poet_x,
     recipe_defaults,
     smet,
 )
@@ -26,6 +27,9 @@ def _hand_built(name, lr, wd):
         return optax.chain(clip, optax.adamw(lr, weight_decay=wd, mask=decay_mask))
     if name == "foam":
         return optax.chain(clip, foam(lr, b1=0.9, b2=0.95, weight_decay=wd, level=2))
+    if name == "poet_x":
+        return optax.chain(clip, poet_x(lr, weight_decay=wd, base_learning_rate=lambda c: 2 * lr(c),
+                                        seed=3))
     every = max(1, min(100, STEPS // 6))
     tx = smet(lr, density=0.5, total_steps=STEPS, update_every=every,
               optimizer_warmup_steps=every, key=jax.random.PRNGKey(3))
