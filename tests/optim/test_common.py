@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxlib_ext.optim import foam, smet, sparsify
+from jaxlib_ext.optim import foam, poet_x, smet, sparsify
 
 
 class Case(NamedTuple):
@@ -43,6 +43,7 @@ OPTIMIZERS = {
     "foam": Case(foam, dict(level=1), ("level", "fold_axis")),
     "smet": Case(smet, dict(density=0.5, total_steps=10_000, update_every=5_000, block_size=4,
                             key=jax.random.key(0)), ("density", "block_size"), sparsify),
+    "poet_x": Case(poet_x, dict(merge_every=5), ("merge_every", "seed")),
 }
 NAMES = list(OPTIMIZERS)
 
