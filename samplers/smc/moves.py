@@ -1,0 +1,126 @@
+"""Move kernels for one particle, as functions of a potential ``U(theta, x)``.
+
+Every kernel has the signature ``kernel(key, potential, params, x, step_size) -> (x_new, info)``
+where ``potential(params, x)`` is ``U_theta(x)`` (a scalar), ``x`` any pytree (flattened with
+``ravel_pytree`` internally) and ``info`` a :class:`MoveInfo`. They are pure, jit-able, and
+meant to be ``vmap``-ed over particles. ``pi_theta ∝ exp(-U_theta)``; ``h = step_size``;
+``xi ~ N(0, I)``.
+
+* **ULA** (unadjusted Langevin; biased, not ``pi``-invariant)::
+
+      x' = x - h grad U(x) + sqrt(2h) xi                                               (K.1)
+
+* **MALA**: (K.1) as a proposal with the Metropolis-Hastings correction, ``q`` the Gaussian
+  density of (K.1)::
+
+      accept with prob min(1, exp(U(x) - U(x') + log q(x | x') - log q(x' | x)))         (K.2)
+
+* **RWM** (random-walk Metropolis): ``x' = x + sqrt(2h) xi``, accept with ``exp(U(x) - U(x'))``.
+  The proposal scale ``sqrt(2h)`` is the noise of (K.1), so one step-size grid serves all moves.
+* **HMC**: momentum ``p ~ N(0, I)``, ``num_integration_steps`` leapfrog steps of size
+  ``eps = sqrt(2h)``, accept with ``exp(H(x, p) - H(x', p'))``, ``H = U + |p|^2 / 2``. One
+  leapfrog step of size ``sqrt(2h)`` proposes exactly (K.1), so HMC with one step is MALA.
+
+MALA, RWM and HMC leave ``pi_theta`` invariant; they are the moves of the invariant SOSMC
+variant (arXiv 2601.22003, the "invariant kernel" case). ULA is the move of the ULA variant,
+whose weights (``weights.ula_log_increment``) correct its bias.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+__all__ = ["MOVES", "MoveInfo", "hmc", "mala", "rwm", "ula"]
+
+
+class MoveInfo(NamedTuple):
+    """Per-particle diagnostics of one move.
+
+    acceptance_prob: the Metropolis-Hastings acceptance probability (1 for ULA).
+    is_accepted: whether the proposal was accepted (True for ULA).
+    """
+
+    acceptance_prob: jax.Array
+    is_accepted: jax.Array
+
+
+def _flat(potential, params, x):
+    v, unravel = ravel_pytree(x)
+    return v, unravel, (lambda z: potential(params, unravel(z)))
+
+
+def _mh(key, log_ratio, x, x_prop):
+    log_ratio = jnp.where(jnp.isnan(log_ratio), -jnp.inf, log_ratio)
+    prob = jnp.exp(jnp.minimum(log_ratio, 0.0))
+    accept = jnp.log(jax.random.uniform(key, dtype=x.dtype)) < log_ratio
+    return jnp.where(accept, x_prop, x), MoveInfo(prob, accept)
+
+
+def ula(key, potential: Callable, params, x, step_size):
+    """One ULA step (K.1)."""
+    v, unravel, u = _flat(potential, params, x)
+    g = jax.grad(u)(v)
+    v_new = v - step_size * g + jnp.sqrt(2.0 * step_size) * jax.random.normal(key, v.shape,
+                                                                              v.dtype)
+    return unravel(v_new), MoveInfo(jnp.ones((), v.dtype), jnp.ones((), bool))
+
+
+def mala(key, potential: Callable, params, x, step_size):
+    """One MALA step (K.2)."""
+    v, unravel, u = _flat(potential, params, x)
+    k_prop, k_acc = jax.random.split(key)
+    u0, g0 = jax.value_and_grad(u)(v)
+    prop = v - step_size * g0 + jnp.sqrt(2.0 * step_size) * jax.random.normal(k_prop, v.shape,
+                                                                              v.dtype)
+    u1, g1 = jax.value_and_grad(u)(prop)
+
+    def log_q(to, frm, g_frm):  # log N(to; frm - h g, 2h I) up to a constant
+        d = to - frm + step_size * g_frm
+        return -jnp.dot(d, d) / (4.0 * step_size)
+
+    log_ratio = u0 - u1 + log_q(v, prop, g1) - log_q(prop, v, g0)
+    v_new, info = _mh(k_acc, log_ratio, v, prop)
+    return unravel(v_new), info
+
+
+def rwm(key, potential: Callable, params, x, step_size):
+    """One random-walk Metropolis step, proposal ``N(x, 2h I)``."""
+    v, unravel, u = _flat(potential, params, x)
+    k_prop, k_acc = jax.random.split(key)
+    prop = v + jnp.sqrt(2.0 * step_size) * jax.random.normal(k_prop, v.shape, v.dtype)
+    v_new, info = _mh(k_acc, u(v) - u(prop), v, prop)
+    return unravel(v_new), info
+
+
+def hmc(key, potential: Callable, params, x, step_size, num_integration_steps: int = 5):
+    """One HMC step: ``num_integration_steps`` leapfrog steps of size ``sqrt(2h)``."""
+    if not isinstance(num_integration_steps, int) or num_integration_steps < 1:
+        raise ValueError(f"num_integration_steps: expected an int >= 1, "
+                         f"got {num_integration_steps!r}")
+    v, unravel, u = _flat(potential, params, x)
+    k_mom, k_acc = jax.random.split(key)
+    eps = jnp.sqrt(2.0 * step_size)
+    grad = jax.value_and_grad(u)
+    p0 = jax.random.normal(k_mom, v.shape, v.dtype)
+    u0, g0 = grad(v)
+
+    def leapfrog(carry, _):
+        q, p, g = carry
+        p = p - 0.5 * eps * g
+        q = q + eps * p
+        _, g = grad(q)
+        p = p - 0.5 * eps * g
+        return (q, p, g), None
+
+    (q, p, _), _ = jax.lax.scan(leapfrog, (v, p0, g0), None, length=num_integration_steps)
+    log_ratio = u0 + 0.5 * jnp.dot(p0, p0) - u(q) - 0.5 * jnp.dot(p, p)
+    v_new, info = _mh(k_acc, log_ratio, v, q)
+    return unravel(v_new), info
+
+
+MOVES = {"ula": ula, "mala": mala, "rwm": rwm, "hmc": hmc}

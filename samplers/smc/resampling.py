@@ -1,0 +1,87 @@
+"""Resampling schemes: ancestor indices drawn from normalised weights.
+
+Each scheme ``scheme(key, weights, num_samples) -> indices`` (int32, shape ``(num_samples,)``)
+is unbiased: the number of copies ``C_i`` of particle ``i`` has ``E[C_i] = M W_i`` with
+``M = num_samples``. With the cumulative sums ``c_i = W_1 + ... + W_i``:
+
+* **multinomial**: ``M`` i.i.d. draws from ``Categorical(W)`` (here by inverting ``c`` at ``M``
+  sorted uniforms, the same law);
+* **stratified**: one uniform in each stratum, ``u_m = (m + U_m) / M``, ``U_m ~ U[0, 1)`` i.i.d.;
+* **systematic**: one shared offset, ``u_m = (m + U) / M``.
+
+Stratified and systematic have lower variance than multinomial (Douc, Cappé & Moulines 2005).
+Indices are ``searchsorted(c, u, side="right")``, clipped to ``N - 1`` against round-off in
+``c_N``. :func:`resample` applies a scheme to a particle pytree and resets the log-weights.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxlib_ext.samplers.smc.weights import check_log_weights
+
+__all__ = ["SCHEMES", "multinomial", "resample", "stratified", "systematic"]
+
+
+def _check(weights, num_samples):
+    w = jnp.asarray(weights)
+    if w.ndim != 1 or w.shape[0] < 1:
+        raise ValueError(f"weights: expected shape (N,), got {w.shape}")
+    if not jnp.issubdtype(w.dtype, jnp.floating):
+        raise TypeError(f"weights: expected a float array, got dtype {w.dtype}")
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples: expected a positive int, got {num_samples!r}")
+    if not isinstance(w, jax.core.Tracer):
+        if bool(jnp.any(~jnp.isfinite(w))) or bool(jnp.any(w < 0)):
+            raise ValueError("weights: must be finite and non-negative")
+        if not abs(float(w.sum()) - 1.0) < 1e-3:
+            raise ValueError(f"weights: must sum to 1, got {float(w.sum())}")
+    return w
+
+
+def _invert(w, u):
+    c = jnp.cumsum(w)
+    idx = jnp.searchsorted(c, u * c[-1], side="right")
+    return jnp.clip(idx, 0, w.shape[0] - 1).astype(jnp.int32)
+
+
+def multinomial(key, weights, num_samples: int) -> jax.Array:
+    """``num_samples`` i.i.d. ancestors from ``Categorical(weights)``."""
+    w = _check(weights, num_samples)
+    u = jnp.sort(jax.random.uniform(key, (num_samples,), dtype=w.dtype))
+    return _invert(w, u)
+
+
+def stratified(key, weights, num_samples: int) -> jax.Array:
+    """Stratified resampling: one uniform per stratum ``[m/M, (m+1)/M)``."""
+    w = _check(weights, num_samples)
+    u = (jnp.arange(num_samples, dtype=w.dtype)
+         + jax.random.uniform(key, (num_samples,), dtype=w.dtype)) / num_samples
+    return _invert(w, u)
+
+
+def systematic(key, weights, num_samples: int) -> jax.Array:
+    """Systematic resampling: one uniform offset shared by all strata."""
+    w = _check(weights, num_samples)
+    u = (jnp.arange(num_samples, dtype=w.dtype)
+         + jax.random.uniform(key, (), dtype=w.dtype)) / num_samples
+    return _invert(w, u)
+
+
+SCHEMES = {"multinomial": multinomial, "stratified": stratified, "systematic": systematic}
+
+
+def resample(key, particles, log_weights, scheme: str = "systematic"):
+    """Resamples a particle pytree (leading axis ``N``) by its log-weights.
+
+    Returns ``(particles, log_weights, indices)`` with the new log-weights uniform
+    (``-log N``, normalised) and ``indices`` the ancestors.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme: expected one of {sorted(SCHEMES)}, got {scheme!r}")
+    lw = check_log_weights(log_weights)
+    n = lw.shape[0]
+    idx = SCHEMES[scheme](key, jax.nn.softmax(lw), n)
+    new = jax.tree.map(lambda a: jnp.take(a, idx, axis=0), particles)
+    return new, jnp.full_like(lw, -jnp.log(n)), idx
