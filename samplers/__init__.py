@@ -5,8 +5,12 @@ Pseudo-Mallows distribution, arXiv 2205.13911, as a NumPyro ``Distribution``),
 :mod:`mallows_mcmc` (the leap-and-shift MCMC baseline: pure ``init``/``build_kernel`` with
 ``MallowsState``/``MallowsInfo``, and the NumPyro ``MCMCKernel`` ``MallowsMH``) and
 :mod:`mallows_augment` (data augmentation, top-K recommendations).
+
+Subpackage :mod:`smc`: SMC building blocks and SOSMC (arXiv 2601.22003), stochastic
+optimisation with a persistent reweighted particle system, with the ImpDiff and SOUL baselines.
 """
 
+from jaxlib_ext.samplers import smc
 from jaxlib_ext.samplers.mallows_augment import augment_mh, top_k_recommendations
 from jaxlib_ext.samplers.mallows_mcmc import (
     MallowsInfo,
@@ -59,6 +63,7 @@ __all__ = [
     "pseudo_mallows_sample",
     "rank_diagnostics",
     "run_mallows_mcmc",
+    "smc",
     "top_k_recommendations",
     "v_order",
     "validate_rankings",
