@@ -1,0 +1,269 @@
+"""LatentMoE: a mixture of experts whose routed experts run in a smaller latent width.
+
+Elango et al., "LatentMoE: Toward Optimal Accuracy per FLOP and Parameter in Mixture of
+Experts", arXiv 2601.18089 (the MoE layer of Nemotron 3 Super and Ultra, arXiv 2512.20856).
+For a token ``x`` of width ``d`` (already normalised by the block's pre-norm)::
+
+    s     = sigmoid(W_r x)                          router on the full-width x, float32
+    sel   = top_k(s + b)                            b: correction bias, selection only
+    w     = routed_scaling * s[sel] / sum s[sel]    (normalised, then scaled)
+    z     = W_down x                                W_down: d -> l, shared by all experts
+    y_lat = sum_{e in sel} w_e W2_e relu(W1_e z)^2  non-gated squared-ReLU experts, width l
+    y     = W_up y_lat + W2_s relu(W1_s x)^2        one up-projection; shared expert at width d
+
+``latent_dim=None`` is the standard mixture of experts with the same router and experts
+(``z = x``, no projections). Projections have no biases.
+
+Constructor::
+
+    LatentMoE(d_model, *, num_experts, top_k, expert_dim, latent_dim=None,
+              shared_expert_dim=None, routed_scaling=1.0, normalize_weights=True,
+              bias_update_rate=1e-3, method="ragged", gmm_config=None, mesh=None,
+              dtype=None, param_dtype=jnp.float32, rngs)
+
+Call::
+
+    y, metrics = layer(x, update_bias=False)
+
+``x`` is ``[..., d_model]`` (e.g. ``[B, T, d]``); ``y`` has its shape and dtype. ``metrics``
+holds scalars of the router's load in this call, normalised so that a perfectly balanced
+router gives 1: ``moe_load_max`` and ``moe_load_min`` (the most and least loaded expert's
+token count over the mean count) and ``moe_load_cv`` (coefficient of variation of the counts).
+Every call also stores the per-expert counts in ``layer.expert_load`` (``float32[E]``, an
+``ExpertLoad`` variable, a kind of ``nnx.BatchStat``), for logging or histograms.
+
+Balancing (aux-loss-free, arXiv 2412.19437 Section 2.1.2): the correction bias
+``layer.router_bias`` (``float32[E]``, a ``RouterBias`` variable, also ``nnx.BatchStat``, not a
+parameter: it gets no gradient) changes only which experts are selected. With
+``update_bias=True`` the call also applies :func:`router_bias_update` with this call's counts
+and ``bias_update_rate`` (a training step does; evaluation does not). The output of that call
+uses the bias from before the update.
+
+Dispatch (``method``, arXiv 2601.18089 Section 3 and the sorted grouped-matmul scheme of
+MaxText's ``RoutedMoE``): ``"ragged"`` (dropless, sorted by expert, ``jax.lax.ragged_dot``),
+``"pallas"`` (the same with the Pallas grouped-matmul kernel of
+:mod:`jaxlib_ext.pallas_kernels.moe`, configured by ``gmm_config``; interpreted on CPU),
+``"dense"`` (every expert on every token, masked: the reference). See :mod:`_moe_dispatch`.
+
+Expert parallelism: under a mesh with an ``expert`` axis of size ``P > 1`` (the ``mesh``
+argument, or the mesh set by ``jax.set_mesh``), the experts are split over that axis and the
+latent rows travel by all-to-all inside ``jax.shard_map`` (:mod:`_moe_expert_parallel`); the
+result equals the unsharded layer. ``P`` must divide ``num_experts`` and the tokens must split
+over the mesh's data-parallel and expert axes. The expert weights carry the logical axis
+``"expert"`` (``jaxlib_ext.sharding`` maps it to the mesh axis ``expert``).
+
+Parameters (logical axes): ``router`` ``[d, E]``, ``down`` ``[d, l]``, ``up`` ``[l, d]``
+(latent only), ``w1`` ``[E, l, m]``, ``w2`` ``[E, m, l]``, ``shared_w1`` ``[d, m_s]``,
+``shared_w2`` ``[m_s, d]`` (with a shared expert). Initialisation: normal(0.02), as the other
+layers of :mod:`jaxlib_ext.models`.
+
+Dtypes: parameters in ``param_dtype``; the matmuls in ``dtype`` (default: ``x.dtype``) with
+float32 accumulation; the router always in float32 (float64 for float64 inputs).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxlib_ext.models._moe_dispatch import (
+    DISPATCH_METHODS,
+    Routing,
+    dispatch,
+    expert_counts,
+    route,
+    router_bias_update,
+)
+from jaxlib_ext.models._moe_expert_parallel import check_expert_mesh, dispatch_expert_parallel
+from jaxlib_ext.models.layers import dense_init
+
+__all__ = [
+    "DISPATCH_METHODS",
+    "ExpertLoad",
+    "LatentMoE",
+    "RouterBias",
+    "Routing",
+    "load_metrics",
+    "route",
+    "router_bias_update",
+]
+
+EXPERT_AXIS = "expert"
+
+
+class RouterBias(nnx.BatchStat):
+    """The router's selection-only correction bias ``[E]`` (updated by balancing, no gradient)."""
+
+
+class ExpertLoad(nnx.BatchStat):
+    """Per-expert (token, slot) counts ``[E]`` of the last call."""
+
+
+def load_metrics(counts) -> dict[str, jax.Array]:
+    """Scalar load statistics of per-expert counts, 1 meaning perfect balance (module
+    docstring): ``moe_load_max``, ``moe_load_min``, ``moe_load_cv``."""
+    counts = counts.astype(jnp.float32)
+    mean = jnp.maximum(jnp.mean(counts), 1e-20)
+    return {
+        "moe_load_max": jnp.max(counts) / mean,
+        "moe_load_min": jnp.min(counts) / mean,
+        "moe_load_cv": jnp.std(counts) / mean,
+    }
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class LatentMoE(nnx.Module):
+    """The LatentMoE layer (module docstring); ``latent_dim=None``: the standard MoE.
+
+    Args:
+      d_model: model width ``d``.
+      num_experts: routed experts ``E``.
+      top_k: experts per token ``k`` (``<= num_experts``).
+      expert_dim: hidden width ``m`` of each routed expert.
+      latent_dim: latent width ``l`` (``<= d_model``) or ``None`` (no projections, ``l = d``).
+      shared_expert_dim: hidden width ``m_s`` of the full-width shared expert, ``None``: none.
+      routed_scaling: factor on the routing weights (Nemotron 3 Super: 5.0).
+      normalize_weights: divide the selected scores by their sum before scaling.
+      bias_update_rate: step of the balancing update (``update_bias=True`` calls).
+      method: ``"ragged" | "pallas" | "dense"``.
+      gmm_config: ``GMMKernelConfig`` of the Pallas grouped matmul (``method="pallas"``).
+      mesh: mesh for expert parallelism (else the one set by ``jax.set_mesh``, if any).
+      dtype: compute dtype (``None``: the input's). param_dtype: parameter dtype.
+      rngs: ``nnx.Rngs`` with a ``params`` stream.
+
+    Raises:
+      ValueError: non-positive sizes, ``top_k > num_experts``, ``latent_dim > d_model``, an
+        unknown ``method``, or a ``mesh`` whose ``expert`` axis does not divide
+        ``num_experts``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        num_experts: int,
+        top_k: int,
+        expert_dim: int,
+        latent_dim: int | None = None,
+        shared_expert_dim: int | None = None,
+        routed_scaling: float = 1.0,
+        normalize_weights: bool = True,
+        bias_update_rate: float = 1e-3,
+        method: str = "ragged",
+        gmm_config=None,
+        mesh=None,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        for name, value in (
+            ("d_model", d_model), ("num_experts", num_experts), ("top_k", top_k),
+            ("expert_dim", expert_dim),
+        ):  # fmt: skip
+            _positive_int(name, value)
+        if top_k > num_experts:
+            raise ValueError(f"top_k must be <= num_experts = {num_experts}, got {top_k}")
+        if latent_dim is not None:
+            _positive_int("latent_dim", latent_dim)
+            if latent_dim > d_model:
+                raise ValueError(f"latent_dim must be <= d_model = {d_model}, got {latent_dim}")
+        if shared_expert_dim is not None:
+            _positive_int("shared_expert_dim", shared_expert_dim)
+        if method not in DISPATCH_METHODS:
+            raise ValueError(f"method must be one of {DISPATCH_METHODS}, got {method!r}")
+        if mesh is not None:
+            check_expert_mesh(mesh, num_experts, EXPERT_AXIS)
+        self.d_model = d_model
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.expert_dim = expert_dim
+        self.latent_dim = latent_dim
+        self.shared_expert_dim = shared_expert_dim
+        self.routed_scaling = float(routed_scaling)
+        self.normalize_weights = bool(normalize_weights)
+        self.bias_update_rate = float(bias_update_rate)
+        self.method = method
+        self.gmm_config = gmm_config
+        self.mesh = mesh
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+
+        def param(shape, axes):
+            return nnx.Param(dense_init(rngs.params(), shape, param_dtype), logical_axes=axes)
+
+        width = d_model if latent_dim is None else latent_dim
+        self.router = param((d_model, num_experts), ("embed", None))
+        if latent_dim is not None:
+            self.down = param((d_model, latent_dim), ("embed", None))
+            self.up = param((latent_dim, d_model), (None, "embed"))
+        self.w1 = param((num_experts, width, expert_dim), (EXPERT_AXIS, None, "mlp"))
+        self.w2 = param((num_experts, expert_dim, width), (EXPERT_AXIS, "mlp", None))
+        if shared_expert_dim is not None:
+            self.shared_w1 = param((d_model, shared_expert_dim), ("embed", "mlp"))
+            self.shared_w2 = param((shared_expert_dim, d_model), ("mlp", "embed"))
+        self.router_bias = RouterBias(jnp.zeros((num_experts,), jnp.float32))
+        self.expert_load = ExpertLoad(jnp.zeros((num_experts,), jnp.float32))
+
+    # ------------------------------------------------------------------------------ parts
+
+    def routing(self, x) -> Routing:
+        """The router's decision for tokens ``x [T, d]``."""
+        return route(
+            x, self.router[...], self.router_bias[...], top_k=self.top_k,
+            normalize=self.normalize_weights, scaling=self.routed_scaling,
+        )  # fmt: skip
+
+    def _expert_mesh(self):
+        mesh = self.mesh if self.mesh is not None else jax.sharding.get_abstract_mesh()
+        if mesh is None or dict(mesh.shape).get(EXPERT_AXIS, 1) <= 1:
+            return None
+        check_expert_mesh(mesh, self.num_experts, EXPERT_AXIS)
+        return mesh
+
+    def __call__(self, x, *, update_bias: bool = False):
+        if not hasattr(x, "shape") or x.ndim < 1 or x.shape[-1] != self.d_model:
+            shape = getattr(x, "shape", type(x).__name__)
+            raise ValueError(f"x must have shape [..., d_model={self.d_model}], got {shape}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"x must have a floating dtype, got {x.dtype}")
+        lead = x.shape[:-1]
+        dtype = jnp.dtype(self.dtype or x.dtype)
+        tokens = x.reshape(-1, self.d_model)
+        routing = self.routing(tokens)
+        xc = tokens.astype(dtype)
+        cast = lambda p: p[...].astype(dtype)  # noqa: E731
+        hi = jax.lax.Precision.HIGHEST if dtype == jnp.float64 else None
+
+        z = xc if self.latent_dim is None else jnp.dot(xc, cast(self.down), precision=hi)
+        mesh = self._expert_mesh()
+        if mesh is None:
+            y = dispatch(
+                z, routing, cast(self.w1), cast(self.w2), method=self.method,
+                config=self.gmm_config,
+            )  # fmt: skip
+        else:
+            if self.method == "dense":
+                raise ValueError("method 'dense' has no expert-parallel form; use 'ragged'")
+            y = dispatch_expert_parallel(
+                z, routing, cast(self.w1), cast(self.w2), mesh=mesh, axis=EXPERT_AXIS,
+                method=self.method, config=self.gmm_config,
+            )  # fmt: skip
+        y = y.astype(dtype)
+        if self.latent_dim is not None:
+            y = jnp.dot(y, cast(self.up), precision=hi)
+        if self.shared_expert_dim is not None:
+            h = jnp.square(jax.nn.relu(jnp.dot(xc, cast(self.shared_w1), precision=hi)))
+            y = y + jnp.dot(h, cast(self.shared_w2), precision=hi)
+
+        counts = jax.lax.stop_gradient(expert_counts(routing.experts, self.num_experts))
+        self.expert_load[...] = counts
+        if update_bias:
+            self.router_bias[...] = router_bias_update(
+                self.router_bias[...], counts, self.bias_update_rate
+            )
+        return y.astype(x.dtype).reshape(*lead, self.d_model), load_metrics(counts)
