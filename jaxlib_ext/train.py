@@ -12,6 +12,13 @@
   a metrics JSONL file, a loss-curve PNG, Orbax checkpoints every N steps and exact
   resume. A non-finite loss stops the run, naming the step and the last good checkpoint.
 
+Models may report metrics and keep state that their forward pass updates (a mixture of
+experts' router load and its correction bias): a model with
+``logits_and_metrics(tokens, train=...) -> (logits, {name: scalar})`` has its metrics logged
+with the loss (one column per name), and its ``nnx.BatchStat`` variables are carried in
+:attr:`TrainState.model_state`, replaced after each step by the values the step's forward
+pass left (``train=True``), checkpointed with the rest; gradients never reach them.
+
 Resume (``TrainConfig.resume``) starts from the newest *committed* checkpoint, or from
 scratch when there is none; a save that a crash interrupted is never read. Batches are a
 pure function of ``(seed, step)``, so the resumed run ends equal to an uninterrupted one.
@@ -73,6 +80,9 @@ class TrainState(NamedTuple):
     params: Any  # nnx.State of the model's nnx.Param variables
     opt_state: Any
     rng: jax.Array  # raw uint32[2] key, split once per step
+    # nnx.State of the model's nnx.BatchStat variables (updated by the forward pass, not by
+    # gradients), or None when it has none
+    model_state: Any = None
 
 
 @dataclasses.dataclass
@@ -129,26 +139,47 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
 
-def make_loss_fn(graphdef, rest) -> Callable[[Any, jax.Array], jax.Array]:
-    """``loss(params, batch)`` for a batch ``int32[B, T + 1]`` (inputs and shifted targets)."""
+def make_loss_fn(graphdef, rest, *, with_metrics: bool = False) -> Callable:
+    """``loss(params, batch, model_state=None)`` for a batch ``int32[B, T + 1]`` (inputs and
+    shifted targets).
 
-    def loss_fn(params, batch):
-        model = nnx.merge(graphdef, params, rest)
-        logits = model(batch[:, :-1])
-        return cross_entropy(logits, batch[:, 1:])
+    With ``with_metrics`` it returns ``(loss, (metrics, model_state))``: the model's metrics
+    (empty unless it has ``logits_and_metrics``) and its ``nnx.BatchStat`` state after a
+    training forward pass (``None`` when ``model_state`` is ``None``).
+    """
+
+    def loss_fn(params, batch, model_state=None):
+        parts = (params, rest) if model_state is None else (params, model_state, rest)
+        model = nnx.merge(graphdef, *parts)
+        if not with_metrics:
+            return cross_entropy(model(batch[:, :-1]), batch[:, 1:])
+        if hasattr(model, "logits_and_metrics"):
+            logits, metrics = model.logits_and_metrics(batch[:, :-1], train=True)
+        else:
+            logits, metrics = model(batch[:, :-1]), {}
+        new_state = None if model_state is None else nnx.state(model, nnx.BatchStat)
+        return cross_entropy(logits, batch[:, 1:]), (dict(metrics), new_state)
 
     return loss_fn
 
 
 def _apply(tx, loss_fn, state: TrainState, batch, reduce_grads=None):
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+    def objective(params):
+        if state.model_state is None:
+            out = loss_fn(params, batch)
+        else:
+            out = loss_fn(params, batch, state.model_state)
+        return out if isinstance(out, tuple) else (out, ({}, state.model_state))
+
+    (loss, (aux, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     if reduce_grads is not None:
-        loss, grads = reduce_grads(loss), reduce_grads(grads)
+        loss, grads, aux = reduce_grads(loss), reduce_grads(grads), reduce_grads(aux)
+        model_state = reduce_grads(model_state)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-    return TrainState(state.step + 1, params, opt_state, rng), metrics
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+    return TrainState(state.step + 1, params, opt_state, rng, model_state), metrics
 
 
 def make_train_step(tx, loss_fn, state_sharding, batch_sharding):
@@ -161,7 +192,7 @@ def make_train_step(tx, loss_fn, state_sharding, batch_sharding):
     return jax.jit(
         lambda state, batch: _apply(tx, loss_fn, state, batch),
         in_shardings=(state_sharding, batch_sharding),
-        out_shardings=(state_sharding, {"loss": rep, "grad_norm": rep}),
+        out_shardings=(state_sharding, rep),
         donate_argnums=0,
     )
 
@@ -198,22 +229,29 @@ def make_shard_map_train_step(tx, loss_fn, mesh):
     )
 
 
-def make_eval_step(loss_fn, params_sharding, batch_sharding):
-    return jax.jit(
-        loss_fn,
-        in_shardings=(params_sharding, batch_sharding),
-        out_shardings=sharding_lib.replicated(batch_sharding.mesh),
-    )
+def make_eval_step(loss_fn, params_sharding, batch_sharding, model_state_sharding=None):
+    """``eval(params, batch[, model_state]) -> loss`` under ``jax.jit`` (the third argument
+    when ``model_state_sharding`` is given)."""
+    rep = sharding_lib.replicated(batch_sharding.mesh)
+    if model_state_sharding is None:
+        return jax.jit(loss_fn, in_shardings=(params_sharding, batch_sharding), out_shardings=rep)
+    return jax.jit(loss_fn, in_shardings=(params_sharding, batch_sharding, model_state_sharding),
+                   out_shardings=rep)
 
 
 def init_state(model: nnx.Module, tx, seed: int):
-    """Splits ``model`` into ``(graphdef, rest)`` and an unplaced :class:`TrainState`."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    """Splits ``model`` into ``(graphdef, rest)`` and an unplaced :class:`TrainState`
+    (its ``model_state`` the model's ``nnx.BatchStat`` variables, ``None`` if it has none)."""
+    graphdef, params, model_state, rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
+    if not jax.tree.leaves(model_state):
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        model_state = None
     state = TrainState(
         step=jnp.asarray(0, jnp.int32),
         params=params,
         opt_state=tx.init(params),
         rng=jax.random.PRNGKey(seed),
+        model_state=model_state,
     )
     return graphdef, rest, state
 
@@ -241,7 +279,10 @@ def train_state_shardings(state: TrainState, mesh) -> TrainState:
     p_sh = sharding_lib.param_shardings(state.params, mesh)
     o_sh = sharding_lib.state_shardings(state.opt_state, state.params, p_sh, mesh)
     rep = sharding_lib.replicated(mesh)
-    return TrainState(rep, p_sh, o_sh, rep)
+    m_sh = None
+    if state.model_state is not None:
+        m_sh = sharding_lib.param_shardings(state.model_state, mesh)
+    return TrainState(rep, p_sh, o_sh, rep, m_sh)
 
 
 _POSITIVE_FIELDS = ("steps", "batch_size", "seq_len", "eval_every", "log_every",
@@ -346,7 +387,8 @@ class _RunLog:
                 f.write(json.dumps(row) + "\n")
 
     def train_step(self, done: int, loss: float, metrics: dict) -> None:
-        """Counts step ``done``; every ``log_every`` steps (and at the end) writes a row."""
+        """Counts step ``done``; every ``log_every`` steps (and at the end) writes a row: the
+        loss, the gradient norm, the throughput and every metric the model reports."""
         self._steps_since += 1
         if self.bar is not None:
             self.bar.update(1)
@@ -360,6 +402,7 @@ class _RunLog:
             "grad_norm": _first(metrics["grad_norm"]),
             "tokens_per_s": tokens / max(now - self._t_last, 1e-9),
         }
+        row.update({k: _first(v) for k, v in metrics.items() if k not in row})
         self._t_last, self._steps_since = now, 0
         self._write(row)
         if self.bar is not None:
@@ -477,13 +520,16 @@ _MODES = {"jit": _jit_mode, "shard_map": _shard_map_mode, "pmap": _pmap_mode}
 def _make_evaluate(loss_fn, mode: _ParallelMode, cfg: TrainConfig, corpus, mesh):
     """``evaluate(state) -> float``: the mean loss over the fixed eval batches."""
     batch_sh = sharding_lib.batch_sharding(mesh)
-    eval_fn = make_eval_step(loss_fn, mode.state_sharding.params, batch_sh)
+    eval_fn = make_eval_step(loss_fn, mode.state_sharding.params, batch_sh,
+                             mode.state_sharding.model_state)
     offsets = data_lib.eval_batches(corpus.eval, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
 
     def evaluate(state) -> float:
-        params = mode.gather(state).params
+        state = mode.gather(state)
+        extra = () if state.model_state is None else (state.model_state,)
         losses = [
-            eval_fn(params, data_lib.make_global_batch(corpus.eval, o, cfg.seq_len, batch_sh))
+            eval_fn(state.params,
+                    data_lib.make_global_batch(corpus.eval, o, cfg.seq_len, batch_sh), *extra)
             for o in offsets
         ]
         return float(np.mean([float(x) for x in losses]))
@@ -557,6 +603,7 @@ def fit(
     main = jax.process_index() == 0
     graphdef, rest, host_state = init_state(model, tx, cfg.seed)
     loss_fn = make_loss_fn(graphdef, rest)
+    train_loss_fn = make_loss_fn(graphdef, rest, with_metrics=True)
     state_sh = train_state_shardings(host_state, mesh)
 
     ckpt = Checkpointer(cfg.ckpt_dir, max_to_keep=cfg.max_to_keep)
@@ -564,7 +611,7 @@ def fit(
     try:
         start, state = _start(ckpt, cfg, host_state, state_sh)
         del host_state
-        mode = _MODES[cfg.parallel](tx, loss_fn, cfg, corpus, state_sh, mesh)
+        mode = _MODES[cfg.parallel](tx, train_loss_fn, cfg, corpus, state_sh, mesh)
         evaluate = _make_evaluate(loss_fn, mode, cfg, corpus, mesh)
         log = _RunLog(cfg, start, enabled=main)
         state = _train_loop(mode, mode.place(state), start, cfg, corpus, evaluate, ckpt, log)

@@ -1,6 +1,12 @@
 """Language models and layers in Flax NNX: the Transformer baseline, Momentum DeltaNet (MDN,
 arXiv 2605.05838), Gated DeltaNet (GDN, arXiv 2412.06464) and SMET's block-sparse ``SparseLinear``.
 
+Every language model is a :class:`LanguageModel` of blocks ``token mixer + feed-forward``;
+:func:`build_lm` composes any mixer of :data:`MIXERS` (``"attention"``, ``"mdn"``, ``"gdn"``)
+with any FFN of :data:`FFNS` (``"swiglu"``, ``"moe"``, ``"latent_moe"``), e.g.
+``build_lm("tiny", mixer="mdn", ffn="latent_moe", rngs=nnx.Rngs(0))``; the Transformer, MDN and
+GDN builders are its ``+ swiglu`` presets.
+
 Every model has a builder ``build_<model>(preset="tiny", *, vocab_size=None, rngs, **overrides)``
 whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESETS`:
 ``"tiny"``, ``"small"``, ``"125m"``, ``"400m"``; :data:`DELTANET_PRESETS`, shared by MDN and GDN:
@@ -24,6 +30,15 @@ from jaxlib_ext.models.layers import (
     apply_rope,
     rms_norm,
     swiglu_hidden_size,
+)
+from jaxlib_ext.models.lm import (
+    FFNS,
+    LM_PRESETS,
+    MIXERS,
+    LanguageModel,
+    LMConfig,
+    build_lm,
+    lm_config,
 )
 from jaxlib_ext.models.mdn import (
     MDNGates,
@@ -50,6 +65,12 @@ __all__ = [
     "build_transformer",
     "build_mdn",
     "build_gdn",
+    "build_lm",
+    "lm_config",
+    "LMConfig",
+    "LM_PRESETS",
+    "MIXERS",
+    "FFNS",
     "TransformerConfig",
     "DeltaNetConfig",
     "TRANSFORMER_PRESETS",
@@ -57,6 +78,7 @@ __all__ = [
     "param_count",
     "preset_param_count",
     # language models and their decode caches
+    "LanguageModel",
     "TransformerLM",
     "MDNLanguageModel",
     "GDNLanguageModel",

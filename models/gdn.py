@@ -26,7 +26,6 @@ from flax import nnx
 
 from jaxlib_ext.models._delta_mixer import (
     DELTANET_PRESETS,
-    DeltaLanguageModel,
     DeltaMixer,
     DeltaNetConfig,
     dt_bias_init,
@@ -35,6 +34,8 @@ from jaxlib_ext.models._delta_mixer import (
     linear,
     log_uniform_open,
 )
+from jaxlib_ext.models.layers import SwiGLU
+from jaxlib_ext.models.lm import LanguageModel
 from jaxlib_ext.models.presets import config_from_preset
 from jaxlib_ext.pallas_kernels.gated_delta import gated_delta_rule
 
@@ -80,13 +81,17 @@ class GatedDeltaNet(DeltaMixer):
         return gated_delta_rule(l2_normalize(q), l2_normalize(k), v, g, beta, **op_options)  # (3-4)
 
 
-class GDNLanguageModel(DeltaLanguageModel):
+class GDNLanguageModel(LanguageModel):
     """Gated DeltaNet LM: embedding, ``n_layers`` x (GDN mixer + SwiGLU), norm, untied head.
 
     The same skeleton and decoding API as :class:`~jaxlib_ext.models.MDNLanguageModel`.
     """
 
-    mixer_cls = GatedDeltaNet
+    def __init__(self, cfg: DeltaNetConfig, *, rngs: nnx.Rngs):
+        super().__init__(
+            cfg, mixer=lambda r: GatedDeltaNet(cfg, rngs=r),
+            ffn=lambda r: SwiGLU(cfg.d_model, cfg.hidden, rngs=r), rngs=rngs,
+        )
 
 
 def build_gdn(

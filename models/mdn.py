@@ -44,7 +44,6 @@ from flax import nnx
 
 from jaxlib_ext.models._delta_mixer import (
     DELTANET_PRESETS,
-    DeltaLanguageModel,
     DeltaMixer,
     DeltaNetConfig,
     dt_bias_init,
@@ -53,6 +52,8 @@ from jaxlib_ext.models._delta_mixer import (
     linear,
     log_uniform_open,
 )
+from jaxlib_ext.models.layers import SwiGLU
+from jaxlib_ext.models.lm import LanguageModel
 from jaxlib_ext.models.presets import config_from_preset
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
 
@@ -204,14 +205,18 @@ class MomentumDeltaNet(DeltaMixer):
         )
 
 
-class MDNLanguageModel(DeltaLanguageModel):
+class MDNLanguageModel(LanguageModel):
     """Momentum DeltaNet LM: embedding, ``n_layers`` x (MDN mixer + SwiGLU), norm, untied head.
 
     ``__call__(tokens int32[B, T]) -> logits float32[B, T, vocab]``; decoding with
     :meth:`init_cache` and :meth:`decode_step`.
     """
 
-    mixer_cls = MomentumDeltaNet
+    def __init__(self, cfg: DeltaNetConfig, *, rngs: nnx.Rngs):
+        super().__init__(
+            cfg, mixer=lambda r: MomentumDeltaNet(cfg, rngs=r),
+            ffn=lambda r: SwiGLU(cfg.d_model, cfg.hidden, rngs=r), rngs=rngs,
+        )
 
 
 def build_mdn(

@@ -2,8 +2,9 @@
 
 Pre-norm blocks of RMSNorm -> causal multi-head attention with RoPE -> residual, then
 RMSNorm -> SwiGLU -> residual; untied input embedding and LM head (LLaMA-style,
-Touvron et al. 2023, arXiv 2302.13971). Attention is the pure function
-:func:`causal_attention` beside the module.
+Touvron et al. 2023, arXiv 2302.13971): the ``attention + swiglu`` preset of
+:class:`~jaxlib_ext.models.lm.LanguageModel`. Attention is the pure function
+:func:`causal_attention` beside the token mixer :class:`Attention`.
 """
 
 from __future__ import annotations
@@ -15,19 +16,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxlib_ext.models.layers import (
-    Embedding,
-    LMHead,
-    RMSNorm,
-    SwiGLU,
-    apply_rope,
-    swiglu_hidden_size,
-)
+from jaxlib_ext.models.layers import SwiGLU, apply_rope, swiglu_hidden_size
+from jaxlib_ext.models.lm import LanguageModel
 from jaxlib_ext.models.presets import config_from_preset
 
 __all__ = [
     "TransformerConfig",
     "TransformerLM",
+    "Attention",
     "TRANSFORMER_PRESETS",
     "build_transformer",
     "causal_attention",
@@ -97,6 +93,12 @@ TRANSFORMER_PRESETS: dict[str, TransformerConfig] = {
 
 
 class Attention(nnx.Module):
+    """Causal multi-head attention with RoPE, as a token mixer.
+
+    ``__call__(x [B, T, d], cache=None) -> (y [B, T, d], None)``: full sequences only (positions
+    ``0 .. T-1``); there is no decode cache.
+    """
+
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         inner = cfg.n_heads * cfg.head_dim
@@ -111,50 +113,27 @@ class Attention(nnx.Module):
         # Scaled init of the residual projection (GPT-2 style) keeps deep stacks stable.
         self.out = lin(inner, cfg.d_model, ("heads", "embed"), 0.02 / math.sqrt(2 * cfg.n_layers))
 
-    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, cache=None) -> tuple[jax.Array, None]:
+        if cache is not None:
+            raise ValueError("Attention: cache must be None (this mixer keeps no decode cache)")
         b, t, _ = x.shape
         c = self.cfg
+        positions = jnp.arange(t)
         q, k, v = jnp.split(self.qkv(x).reshape(b, t, 3 * c.n_heads, c.head_dim), 3, axis=2)
         q, k = apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta)
-        return self.out(causal_attention(q, k, v).reshape(b, t, -1))
+        return self.out(causal_attention(q, k, v).reshape(b, t, -1)), None
 
 
-class Block(nnx.Module):
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = Attention(cfg, rngs=rngs)
-        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.hidden, rngs=rngs)
-
-    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        x = x + self.attn(self.attn_norm(x), positions)
-        return x + self.mlp(self.mlp_norm(x))
-
-
-class TransformerLM(nnx.Module):
-    """Decoder-only LM: ``tokens int32[B, T] -> logits float32[B, T, vocab]``."""
+class TransformerLM(LanguageModel):
+    """Decoder-only LM: ``tokens int32[B, T] -> logits float32[B, T, vocab]``; the
+    ``attention + swiglu`` :class:`~jaxlib_ext.models.lm.LanguageModel` with ``cfg`` a
+    :class:`TransformerConfig`."""
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.max_seq_len = cfg.max_seq_len
-        self.embed = Embedding(cfg.vocab_size, cfg.d_model, rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
-        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, rngs=rngs)
-
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        if tokens.ndim != 2:
-            raise ValueError(f"TransformerLM: tokens must be [B, T], got shape {tokens.shape}")
-        if tokens.shape[1] > self.max_seq_len:
-            raise ValueError(
-                f"TransformerLM: sequence length {tokens.shape[1]} exceeds max_seq_len "
-                f"{self.max_seq_len}"
-            )
-        positions = jnp.arange(tokens.shape[1])
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x, positions)
-        return self.lm_head(self.final_norm(x))
+        super().__init__(
+            cfg, mixer=lambda r: Attention(cfg, rngs=r),
+            ffn=lambda r: SwiGLU(cfg.d_model, cfg.hidden, rngs=r), rngs=rngs,
+        )
 
 
 def build_transformer(
