@@ -104,12 +104,12 @@ def _check(x, w, theta_in, theta_out, perm_in, perm_out, block_size):
         raise ValueError(f"perm_out must have length m = {m}, got {perm_out.shape[0]}")
 
 
-def _poet_linear_pallas(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size):
+def _poet_linear_pallas(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size, config):
     from jaxlib_ext.pallas_kernels.poet.pallas import block_rotate_pallas
 
     def rot(z, theta, perm):
         g = cayley_neumann(theta, block_size)
-        return block_rotate_pallas(z[..., perm], g)[..., inverse_permutation(perm)]
+        return block_rotate_pallas(z[..., perm], g, config)[..., inverse_permutation(perm)]
 
     h = jnp.matmul(rot(x, theta_in, perm_in), w.astype(x.dtype),
                    precision=jax.lax.Precision.HIGHEST)
@@ -117,7 +117,8 @@ def _poet_linear_pallas(x, w, theta_in, theta_out, perm_in, perm_out, *, block_s
 
 
 def poet_linear(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int,
-                method: str = "auto", memory_saving: bool = False) -> jax.Array:
+                method: str = "auto", memory_saving: bool = False,
+                config=None) -> jax.Array:
     """``x @ W_eff`` of a POET-X layer; conventions in the module docstring.
 
     Args:
@@ -128,6 +129,8 @@ def poet_linear(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int
       block_size: ``b >= 2``, dividing ``n`` and ``m``.
       method: one of :data:`METHODS`.
       memory_saving: the recomputing ``custom_vjp`` (not with ``"reference"``).
+      config: a :class:`PoetKernelConfig` for ``"pallas"`` (``None``: its defaults, interpreted
+        off GPU).
 
     Returns:
       ``[..., m]`` in ``x``'s dtype.
@@ -145,9 +148,9 @@ def poet_linear(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int
     if memory_saving:
         if method == "reference":
             raise ValueError("memory_saving=True needs method 'xla' or 'pallas', got 'reference'")
-        return poet_linear_memory(*args, block_size=block_size, impl=method)
+        return poet_linear_memory(*args, block_size=block_size, impl=method, config=config)
     if method == "reference":
         return poet_linear_reference(*args, block_size=block_size)
     if method == "xla":
         return poet_linear_xla(*args, block_size=block_size)
-    return _poet_linear_pallas(*args, block_size=block_size)
+    return _poet_linear_pallas(*args, block_size=block_size, config=config)

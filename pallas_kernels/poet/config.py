@@ -33,7 +33,8 @@ class PoetKernelConfig:
       block_k: contraction tile inside a block (``block_apply``) / rows of ``dG`` per program
         (``block_gram``).
       num_warps, num_stages: Triton launch parameters.
-      interpret: run the kernels in the Pallas interpreter (CPU tests).
+      interpret: run the kernels in the Pallas interpreter; ``None``: when the default backend
+        is not a GPU.
     """
 
     block_tokens: int | None = None
@@ -41,18 +42,24 @@ class PoetKernelConfig:
     block_k: int | None = None
     num_warps: int = 4
     num_stages: int = 2
-    interpret: bool = False
+    interpret: bool | None = None
 
     def resolved(self, block_size: int) -> PoetKernelConfig:
-        """This config with every ``None`` tile set to its default for ``block_size``."""
+        """This config with every ``None`` field set to its default for ``block_size``."""
+        import jax
+
         tile = pow2_tile(block_size)
+        interpret = self.interpret
+        if interpret is None:
+            interpret = jax.default_backend() != "gpu"
         return dataclasses.replace(
             self,
+            interpret=interpret,
             block_tokens=self.block_tokens or 64,
             block_cols=self.block_cols or tile,
             block_k=self.block_k or tile,
         )
 
     @classmethod
-    def default(cls, block_size: int, *, interpret: bool = False) -> PoetKernelConfig:
+    def default(cls, block_size: int, *, interpret: bool | None = None) -> PoetKernelConfig:
         return cls(interpret=interpret).resolved(block_size)

@@ -47,22 +47,18 @@ def _flatten_tokens(z, block_tokens):
     return z2, t
 
 
-def _config(config, block_size, interpret):
-    config = config or PoetKernelConfig(interpret=interpret)
-    if interpret and not config.interpret:
-        config = PoetKernelConfig(**{**config.__dict__, "interpret": True})
-    return config.resolved(block_size)
+def _config(config, block_size):
+    return (config or PoetKernelConfig()).resolved(block_size)
 
 
 def _params(config):
     return plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-def block_apply_pallas(z, g, config: PoetKernelConfig | None = None, *, interpret=None):
+def block_apply_pallas(z, g, config: PoetKernelConfig | None = None):
     """``[..., k b] x [k, b, b] -> [..., k b]``, ``out[..., k, :] = z[..., k, :] @ G_k``."""
     k, b, _ = g.shape
-    interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-    cfg = _config(config, b, interpret)
+    cfg = _config(config, b)
     tt, tc, tk = cfg.block_tokens, cfg.block_cols, cfg.block_k
     z2, t = _flatten_tokens(z, tt)
     acc_dtype = _acc_dtype(z.dtype)
@@ -98,11 +94,10 @@ def _apply_call(z2, g, tt, tc, tk, acc_dtype, cfg):
     )(z2, g)
 
 
-def block_gram_pallas(z, dy, k: int, config: PoetKernelConfig | None = None, *, interpret=None):
+def block_gram_pallas(z, dy, k: int, config: PoetKernelConfig | None = None):
     """``[..., k b] x [..., k b] -> [k, b, b]``: ``dG_k = sum_t z_k^T dy_k`` in float32."""
     b = z.shape[-1] // k
-    interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-    cfg = _config(config, b, interpret)
+    cfg = _config(config, b)
     tt, tc, tr = cfg.block_tokens, cfg.block_cols, cfg.block_k
     z2, _ = _flatten_tokens(z, tt)  # zero rows add nothing
     d2, _ = _flatten_tokens(dy.astype(z.dtype), tt)
@@ -136,20 +131,20 @@ def block_gram_pallas(z, dy, k: int, config: PoetKernelConfig | None = None, *, 
     )(z2, d2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def block_rotate_pallas(z, g, config: PoetKernelConfig | None = None, interpret=None):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def block_rotate_pallas(z, g, config: PoetKernelConfig | None = None):
     """Differentiable ``out[..., k, :] = z[..., k, :] @ G_k`` on the Pallas kernels."""
-    return block_apply_pallas(z, g, config, interpret=interpret)
+    return block_apply_pallas(z, g, config)
 
 
-def _rotate_fwd(z, g, config, interpret):
-    return block_apply_pallas(z, g, config, interpret=interpret), (z, g)
+def _rotate_fwd(z, g, config):
+    return block_apply_pallas(z, g, config), (z, g)
 
 
-def _rotate_bwd(config, interpret, res, dy):
+def _rotate_bwd(config, res, dy):
     z, g = res
-    dz = block_apply_pallas(dy, jnp.swapaxes(g, -1, -2), config, interpret=interpret)
-    dg = block_gram_pallas(z, dy, g.shape[0], config, interpret=interpret)
+    dz = block_apply_pallas(dy, jnp.swapaxes(g, -1, -2), config)
+    dg = block_gram_pallas(z, dy, g.shape[0], config)
     return dz.astype(z.dtype), dg.astype(g.dtype)
 
 

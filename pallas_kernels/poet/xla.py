@@ -59,26 +59,28 @@ def poet_linear_xla(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size:
     return rotate(h, theta_out, perm_out, block_size)
 
 
-def _kernels(impl: str):
+def _kernels(impl: str, config):
     if impl == "xla":
         return block_apply, block_gram
     from jaxlib_ext.pallas_kernels.poet import pallas
 
-    return pallas.block_apply_pallas, pallas.block_gram_pallas
+    return (functools.partial(pallas.block_apply_pallas, config=config),
+            functools.partial(pallas.block_gram_pallas, config=config))
 
 
 def poet_linear_memory(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int,
-                       impl: str = "xla"):
+                       impl: str = "xla", config=None):
     """``rot_out(rot_in(x) @ w)`` with the recomputing backward (``POET-X_mem``).
 
     Residuals: ``x``, ``w``, the thetas and permutations (no activation-sized intermediate).
     The cotangent of ``w`` is zero (frozen base weight), those of the permutations are ``float0``.
+    ``config``: the ``PoetKernelConfig`` of ``impl="pallas"``.
     """
-    return _memory(block_size, impl, x, w, theta_in, theta_out, perm_in, perm_out)
+    return _memory(block_size, (impl, config), x, w, theta_in, theta_out, perm_in, perm_out)
 
 
 def _forward(block_size, impl, x, w, theta_in, theta_out, perm_in, perm_out):
-    apply, _ = _kernels(impl)
+    apply, _ = _kernels(*impl)
     g_in = cayley_neumann(theta_in, block_size)
     g_out = cayley_neumann(theta_out, block_size)
     inv_in, inv_out = inverse_permutation(perm_in), inverse_permutation(perm_out)
@@ -100,7 +102,7 @@ def _memory_fwd(block_size, impl, x, w, theta_in, theta_out, perm_in, perm_out):
 
 def _memory_bwd(block_size, impl, res, dy):
     x, w, theta_in, theta_out, perm_in, perm_out = res
-    apply, gram = _kernels(impl)
+    apply, gram = _kernels(*impl)
     # recompute the rotated activations from the input
     _, (xp, hp, g_in, g_out, inv_in) = _forward(
         block_size, impl, x, w, theta_in, theta_out, perm_in, perm_out
