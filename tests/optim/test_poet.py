@@ -1,0 +1,211 @@
+"""POET-X: the NNX layer, poetize, the poet_x transform with merge-then-reinitialize, and the
+training CLI with ``--optimizer poet_x``."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxlib_ext import cli
+from jaxlib_ext.models.transformer import build_transformer
+from jaxlib_ext.optim import (
+    PoetLinear,
+    make_optimizer,
+    merge_poet_layer,
+    poet_labels,
+    poet_layers,
+    poet_x,
+    poetize,
+    poetize_report,
+    prepare_model,
+    recipe_defaults,
+)
+from jaxlib_ext.optim._poet_layer import PoetBase, PoetPermutation, PoetRotation
+from jaxlib_ext.pallas_kernels.poet import poet_linear
+
+
+class TwoLayer(nnx.Module):
+    """A POET layer between a dense vector and a dense head (what poet_x must route apart)."""
+
+    def __init__(self, rngs, dtype=jnp.float32):
+        self.poet = PoetLinear(24, 16, block_size=8, rngs=rngs, use_bias=True, param_dtype=dtype)
+        self.scale = nnx.Param(jnp.ones((16,), dtype))
+        self.head = nnx.Param(0.1 * jax.random.normal(rngs.params(), (16, 5), dtype))
+
+    def __call__(self, x):
+        return (jnp.tanh(self.poet(x)) * self.scale[...]) @ self.head[...]
+
+
+def _split(dtype=jnp.float32):
+    model = TwoLayer(nnx.Rngs(0), dtype)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    x = jax.random.normal(jax.random.key(1), (6, 24), dtype)
+    y = jax.random.normal(jax.random.key(2), (6, 5), dtype)
+
+    def loss(p):
+        return jnp.mean((nnx.merge(graphdef, p, rest)(x) - y) ** 2)
+
+    def out(p):
+        return nnx.merge(graphdef, p, rest)(x)
+
+    return params, loss, out
+
+
+def _steps(tx, params, loss, n):
+    @jax.jit
+    def step(p, s):
+        g = jax.grad(loss)(p)
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    state = tx.init(params)
+    for _ in range(n):
+        params, state = step(params, state)
+    return params, state, step
+
+
+def test_layer_parameter_count_and_init():
+    layer = PoetLinear(24, 40, block_size=8, rngs=nnx.Rngs(0))
+    rot = nnx.state(layer, PoetRotation)
+    assert sum(x.size for x in jax.tree.leaves(rot)) == (24 + 40) * (8 - 1) // 2
+    assert layer.num_trainable == (24 + 40) * 7 // 2
+    w = layer.poet_base[...]
+    np.testing.assert_allclose(jnp.linalg.norm(w, axis=0), 1.0, rtol=1e-6)  # unit-norm neurons
+    x = jax.random.normal(jax.random.key(0), (3, 24))
+    np.testing.assert_array_equal(layer(x), jnp.matmul(x, w, precision="highest"))
+    perms = [np.asarray(layer.perm_in[...]), np.asarray(layer.perm_out[...])]
+    for p, size in zip(perms, (24, 40), strict=True):
+        np.testing.assert_array_equal(np.sort(p), np.arange(size))
+
+
+def test_layer_gradients_reach_only_theta_and_bias():
+    params, loss, _ = _split()
+    grads = jax.grad(loss)(params)["poet"]
+    np.testing.assert_array_equal(grads["poet_base"][...], 0.0)
+    np.testing.assert_array_equal(grads["perm_in"][...], 0.0)
+    assert float(jnp.abs(grads["theta_in"][...]).max()) > 0
+    assert float(jnp.abs(grads["bias"][...]).max()) > 0
+
+
+def test_labels_route_poet_leaves():
+    params, _, _ = _split()
+    labels = poet_labels(params)
+    assert labels["poet"]["theta_in"] == "rotation" and labels["poet"]["theta_out"] == "rotation"
+    assert labels["poet"]["poet_base"] == "frozen" and labels["poet"]["perm_out"] == "frozen"
+    assert labels["poet"]["bias"] == "dense" and labels["head"] == "dense_decay"
+
+
+def test_merge_of_one_layer_keeps_the_function_float64():
+    with jax.enable_x64(True):
+        r = np.random.default_rng(0)
+        n, m, b = 16, 24, 8
+        p = b * (b - 1) // 2
+        w = jnp.asarray(r.normal(size=(n, m)))
+        ti, to = jnp.asarray(0.2 * r.normal(size=(2, p))), jnp.asarray(0.2 * r.normal(size=(3, p)))
+        pi, po = jnp.asarray(r.permutation(n)), jnp.asarray(r.permutation(m))
+        x = jnp.asarray(r.normal(size=(5, n)))
+        before = poet_linear(x, w, ti, to, pi, po, block_size=b, method="reference")
+        merged, new_in, new_out = merge_poet_layer(w, ti, to, pi, po, jax.random.key(3))
+        after = poet_linear(x, merged, 0 * ti, 0 * to, new_in, new_out, block_size=b)
+        np.testing.assert_allclose(after, before, rtol=1e-12, atol=1e-12)
+        assert not np.array_equal(new_in, pi)
+
+
+def test_merge_then_reinitialize_inside_jit():
+    """At the merge step: the output equals the unmerged layer's, theta is zero, the rotation
+    moments and counter are reset, every other leaf's state equals a run without merges."""
+    params, loss, out = _split()
+    merging, plain = poet_x(3e-2, merge_every=3), poet_x(3e-2, merge_every=10**6)
+    p_m, s_m, step = _steps(merging, params, loss, 3)
+    p_p, s_p, _ = _steps(plain, params, loss, 3)
+    np.testing.assert_allclose(out(p_m), out(p_p), rtol=2e-5, atol=2e-6)
+    poet_m, poet_p = p_m["poet"], p_p["poet"]
+    assert float(jnp.abs(poet_p["theta_in"][...]).max()) > 0
+    for name in ("theta_in", "theta_out"):
+        np.testing.assert_array_equal(poet_m[name][...], 0.0)
+        np.testing.assert_array_equal(s_m.mu["poet"][name][...], 0.0)
+        np.testing.assert_array_equal(s_m.nu["poet"][name][...], 0.0)
+    assert int(s_m.rotation_count) == 0 and int(s_p.rotation_count) == 3
+    assert int(s_m.count) == int(s_p.count) == 3
+    for path in (("poet", "bias"), ("scale",), ("head",)):
+        for a, b in ((s_m.mu, s_p.mu), (s_m.nu, s_p.nu), (p_m, p_p)):
+            for key in path:
+                a, b = a[key], b[key]
+            np.testing.assert_array_equal(a[...], b[...])
+    # new permutations: exact integers, a permutation each
+    perm = np.asarray(poet_m["perm_in"][...])
+    np.testing.assert_array_equal(np.sort(perm), np.arange(24))
+    assert not np.array_equal(perm, np.asarray(poet_p["perm_in"][...]))
+    # the frozen leaves hold no optimizer state
+    assert s_m.mu["poet"]["poet_base"][...].shape == (0,)
+    # the merge step compiled once with the others
+    p_m, s_m = step(p_m, s_m)
+    assert step._cache_size() == 1
+    assert float(jnp.abs(p_m["poet"]["theta_in"][...]).max()) > 0
+
+
+def test_poet_x_trains_the_layer():
+    params, loss, _ = _split()
+    trained, _, _ = _steps(poet_x(1e-2, merge_every=10), params, loss, 40)
+    assert float(loss(trained)) < 0.5 * float(loss(params))
+
+
+def test_poetize_converts_divisible_layers_and_reports_the_rest():
+    model = build_transformer("tiny", rngs=nnx.Rngs(0))
+    kernel = model.blocks[0].mlp.up.kernel[...]
+    report = poetize_report(model, 32)
+    assert len(report.converted) == 10 and report.skipped == ()
+    report = poetize_report(model, 128, exclude=("lm_head", "qkv"))
+    assert ("blocks.0.attn.qkv", "excluded") in report.skipped
+    assert any("352" in why for _, why in report.skipped)  # the SwiGLU width, 11 * 32
+    with pytest.warns(UserWarning, match="left dense"):
+        poetize(model, 128)
+    assert {p for p, _ in poet_layers(model)} == {f"blocks.{i}.attn.{n}" for i in (0, 1)
+                                                  for n in ("qkv", "out")}
+    poetize(model, 32)  # the rest
+    layer = model.blocks[0].mlp.up
+    assert isinstance(layer, PoetLinear) and isinstance(layer.poet_base, PoetBase)
+    assert isinstance(layer.perm_in, PoetPermutation)
+    assert layer.poet_base.get_metadata()["logical_axes"] == ("embed", "mlp")
+    x = jax.random.normal(jax.random.key(0), (2, 3, 128))
+    unit = kernel / jnp.linalg.norm(kernel, axis=0)
+    np.testing.assert_allclose(layer(x), jnp.matmul(x, unit, precision="highest"), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="block_size"):
+        poetize(model, 1)
+
+
+def test_recipe_prepares_the_model_and_builds_the_optimizer():
+    assert recipe_defaults("poet_x")["block_size"] == 256
+    model = build_transformer("tiny", rngs=nnx.Rngs(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = prepare_model("poet_x", model, block_size=32, merge_every=4)
+    assert len(poet_layers(model)) == 10
+    tx = make_optimizer("poet_x", 1e-3, total_steps=10, block_size=32, merge_every=4)
+    params = nnx.state(model, nnx.Param)
+    assert jax.tree.structure(tx.init(params)) is not None
+    with pytest.raises(ValueError, match="block_size must be an int >= 2"):
+        PoetLinear(8, 8, block_size=1, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="must divide"):
+        PoetLinear(8, 12, block_size=8, rngs=nnx.Rngs(0))
+
+
+def test_cli_trains_the_tiny_transformer_with_poet_x(tmp_path):
+    code = cli.main([
+        "train", "--model", "transformer", "--optimizer", "poet_x", "--opt", "block_size=32",
+        "--opt", "merge_every=2", "--steps", "4", "--batch-size", "8", "--seq-len", "16",
+        "--eval-every", "4", "--eval-batches", "1", "--checkpoint-every", "4",
+        "--out-dir", str(tmp_path), "--no-progress", "--mesh", "data=-1",
+    ])
+    assert code == 0
+    rows = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all(np.isfinite(r.get("loss", r.get("eval_loss", 0.0))) for r in rows)
+    assert any("eval_loss" in r for r in rows)
