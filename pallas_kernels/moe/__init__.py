@@ -6,8 +6,11 @@ group_sizes)`` is its per-group weight gradient ``[G, K, N]``. ``group_sizes [G]
 sums to at most ``M``; rows past the sum belong to no group (``gmm`` gives them zeros, ``tgmm``
 ignores them). Both take ``method``:
 
-- ``"xla"``: ``jax.lax.ragged_dot`` / ``ragged_dot_general`` (``reference.gmm_xla``,
-  ``reference.tgmm_xla``), differentiable by JAX's own rules.
+- ``"xla"``: :func:`gmm_xla` / :func:`tgmm_xla`, plain XLA differentiable by JAX's own rules:
+  ``jax.lax.ragged_dot`` / ``ragged_dot_general`` (``reference.gmm_ragged_dot``,
+  ``reference.tgmm_ragged_dot``) on GPU and TPU, whose compilers have grouped-matmul kernels
+  for them; on CPU, whose ``ragged_dot`` lowering computes every group on every row (``G``
+  times the work), the tiled work-item form ``tiled.gmm_tiled`` / ``tiled.tgmm_tiled``.
 - ``"pallas"``: :func:`gmm_pallas` / :func:`tgmm_pallas` (``moe/pallas.py``, loaded on first
   use; interpreted on CPU), tiled over group boundaries, tuned by a :class:`GMMKernelConfig`,
   differentiable through a ``custom_vjp`` built from the two kernels.
@@ -25,7 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlib_ext.pallas_kernels._common import is_concrete, load_kernel
-from jaxlib_ext.pallas_kernels.moe.reference import gmm_loop, gmm_xla, tgmm_loop, tgmm_xla
+from jaxlib_ext.pallas_kernels.moe.reference import (
+    gmm_loop,
+    gmm_ragged_dot,
+    tgmm_loop,
+    tgmm_ragged_dot,
+)
+from jaxlib_ext.pallas_kernels.moe.tiled import gmm_tiled, tgmm_tiled
 
 __all__ = [
     "METHODS",
@@ -33,10 +42,14 @@ __all__ = [
     "gmm",
     "gmm_loop",
     "gmm_pallas",
+    "gmm_ragged_dot",
+    "gmm_tiled",
     "gmm_xla",
     "tgmm",
     "tgmm_loop",
     "tgmm_pallas",
+    "tgmm_ragged_dot",
+    "tgmm_tiled",
     "tgmm_xla",
 ]
 
@@ -82,6 +95,21 @@ def _check_group_sizes(group_sizes, num_groups: int, m: int):
             raise ValueError(f"group_sizes must be >= 0, got minimum {int(sizes.min())}")
         if int(sizes.sum()) > m:
             raise ValueError(f"group_sizes must sum to at most M = {m}, got {int(sizes.sum())}")
+
+
+def gmm_xla(lhs, rhs, group_sizes):
+    """``gmm`` in plain XLA: ``ragged_dot`` on GPU/TPU, the tiled form on CPU (module
+    docstring). No argument checks (:func:`gmm` does them)."""
+    if jax.default_backend() == "cpu":
+        return gmm_tiled(lhs, rhs.astype(lhs.dtype), group_sizes)
+    return gmm_ragged_dot(lhs, rhs.astype(lhs.dtype), group_sizes)
+
+
+def tgmm_xla(lhs, grad, group_sizes):
+    """``tgmm`` in plain XLA: ``ragged_dot_general`` on GPU/TPU, the tiled form on CPU."""
+    if jax.default_backend() == "cpu":
+        return tgmm_tiled(lhs, grad.astype(lhs.dtype), group_sizes)
+    return tgmm_ragged_dot(lhs, grad.astype(lhs.dtype), group_sizes)
 
 
 def _resolve(method, *arrays) -> str:

@@ -42,6 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxlib_ext.pallas_kernels.moe._metadata import group_metadata, group_offsets
 from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
 
 __all__ = ["GMMKernelConfig", "gmm_pallas", "group_metadata", "tgmm_pallas"]
@@ -66,42 +67,6 @@ def _precision(dtype, interpret: bool):
     if interpret:
         return lax.Precision.HIGHEST
     return lax.DotAlgorithmPreset.TF32_TF32_F32_X3
-
-
-def group_offsets(group_sizes, m: int):
-    """``(starts, ends)`` ``[G]`` int32 of the groups' row ranges, clipped to ``[0, m]``."""
-    ends = jnp.minimum(jnp.cumsum(group_sizes.astype(jnp.int32)), m)
-    starts = jnp.minimum(ends - group_sizes.astype(jnp.int32), ends)
-    return jnp.maximum(starts, 0), ends
-
-
-def group_metadata(group_sizes, m: int, block_m: int):
-    """The work items of the ``gmm`` kernel (module docstring), computed in XLA.
-
-    Returns ``(tile, group, lo, hi)``, each ``[tiles + G - 1]`` int32 with
-    ``tiles = ceil(m / block_m)``: item ``i`` covers rows ``[lo_i, hi_i)`` of tile ``tile_i``,
-    all in group ``group_i``; unused items have ``lo = hi = 0``.
-    """
-    num_groups = group_sizes.shape[0]
-    tiles = _cdiv(m, block_m)
-    items = tiles + num_groups - 1
-    starts, ends = group_offsets(group_sizes, m)
-    first = starts // block_m
-    last = (jnp.maximum(ends, 1) - 1) // block_m
-    count = jnp.where(ends > starts, last - first + 1, 0)
-    item_end = jnp.cumsum(count)
-    idx = jnp.arange(items, dtype=jnp.int32)
-    group = jnp.searchsorted(item_end, idx, side="right").astype(jnp.int32)
-    valid = group < num_groups
-    group = jnp.minimum(group, num_groups - 1)
-    tile = first[group] + idx - (item_end[group] - count[group])
-    lo = jnp.maximum(starts[group], tile * block_m)
-    hi = jnp.minimum(ends[group], (tile + 1) * block_m)
-    zero = jnp.zeros_like(idx)
-    tile = jnp.where(valid, tile, zero)
-    lo = jnp.where(valid, lo, zero)
-    hi = jnp.where(valid, hi, zero)
-    return tile.astype(jnp.int32), group, lo.astype(jnp.int32), hi.astype(jnp.int32)
 
 
 # --------------------------------------------------------------------------------- kernels

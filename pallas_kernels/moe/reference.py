@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["gmm_loop", "gmm_xla", "row_groups", "tgmm_loop", "tgmm_xla"]
+__all__ = ["gmm_loop", "gmm_ragged_dot", "row_groups", "tgmm_loop", "tgmm_ragged_dot"]
 
 
 def _acc_dtype(*arrays):
@@ -55,7 +55,7 @@ def tgmm_loop(lhs, grad, group_sizes, *, precision=lax.Precision.HIGHEST):
     return jnp.stack(outs).astype(lhs.dtype)
 
 
-def gmm_xla(lhs, rhs, group_sizes, *, precision=None):
+def gmm_ragged_dot(lhs, rhs, group_sizes, *, precision=None):
     """``gmm`` by ``jax.lax.ragged_dot`` (XLA's grouped matmul; differentiable)."""
     acc = _acc_dtype(lhs, rhs)
     out = lax.ragged_dot(
@@ -64,7 +64,7 @@ def gmm_xla(lhs, rhs, group_sizes, *, precision=None):
     return out.astype(lhs.dtype)
 
 
-def tgmm_xla(lhs, grad, group_sizes, *, precision=None):
+def tgmm_ragged_dot(lhs, grad, group_sizes, *, precision=None):
     """``tgmm`` by ``jax.lax.ragged_dot_general`` with the ragged axis contracted; rows past the
     sum are zeroed first, so they contribute to no group."""
     acc = _acc_dtype(lhs, grad)

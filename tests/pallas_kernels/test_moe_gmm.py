@@ -1,4 +1,5 @@
-"""The grouped matmuls ``moe.gmm`` / ``moe.tgmm``: every method equals the loop over groups.
+"""The grouped matmuls ``moe.gmm`` / ``moe.tgmm``: every method (and both XLA forms,
+``ragged_dot`` and the tiled work items) equals the loop over groups.
 
 Group layouts cover empty groups (first, middle, last, all), one group holding every row, rows
 past the sum (zeros out, ignored in ``tgmm``) and ``M`` not a multiple of the Pallas row tile
@@ -14,8 +15,8 @@ import numpy as np
 import pytest
 
 from jaxlib_ext.pallas_kernels import moe
+from jaxlib_ext.pallas_kernels.moe._metadata import group_metadata
 from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
-from jaxlib_ext.pallas_kernels.moe.pallas import group_metadata
 from tests.pallas_kernels._helpers import rel_rmse
 
 CFG = GMMKernelConfig(block_m=16, block_n=16, block_k=16, interpret=True)
@@ -38,11 +39,25 @@ def _inputs(seed, dtype, sizes, m=M):
     return lhs, rhs, grad, jnp.asarray(sizes, jnp.int32)
 
 
+XLA_FORMS = {
+    "ragged_dot": (moe.gmm_ragged_dot, moe.tgmm_ragged_dot),
+    "tiled": (
+        lambda a, b, s: moe.gmm_tiled(a, b, s, block_m=16),
+        lambda a, b, s: moe.tgmm_tiled(a, b, s, block_m=16),
+    ),
+}
+
+
 def _run(fn, method, *args):
+    if method in XLA_FORMS:
+        return XLA_FORMS[method][fn is moe.tgmm](*args)
     return fn(*args, method=method, config=CFG if method == "pallas" else None)
 
 
-@pytest.mark.parametrize("method", moe.METHODS)
+ALL = [*moe.METHODS, *XLA_FORMS]
+
+
+@pytest.mark.parametrize("method", ALL)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_gmm_and_tgmm_equal_loop_over_groups(method, layout):
     lhs, rhs, grad, sizes = _inputs(0, jnp.float32, LAYOUTS[layout])
@@ -60,7 +75,7 @@ def test_gmm_and_tgmm_equal_loop_over_groups(method, layout):
             assert np.all(np.asarray(w[g]) == 0.0)
 
 
-@pytest.mark.parametrize("method", ["xla", "pallas"])
+@pytest.mark.parametrize("method", ["pallas", *XLA_FORMS])
 def test_float64(method):
     with jax.enable_x64(True):
         lhs, rhs, grad, sizes = _inputs(1, jnp.float64, LAYOUTS["mixed"])
@@ -71,7 +86,7 @@ def test_float64(method):
         assert rel_rmse(w, moe.tgmm_loop(lhs, grad, sizes)) < 1e-12
 
 
-@pytest.mark.parametrize("method", ["xla", "pallas"])
+@pytest.mark.parametrize("method", ["pallas", *XLA_FORMS])
 @pytest.mark.parametrize("layout", ["mixed", "tail_rows"])
 def test_gmm_gradients_equal_loop(method, layout):
     lhs, rhs, grad, sizes = _inputs(2, jnp.float32, LAYOUTS[layout])
@@ -93,6 +108,14 @@ def test_pallas_under_jit_with_traced_sizes():
     assert rel_rmse(f(lhs, rhs, sizes), moe.gmm_loop(lhs, rhs, sizes)) < 1e-5
     other = jnp.asarray([10, 10, 0, 0, 25], jnp.int32)  # same compile, other groups
     assert rel_rmse(f(lhs, rhs, other), moe.gmm_loop(lhs, rhs, other)) < 1e-5
+
+
+def test_tiled_default_block_pads_at_most_an_eighth():
+    from jaxlib_ext.pallas_kernels.moe.tiled import default_block_m
+
+    assert default_block_m(32768, 64) == 64
+    assert default_block_m(45, 5) == 8
+    assert default_block_m(10**6, 4) == 128
 
 
 def test_group_metadata_covers_each_row_once():
