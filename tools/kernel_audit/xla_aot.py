@@ -36,6 +36,10 @@ the repository root::
         [--shape 8,4096,6,128,256] [--dtype bfloat16] [--chunk 64] [--sweep] [--candidates] \\
         [--json F] [--keep DIR]
 
+The POET-X block-rotation programs (``poet_programs``: the Pallas path of ``poet_linear`` at
+a Llama-8B-like shape, forward and forward+backward, plain and memory-saving) follow in a report
+of their own (``--no-poet`` skips them; ``--json`` writes them under ``"poet"``).
+
 Exit status 1 when a program does not compile or a kernel is over the shared-memory limit.
 Only ShapeDtypeStructs are used: nothing is allocated, and no GPU, driver or network is touched.
 """
@@ -46,6 +50,7 @@ import argparse
 import collections
 import functools
 import json
+import os
 import re
 import shutil
 import sys
@@ -174,6 +179,42 @@ def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
     return out
 
 
+#: POET-X layer shape (n, m, b, tokens) of the deviceless compile: Llama-8B's up projection
+POET_SHAPE = (4096, 14336, 256, 2048)
+
+
+def poet_programs(dtype="bfloat16", shape=POET_SHAPE):
+    """[(name, fn, args)] of the POET-X Pallas path (``poet_*`` kernels), named ``poet_*``."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlib_ext.pallas_kernels.poet import num_block_params, poet_linear
+    from jaxlib_ext.pallas_kernels.poet.config import PoetKernelConfig
+
+    n, m, b, t = shape
+    sds = jax.ShapeDtypeStruct
+    args = (sds((t, n), jnp.dtype(dtype)), sds((n, m), jnp.dtype(dtype)),
+            sds((n // b, num_block_params(b)), jnp.dtype(dtype)),
+            sds((m // b, num_block_params(b)), jnp.dtype(dtype)),
+            sds((n,), jnp.int32), sds((m,), jnp.int32))
+    cfg = PoetKernelConfig(interpret=False)
+
+    def layer(memory):
+        return lambda x, w, ti, to, pi, po: poet_linear(
+            x, w, ti, to, pi, po, block_size=b, method="pallas", memory_saving=memory, config=cfg
+        )
+
+    def fwd_bwd(memory):
+        loss = lambda *a: jnp.sum(layer(memory)(*a).astype(jnp.float32))  # noqa: E731
+        return jax.grad(loss, argnums=(0, 2, 3))
+
+    return [
+        ("poet_forward", layer(False), args),
+        ("poet_fwd_bwd", fwd_bwd(False), args),
+        ("poet_fwd_bwd_memory", fwd_bwd(True), args),
+    ]
+
+
 def candidate_programs(shape, dtype, chunk):
     """Forward+backward of each of ``candidates.TUNE_CANDIDATES`` (what ``tuning`` times on a
     GPU): a candidate that XLA refuses would only waste GPU time."""
@@ -235,15 +276,18 @@ def _new_files(folder, before, pattern):
     return sorted(p for p in Path(folder).rglob(pattern) if p not in before)
 
 
+KERNEL_PREFIXES = ("mdn_", "poet_")
+
+
 def _kernels(thunk_files, ptx_files, nvdisasm=None):
     """[{name, grid, threads, shared, registers, spills, sass, directives, ptxas_args}] of the
-    ``mdn_*`` kernels of one program, from its thunk sequence and its PTX + ptxas logs;
-    ``sass`` is ``sass.profile``'s (outside, loops) from the SASS of the cubin (None
+    ``mdn_*`` (and ``poet_*``) kernels of one program, from its thunk sequence and its PTX +
+    ptxas logs; ``sass`` is ``sass.profile``'s (outside, loops) from the SASS of the cubin (None
     without ``nvdisasm``)."""
     launches = {}
     for f in thunk_files:
         for m in _THUNK.finditer(f.read_text()):
-            if m.group("name").startswith("mdn_"):
+            if m.group("name").startswith(KERNEL_PREFIXES):
                 launches.setdefault(m.group("name"), m)
     rows = {}
     for ptx in ptx_files:
@@ -256,7 +300,7 @@ def _kernels(thunk_files, ptx_files, nvdisasm=None):
         argv = args.read_text().split() if args.is_file() else []
         flags = " ".join(a for a in argv if a.startswith("-") and a != "-o")
         for name, directives in _entry_directives(ptx.read_text()).items():
-            if name.startswith("mdn_"):
+            if name.startswith(KERNEL_PREFIXES):
                 regs, spills = stats.get(name, (None, None))
                 rows[name] = dict(
                     registers=regs,
@@ -408,12 +452,17 @@ def main(argv=None):
         "--candidates", action="store_true", help="also the tuning candidates (fwd+bwd)"
     )
     parser.add_argument("--no-xla-chunk", action="store_true", help="skip the XLA chunk path")
+    parser.add_argument("--no-poet", action="store_true", help="skip the POET-X programs")
     parser.add_argument("--json", default=None, help="also write all results here")
     parser.add_argument("--keep", default=None, help="keep the PTX, ptxas logs and dumps here")
     args = parser.parse_args(argv)
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="xla_aot_"))
     tool = prepare_toolchain(work)
+    if not args.no_poet:  # XLA dumps the thunk sequences (grids, shared memory) of these too
+        os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(
+            "jit_mdn_.*", "jit_(mdn|poet)_.*"
+        )
     import jax
     import jaxlib
 
@@ -448,6 +497,14 @@ def main(argv=None):
         print_report(tuned)
         everything["candidates"] = tuned
         results = results + tuned
+    if not args.no_poet:
+        n, m, b, t = POET_SHAPE
+        print(f"\nPOET-X block rotation (Pallas path of poet_linear), n={n} m={m} b={b} "
+              f"tokens={t}, {args.dtype}:\n")
+        poet = compile_programs(device, poet_programs(args.dtype), tool)
+        print_report(poet)
+        everything["poet"] = poet
+        results = results + poet
     failed = [r for r in results if not r["ok"]]
     over = [k for r in results for k in r["kernels"] if _flag(k).startswith("OVER")]
     if args.sweep:
