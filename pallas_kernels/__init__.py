@@ -5,15 +5,22 @@
   Pallas kernels (:func:`momentum_delta_rule_pallas`, tuned by :class:`MDNKernelConfig`);
 * :mod:`~jaxlib_ext.pallas_kernels.gated_delta`: the gated delta rule (Gated DeltaNet, arXiv
   2412.06464), :func:`gated_delta_rule`, whose Pallas path runs the momentum delta rule's
-  kernels.
+  kernels;
+* :mod:`~jaxlib_ext.pallas_kernels.moe`: grouped matrix multiplication for mixture-of-experts
+  dispatch, :func:`gmm` (the ``jax.lax.ragged_dot`` contract) and its weight gradient
+  :func:`tgmm`, in XLA or a Pallas kernel tiled over group boundaries (tuned by
+  ``moe.GMMKernelConfig``).
 
-Each op takes ``method="auto" | "recurrent" | "chunk" | "pallas"`` (:data:`METHODS`).
+Each linear-recurrence op takes ``method="auto" | "recurrent" | "chunk" | "pallas"``
+(:data:`METHODS`); the grouped matmuls take ``method="auto" | "xla" | "pallas"``
+(``moe.METHODS``).
 """
 
-from jaxlib_ext.pallas_kernels import gated_delta, mdn
+from jaxlib_ext.pallas_kernels import gated_delta, mdn, moe
 from jaxlib_ext.pallas_kernels._common import METHODS, SUPPORTED_CHUNK_SIZES
 from jaxlib_ext.pallas_kernels.gated_delta import gated_delta_rule
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
+from jaxlib_ext.pallas_kernels.moe import gmm, tgmm
 
 __all__ = [
     "METHODS",
@@ -21,9 +28,12 @@ __all__ = [
     "MDNKernelConfig",
     "gated_delta",
     "gated_delta_rule",
+    "gmm",
     "mdn",
+    "moe",
     "momentum_delta_rule",
     "momentum_delta_rule_pallas",
+    "tgmm",
 ]
 
 
