@@ -38,7 +38,9 @@ the repository root::
 
 The POET-X block-rotation programs (``poet_programs``: the Pallas path of ``poet_linear`` at
 a Llama-8B-like shape, forward and forward+backward, plain and memory-saving) follow in a report
-of their own (``--no-poet`` skips them; ``--json`` writes them under ``"poet"``).
+of their own (``--no-poet`` skips them; ``--json`` writes them under ``"poet"``), and so do
+the grouped-matmul programs of the mixture-of-experts layers (``moe_programs``: ``gmm_pallas``
+forward and forward+backward at a Nemotron 3 Super expert shape; ``--no-moe``, ``"moe"``).
 
 Exit status 1 when a program does not compile or a kernel is over the shared-memory limit.
 Only ShapeDtypeStructs are used: nothing is allocated, and no GPU, driver or network is touched.
@@ -215,6 +217,37 @@ def poet_programs(dtype="bfloat16", shape=POET_SHAPE):
     ]
 
 
+#: Grouped-matmul shape (rows, K, N, groups) of the deviceless compile: the first expert matmul of
+#: a Nemotron 3 Super LatentMoE layer (arXiv 2601.18089) on 8192 tokens, top-22 of 512 experts,
+#: latent width 1024, expert width 2688.
+MOE_SHAPE = (8192 * 22, 1024, 2688, 512)
+
+
+def moe_programs(dtype="bfloat16", shape=MOE_SHAPE):
+    """[(name, fn, args)] of the grouped-matmul Pallas kernels (``moe_*``), named ``moe_*``."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlib_ext.pallas_kernels.moe import gmm_pallas
+    from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
+
+    m, k, n, g = shape
+    sds = jax.ShapeDtypeStruct
+    args = (sds((m, k), jnp.dtype(dtype)), sds((g, k, n), jnp.dtype(dtype)), sds((g,), jnp.int32))
+    cfg = GMMKernelConfig(interpret=False)
+
+    def forward(lhs, rhs, sizes):
+        return gmm_pallas(lhs, rhs, sizes, config=cfg)
+
+    def loss(lhs, rhs, sizes):
+        return jnp.sum(forward(lhs, rhs, sizes).astype(jnp.float32))
+
+    return [
+        ("moe_gmm_forward", forward, args),
+        ("moe_gmm_fwd_bwd", jax.grad(loss, argnums=(0, 1)), args),
+    ]
+
+
 def candidate_programs(shape, dtype, chunk):
     """Forward+backward of each of ``candidates.TUNE_CANDIDATES`` (what ``tuning`` times on a
     GPU): a candidate that XLA refuses would only waste GPU time."""
@@ -276,7 +309,7 @@ def _new_files(folder, before, pattern):
     return sorted(p for p in Path(folder).rglob(pattern) if p not in before)
 
 
-KERNEL_PREFIXES = ("mdn_", "poet_")
+KERNEL_PREFIXES = ("mdn_", "poet_", "moe_")
 
 
 def _kernels(thunk_files, ptx_files, nvdisasm=None):
@@ -453,6 +486,7 @@ def main(argv=None):
     )
     parser.add_argument("--no-xla-chunk", action="store_true", help="skip the XLA chunk path")
     parser.add_argument("--no-poet", action="store_true", help="skip the POET-X programs")
+    parser.add_argument("--no-moe", action="store_true", help="skip the grouped-matmul programs")
     parser.add_argument("--json", default=None, help="also write all results here")
     parser.add_argument("--keep", default=None, help="keep the PTX, ptxas logs and dumps here")
     args = parser.parse_args(argv)
@@ -463,6 +497,9 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(
             "jit_mdn_.*", "jit_(mdn|poet)_.*"
         )
+    if not args.no_moe:  # and of the grouped matmuls
+        flags = os.environ["XLA_FLAGS"].replace("jit_(mdn|poet)_.*", "jit_(mdn|poet|moe)_.*")
+        os.environ["XLA_FLAGS"] = flags.replace("jit_mdn_.*", "jit_(mdn|moe)_.*")
     import jax
     import jaxlib
 
@@ -505,6 +542,14 @@ def main(argv=None):
         print_report(poet)
         everything["poet"] = poet
         results = results + poet
+    if not args.no_moe:
+        m, k, n, g = MOE_SHAPE
+        print(f"\nGrouped matmul (Pallas path of moe.gmm), rows={m} K={k} N={n} groups={g}, "
+              f"{args.dtype}:\n")
+        moe = compile_programs(device, moe_programs(args.dtype), tool)
+        print_report(moe)
+        everything["moe"] = moe
+        results = results + moe
     failed = [r for r in results if not r["ok"]]
     over = [k for r in results for k in r["kernels"] if _flag(k).startswith("OVER")]
     if args.sweep:
