@@ -20,6 +20,9 @@
 # kernel as XLA compiles it for an H200 (XLA's own Triton and ptxas);
 # 4) pytest -m gpu tests/pallas_kernels/test_mdn_pallas.py (compiled kernels vs the recurrent
 # reference, float32 at precision highest and bfloat16, K up to 256, gradients included).
+# MoE step (after 2, under 90 s): python -m benchmarks.kernels_moe_gpu, one LatentMoE layer at
+# the Nemotron 3 Super shape, 8192 tokens, bfloat16: the Pallas grouped matmul checked against
+# ragged_dot (output and gradients), then fwd and fwd+bwd medians of both.
 # With $OUT set (the device tool), the whole log is also written to $OUT/gpu_check.log.
 # Before spending GPU time, check on any machine that XLA compiles every kernel for an H200
 # within its shared memory: `make xla-aot` (no GPU needed).
@@ -67,6 +70,7 @@ if [ "$MODE" = "cpu" ]; then
   audit_command
   "${AUDIT[@]}" tools.kernel_audit.tuning --cpu --check --dtype float32 || exit 1
   "${AUDIT[@]}" benchmarks.kernels_mdn_gpu --cpu --dtype float32 || exit 1
+  "${AUDIT[@]}" benchmarks.kernels_moe_gpu --cpu --warmup 1 --iters 1 || exit 1
   # bfloat16 at K = 64, chunk 64, without --cpu: the paths only the GPU run takes otherwise
   # (the Mosaic GPU candidates' checks, the backward="xla" row, the XLA chunk row)
   echo "== CPU half: the GPU run's bfloat16 paths, interpreted"
@@ -95,6 +99,9 @@ timeout 240 "${AUDIT[@]}" tools.kernel_audit.tuning --check || status=1
 
 echo "== 2/4 timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
 timeout 120 "${AUDIT[@]}" benchmarks.kernels_mdn_gpu || status=1
+
+echo "== MoE: LatentMoE layer, ragged_dot vs the Pallas grouped matmul (check, then timings)"
+timeout 90 "${AUDIT[@]}" benchmarks.kernels_moe_gpu || status=1
 
 echo "== 3/4 what XLA compiled: grid, shared memory, registers, spills per kernel (xla_aot)"
 # The same deviceless compile as offline (JAX_PLATFORMS=cpu: the GPU is not touched), here with
