@@ -235,6 +235,7 @@ def main():
             bench_problem(name, args, plots)
     if args.plot:
         import matplotlib
+        import matplotlib.ticker
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -247,6 +248,7 @@ def main():
                 ax.axhline(optimum, color="k", lw=0.8, ls=":", label="optimum")
             ax.set(title=name, xlabel="wall time (s)", ylabel="loss (mean over seeds)")
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         np.atleast_1d(axes)[0].legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
