@@ -3,7 +3,12 @@
 This is the one runtime module that knows the method families. Models come from a
 registry mapping a name to ``"module:function"``, imported lazily, so ``import jaxlib_ext``
 stays cheap and a family that fails to import only breaks the runs that ask for it;
-factories are called as ``factory(preset, vocab_size=..., rngs=...)``. Optimizers are the
+factories are called as ``factory(preset, vocab_size=..., rngs=...)``. The composable
+models (:func:`jaxlib_ext.models.build_lm`) take ``--mixer`` and ``--ffn`` (and ``--arch
+key=value`` for any :class:`~jaxlib_ext.models.LMConfig` field); ``--model transformer|mdn|gdn``
+are their ``attention|mdn|gdn + swiglu`` presets. The composed config is recorded with every
+checkpoint, so that ``--init-from`` (a new run from a checkpoint's parameters, e.g. one that
+:mod:`jaxlib_ext.models.growth` grew) rebuilds its model. Optimizers are the
 recipes of :func:`jaxlib_ext.optim.make_optimizer`; ``--opt key=value`` overrides any of a
 recipe's hyperparameters.
 
@@ -21,8 +26,11 @@ import sys
 
 __all__ = [
     "MODELS",
+    "PRESET_MIXERS",
     "FLAGS",
     "build_model",
+    "model_config",
+    "parse_arch",
     "build_optimizer",
     "build_parser",
     "flag_message",
@@ -37,6 +45,9 @@ MODELS: dict[str, str] = {
     "mdn": "jaxlib_ext.models:build_mdn",
     "gdn": "jaxlib_ext.models:build_gdn",
 }
+
+#: ``--model`` names that are ``mixer + swiglu`` presets of the composable LM
+PRESET_MIXERS: dict[str, str] = {"transformer": "attention", "mdn": "mdn", "gdn": "gdn"}
 
 #: ``TrainConfig`` field -> the flag that sets it
 FLAGS: dict[str, str] = {
@@ -81,6 +92,66 @@ def build_model(name: str, preset: str = "tiny", *, vocab_size: int = 256, seed:
     from flax import nnx
 
     return _load(MODELS, "model", name)(preset, vocab_size=vocab_size, rngs=nnx.Rngs(seed))
+
+
+def parse_arch(items: list[str]) -> dict:
+    """``--arch key=value`` items as :class:`~jaxlib_ext.models.LMConfig` field overrides (a
+    value is read as ``none``, a bool, an int, a float or else a string)."""
+    import dataclasses
+
+    from jaxlib_ext.models import LMConfig
+
+    fields = {f.name for f in dataclasses.fields(LMConfig)} - {"mixer", "ffn", "vocab_size"}
+    out: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--arch: expected key=value, got {item!r}")
+        if key not in fields:
+            raise ValueError(f"--arch: unknown key {key!r}; known keys: {sorted(fields)}")
+        out[key] = None if text.strip().lower() == "none" else _parse_value(text.strip())
+    return out
+
+
+def model_config(args, vocab_size: int):
+    """The :class:`~jaxlib_ext.models.LMConfig` the flags select, or ``None`` for a registered
+    ``--model`` that is not a composed preset (built by its own factory)."""
+    from jaxlib_ext.models import LM_PRESETS, lm_config
+
+    composed = args.mixer or args.ffn or args.preset in LM_PRESETS or args.arch
+    if args.model is not None and args.model not in PRESET_MIXERS:
+        if composed:
+            raise ValueError(
+                f"--model {args.model} is not a composable model; --mixer, --ffn, --arch and "
+                f"the presets {sorted(LM_PRESETS)} apply to --model "
+                f"{'|'.join(PRESET_MIXERS)} or to no --model"
+            )
+        return None
+    mixer = args.mixer or (PRESET_MIXERS[args.model] if args.model else None)
+    if args.preset not in LM_PRESETS:
+        mixer = mixer or "attention"
+    try:
+        return lm_config(mixer, args.ffn, args.preset, vocab_size=vocab_size,
+                         **parse_arch(args.arch))
+    except (ValueError, TypeError) as e:
+        raise _renamed(e, {"preset": "--preset", "mixer": "--mixer", "ffn": "--ffn"}) from None
+
+
+def _build_from_args(args, vocab_size: int):
+    """``(model, lm_config or None)`` of the flags; a ``--model`` preset with no composing
+    flag is built by its registered factory (the same parameters as ``build_lm``)."""
+    from flax import nnx
+
+    from jaxlib_ext.models import build_lm
+
+    lm_cfg = model_config(args, vocab_size)
+    plain = args.model or "transformer"
+    if lm_cfg is None or (not (args.mixer or args.ffn or args.arch)
+                          and plain in PRESET_MIXERS and lm_cfg.ffn == "swiglu"
+                          and lm_cfg.mixer == PRESET_MIXERS[plain]):
+        return build_model(plain, args.preset, vocab_size=vocab_size, seed=args.seed), lm_cfg
+    return build_lm(lm_cfg, rngs=nnx.Rngs(args.seed)), lm_cfg
 
 
 def prepare_model(name: str, model, **hyperparams):
@@ -164,8 +235,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a language model on a text corpus")
-    t.add_argument("--model", default="transformer", help=f"one of {sorted(MODELS)}")
-    t.add_argument("--preset", default="tiny", help="model size preset (default: tiny)")
+    t.add_argument("--model", default=None,
+                   help=f"one of {sorted(MODELS)} (default: transformer); transformer, mdn and "
+                        "gdn are the attention, mdn and gdn mixers with a swiglu FFN")
+    t.add_argument("--mixer", default=None, choices=("attention", "mdn", "gdn"),
+                   help="token mixer of every block (composable model)")
+    t.add_argument("--ffn", default=None, choices=("swiglu", "moe", "latent_moe"),
+                   help="feed-forward part of every block (composable model)")
+    t.add_argument("--arch", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a field of the composed model's LMConfig, e.g. --arch "
+                        "num_experts=16 --arch latent_dim=32 (repeatable)")
+    t.add_argument("--preset", default="tiny",
+                   help="model size preset (default: tiny), or a named composed model: "
+                        "moe-tiny, latent-moe-tiny, mdn-latent-moe-tiny")
+    t.add_argument("--init-from", default=None, metavar="CKPT_DIR",
+                   help="start a new run (step 0, fresh optimizer and schedule) from the "
+                        "parameters of the newest checkpoint in CKPT_DIR, e.g. one written "
+                        "by python -m jaxlib_ext.models.growth; the model is the config "
+                        "recorded there (the model flags are not read)")
     t.add_argument("--optimizer", default="adamw",
                    help="a recipe of jaxlib_ext.optim.make_optimizer (OPTIMIZER_NAMES)")
     t.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
@@ -280,8 +367,10 @@ def run_train(args: argparse.Namespace):
         raise ValueError(f"--lr must be positive, got {args.lr}")
     if args.steps <= 0:
         raise ValueError(f"--steps must be positive, got {args.steps}")
-    _load(MODELS, "model", args.model)
+    _load(MODELS, "model", args.model or "transformer")
     parse_opt(args.opt, args.optimizer, args.steps)  # the keys and types, before any I/O
+    if args.init_from is not None and args.resume:
+        raise ValueError("--init-from starts a new run; it does not combine with --resume")
     try:
         mesh = sharding.make_mesh(args.mesh)
     except ValueError as e:
@@ -296,24 +385,39 @@ def run_train(args: argparse.Namespace):
         log_every=args.log_every, checkpoint_every=args.checkpoint_every,
         checkpoint_dir=args.checkpoint_dir, out_dir=args.out_dir, resume=args.resume,
         progress=not args.no_progress,
-        meta={"run": f"{args.model}:{args.preset} + {args.optimizer}", "argv": sys.argv[1:]},
+        meta={"run": "", "argv": sys.argv[1:]},
     )
     cfg.schedule, optimizer_steps = _run_schedule(args, cfg.ckpt_dir)
     cfg.meta["optimizer_steps"] = optimizer_steps
     hyperparams = parse_opt(args.opt, args.optimizer, optimizer_steps)
-    model = build_model(args.model, args.preset, vocab_size=corpus.vocab_size, seed=args.seed)
+    if args.init_from is not None:
+        from jaxlib_ext.models import growth
+
+        model, lm_cfg = growth.load_model(args.init_from)
+        name = f"{lm_cfg.mixer}+{lm_cfg.ffn} (from {args.init_from})"
+    else:
+        model, lm_cfg = _build_from_args(args, corpus.vocab_size)
+        composed = lm_cfg is not None and (args.mixer or args.ffn or args.arch
+                                           or args.model is None)
+        name = (f"{lm_cfg.mixer}+{lm_cfg.ffn}:{args.preset}" if composed
+                else f"{args.model or 'transformer'}:{args.preset}")
+        _check_recorded_model(args, cfg.ckpt_dir, lm_cfg)
+    cfg.meta["run"] = f"{name} + {args.optimizer}"
+    if lm_cfg is not None:
+        cfg.meta["model"] = lm_cfg.to_dict()
     model = prepare_model(args.optimizer, model, **hyperparams)
     tx = build_optimizer(args.optimizer, cfg.schedule.to_optax(), steps=optimizer_steps,
                          seed=args.seed, weight_decay=args.weight_decay, **hyperparams)
     main_process = jax.process_index() == 0
     if main_process:
         print(
-            f"jaxlib_ext train: {args.model}:{args.preset} + {args.optimizer}, "
+            f"jaxlib_ext train: {cfg.meta['run']}, "
             f"{jax.device_count()} devices ({proc.num_processes} process(es)), mesh "
             f"{dict(mesh.shape)}, parallel={args.parallel}, corpus {corpus.source} "
             f"({corpus.num_tokens:,} tokens)",
             flush=True,
         )
+        print(f"model: {_accounting_line(model, lm_cfg, args.seq_len)}", flush=True)
     result = train.fit(model, tx, corpus, cfg, mesh)
     if main_process:
         h = data.unigram_entropy(corpus.train, corpus.vocab_size)
@@ -325,6 +429,36 @@ def run_train(args: argparse.Namespace):
             flush=True,
         )
     return result
+
+
+def _accounting_line(model, lm_cfg, seq_len: int) -> str:
+    """Parameters, active parameters and forward FLOPs per token
+    (:func:`jaxlib_ext.models.accounting.lm_cost`; the parameter count alone otherwise)."""
+    from jaxlib_ext.models import param_count
+
+    if lm_cfg is None:
+        return f"{param_count(model) / 1e6:,.2f}M params"
+    from jaxlib_ext.models.accounting import lm_cost
+
+    acc = lm_cost(lm_cfg, seq_len=seq_len)
+    parts = ", ".join(f"{k} {c.flops / 1e6:.2f}" for k, c in acc.components.items() if c.flops)
+    return f"{acc.summary()} (MFLOPs/token: {parts})"
+
+
+def _check_recorded_model(args, ckpt_dir, lm_cfg) -> None:
+    """A resumed run trains the model its checkpoint recorded, or stops here."""
+    if not args.resume:
+        return
+    recorded = _recorded_run(ckpt_dir)
+    if not recorded or "model" not in recorded or lm_cfg is None:
+        return
+    if recorded["model"] != lm_cfg.to_dict():
+        diff = sorted(k for k, v in lm_cfg.to_dict().items() if recorded["model"].get(k) != v)
+        raise ValueError(
+            f"--resume: the model flags differ from the run being resumed in {diff} "
+            f"(recorded in {ckpt_dir}); pass the flags of that run (a grown checkpoint starts "
+            f"a new run with --init-from)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -149,6 +149,8 @@ def make_loss_fn(graphdef, rest, *, with_metrics: bool = False) -> Callable:
     """
 
     def loss_fn(params, batch, model_state=None):
+        if model_state is not None:  # fresh variables of this trace, which the forward updates
+            model_state = jax.tree.map(lambda x: x, model_state)
         parts = (params, rest) if model_state is None else (params, model_state, rest)
         model = nnx.merge(graphdef, *parts)
         if not with_metrics:
@@ -467,11 +469,24 @@ class _ParallelMode(NamedTuple):
     state_sharding: TrainState
 
 
+def _under_mesh(fn, mesh):
+    """``fn`` traced and run with ``mesh`` set (``jax.set_mesh``) when the mesh has an
+    ``expert`` axis, so that expert-parallel layers find it; ``fn`` itself otherwise."""
+    if dict(mesh.shape).get("expert", 1) <= 1:
+        return fn
+
+    def run(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+
+    return run
+
+
 def _jit_mode(tx, loss_fn, cfg, corpus, state_sh, mesh) -> _ParallelMode:
-    """Sharded state (params over ``fsdp``/``tensor``), one ``jax.jit`` step."""
+    """Sharded state (params over ``fsdp``/``tensor``/``expert``), one ``jax.jit`` step."""
     batch_sh = sharding_lib.batch_sharding(mesh)
     return _ParallelMode(
-        step=make_train_step(tx, loss_fn, state_sh, batch_sh),
+        step=_under_mesh(make_train_step(tx, loss_fn, state_sh, batch_sh), mesh),
         place=lambda s: s,
         gather=lambda s: s,
         batch=lambda offsets: data_lib.make_global_batch(
@@ -522,6 +537,8 @@ def _make_evaluate(loss_fn, mode: _ParallelMode, cfg: TrainConfig, corpus, mesh)
     batch_sh = sharding_lib.batch_sharding(mesh)
     eval_fn = make_eval_step(loss_fn, mode.state_sharding.params, batch_sh,
                              mode.state_sharding.model_state)
+    if cfg.parallel == "jit":
+        eval_fn = _under_mesh(eval_fn, mesh)
     offsets = data_lib.eval_batches(corpus.eval, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
 
     def evaluate(state) -> float:

@@ -20,9 +20,11 @@ tree) as :func:`build_lm` on :meth:`LMConfig.from_config` of their configs.
 
 Interfaces. A mixer is ``mixer(x [B, T, d], cache=None) -> (y [B, T, d], new_cache or None)``
 with ``init_cache(batch)`` when it can decode. An FFN is ``ffn(x [B, T, d])`` returning ``y``,
-or ``(y, metrics)`` with ``metrics`` a mapping of scalar arrays (a mixture of experts reports its
-router's load this way). :meth:`LanguageModel.logits_and_metrics` averages every metric name over
-the blocks that report it; the training loop logs them with the loss.
+or ``(y, metrics)`` with ``metrics`` a mapping of scalar arrays: the mixture of experts reports
+its router's load (``moe_load_max``, ``moe_load_min``, ``moe_load_cv``; 1, 1, 0 when balanced)
+and, called with ``train=True``, updates its correction bias (``update_bias``).
+:meth:`LanguageModel.logits_and_metrics` averages every metric name over the blocks that report
+it; the training loop logs them with the loss.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxlib_ext.models._delta_mixer import DeltaNetConfig, LMCache
+from jaxlib_ext.models.latent_moe import LatentMoE
 from jaxlib_ext.models.layers import Embedding, LMHead, RMSNorm, SwiGLU, swiglu_hidden_size
 
 __all__ = [
@@ -195,8 +198,6 @@ def make_ffn(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
     """The feed-forward part ``cfg.ffn`` of one block."""
     if cfg.ffn == "swiglu":
         return SwiGLU(cfg.d_model, cfg.hidden, rngs=rngs)
-    from jaxlib_ext.models.latent_moe import LatentMoE
-
     return LatentMoE(
         cfg.d_model, num_experts=cfg.num_experts, top_k=cfg.top_k, expert_dim=cfg.expert_dim,
         latent_dim=cfg.latent_dim if cfg.ffn == "latent_moe" else None,
@@ -220,10 +221,13 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(d_model, eps=norm_eps)
         self.mlp = ffn(rngs)
 
-    def __call__(self, x, cache=None):
+    def __call__(self, x, cache=None, *, train: bool = False):
         y, cache = self.attn(self.attn_norm(x), cache)
         x = x + y
-        out = self.mlp(self.mlp_norm(x))
+        if isinstance(self.mlp, LatentMoE):
+            out = self.mlp(self.mlp_norm(x), update_bias=train)
+        else:
+            out = self.mlp(self.mlp_norm(x))
         y, metrics = out if isinstance(out, tuple) else (out, {})
         return x + y, cache, metrics
 
@@ -277,7 +281,7 @@ class LanguageModel(nnx.Module):
         x = self.embed(tokens)
         reported: dict[str, list] = {}
         for block in self.blocks:
-            x, _, metrics = block(x)
+            x, _, metrics = block(x, train=train)
             for name, value in metrics.items():
                 reported.setdefault(name, []).append(jnp.asarray(value, jnp.float32))
         metrics = {name: jnp.mean(jnp.stack(v)) for name, v in reported.items()}

@@ -44,7 +44,7 @@ SMALL = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=2, head_dim=8, max_s
              mlp_multiple_of=16, num_experts=4, top_k=2, expert_dim=16)
 
 
-@pytest.mark.parametrize("ffn", ["swiglu"])
+@pytest.mark.parametrize("ffn", ["swiglu", "moe", "latent_moe"])
 @pytest.mark.parametrize("mixer", ["attention", "mdn", "gdn"])
 def test_counts_equal_the_built_models(mixer, ffn):
     extra = {"latent_dim": 8, "shared_expert_dim": 24} if ffn == "latent_moe" else {}
