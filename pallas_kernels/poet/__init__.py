@@ -108,11 +108,9 @@ def _poet_linear_pallas(x, w, theta_in, theta_out, perm_in, perm_out, *, block_s
     from jaxlib_ext.pallas_kernels.poet.pallas import block_rotate_pallas
 
     def rot(z, theta, perm):
-        g = cayley_neumann(theta, block_size)
-        return block_rotate_pallas(z[..., perm], g, config)[..., inverse_permutation(perm)]
+        return rotate(z, theta, perm, block_size, lambda z, g: block_rotate_pallas(z, g, config))
 
-    h = jnp.matmul(rot(x, theta_in, perm_in), w.astype(x.dtype),
-                   precision=jax.lax.Precision.HIGHEST)
+    h = jnp.matmul(rot(x, theta_in, perm_in), w.astype(x.dtype))
     return rot(h, theta_out, perm_out)
 
 

@@ -61,7 +61,8 @@ def skew(theta: jax.Array, block_size: int) -> jax.Array:
 
 def cayley_neumann(theta: jax.Array, block_size: int) -> jax.Array:
     """``[k, b(b-1)/2] -> [k, b, b]``: ``G = I + 2Q + 2Q^2 + 2Q^3 + Q^4`` per block, evaluated
-    as ``I + Q (2I + Q (2I + Q (2I + Q)))`` (three matmuls)."""
+    as ``I + Q (2I + Q (2I + Q (2I + Q)))`` (three matmuls at full float32 precision: the
+    blocks' orthogonality rests on them; their cost does not grow with the tokens)."""
     q = skew(theta, block_size)
     eye = jnp.eye(block_size, dtype=theta.dtype)
     hp = jax.lax.Precision.HIGHEST
@@ -83,19 +84,17 @@ def rotation_matrix(theta: jax.Array, perm: jax.Array, block_size: int) -> jax.A
     b = block_diag(*[g[i] for i in range(g.shape[0])])
     n = perm.shape[0]
     s = jnp.eye(n, dtype=theta.dtype)[:, perm]  # S[perm[i], i] = 1
-    hp = jax.lax.Precision.HIGHEST
-    return jnp.matmul(jnp.matmul(s, b, precision=hp), s.T, precision=hp)
+    return jnp.matmul(jnp.matmul(s, b), s.T)
 
 
 def effective_weight(w, theta_in, theta_out, perm_in, perm_out, block_size: int) -> jax.Array:
     """``W_eff = R_in @ w @ R_out``, ``[n, m]``, built densely (the naive POET path)."""
-    hp = jax.lax.Precision.HIGHEST
     r_in = rotation_matrix(theta_in, perm_in, block_size)
     r_out = rotation_matrix(theta_out, perm_out, block_size)
-    return jnp.matmul(jnp.matmul(r_in, w, precision=hp), r_out, precision=hp)
+    return jnp.matmul(jnp.matmul(r_in, w), r_out)
 
 
 def poet_linear_reference(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int):
     """``x @ W_eff`` with ``W_eff`` materialised (:func:`effective_weight`)."""
     w_eff = effective_weight(w, theta_in, theta_out, perm_in, perm_out, block_size)
-    return jnp.matmul(x, w_eff.astype(x.dtype), precision=jax.lax.Precision.HIGHEST)
+    return jnp.matmul(x, w_eff.astype(x.dtype))

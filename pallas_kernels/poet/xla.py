@@ -23,39 +23,87 @@ import numpy as np
 
 from jaxlib_ext.pallas_kernels.poet.reference import cayley_neumann, inverse_permutation
 
-__all__ = ["block_apply", "block_gram", "poet_linear_memory", "poet_linear_xla", "rotate"]
+__all__ = [
+    "block_apply", "block_gram", "permute", "poet_linear_memory", "poet_linear_xla", "rotate",
+]
 
-_HP = jax.lax.Precision.HIGHEST
-
-
+@jax.custom_vjp
 def block_apply(z: jax.Array, g: jax.Array) -> jax.Array:
-    """``[..., k b] x [k, b, b] -> [..., k b]``: ``out[..., k, :] = z[..., k, :] @ G_k``."""
+    """``[..., k b] x [k, b, b] -> [..., k b]``: ``out[..., k, :] = z[..., k, :] @ G_k``.
+
+    Differentiable: ``dz = block_apply(dy, G^T)``, ``dG = block_gram(z, dy)``.
+    """
     k, b, _ = g.shape
     zb = z.reshape(z.shape[:-1] + (k, b))
-    out = jnp.einsum("...kb,kbc->...kc", zb, g.astype(z.dtype), precision=_HP)
-    return out.reshape(z.shape)
+    return jnp.einsum("...kb,kbc->...kc", zb, g.astype(z.dtype)).reshape(z.shape)
+
+
+def _apply_fwd(z, g):
+    return block_apply(z, g), (z, g)
+
+
+def _apply_bwd(res, dy):
+    z, g = res
+    dz = block_apply(dy, jnp.swapaxes(g, -1, -2))
+    return dz.astype(z.dtype), block_gram(z, dy, g.shape[0]).astype(g.dtype)
+
+
+block_apply.defvjp(_apply_fwd, _apply_bwd)
 
 
 def block_gram(z: jax.Array, dy: jax.Array, k: int) -> jax.Array:
     """``[..., k b] x [..., k b] -> [k, b, b]``: ``sum over tokens of z_k^T dy_k`` (the cotangent
-    of ``G_k`` in :func:`block_apply`), accumulated in float32 (or float64)."""
+    of ``G_k`` in :func:`block_apply`), accumulated in float32 (or float64). One ``[b, T] x
+    [T, b]`` product per block (XLA lays these out better than one batched einsum)."""
     b = z.shape[-1] // k
-    zb = z.reshape(-1, k, b)
-    gb = dy.reshape(-1, k, b)
+    z2 = z.reshape(-1, z.shape[-1])
+    d2 = dy.reshape(-1, dy.shape[-1]).astype(z.dtype)
     acc = jnp.promote_types(z.dtype, jnp.float32)
-    return jnp.einsum("tkb,tkc->kbc", zb, gb, precision=_HP, preferred_element_type=acc)
+    return jnp.stack([
+        jnp.matmul(z2[:, i * b:(i + 1) * b].T, d2[:, i * b:(i + 1) * b],
+                   preferred_element_type=acc)
+        for i in range(k)
+    ])
 
 
-def rotate(z, theta, perm, block_size: int):
-    """``rot(z) = unpermute(blockdiag(z[..., perm]))`` (plain autodiff)."""
+def _gather(z, perm):
+    # An in-bounds gather, materialised: XLA would otherwise fuse it into the consuming dot as
+    # a strided operand, which runs several times slower than the gather and the dot apart.
+    return jax.lax.optimization_barrier(jnp.take(z, perm, axis=-1, mode="clip"))
+
+
+@jax.custom_vjp
+def permute(z, perm, inv):
+    """``z[..., perm]`` whose cotangent is the gather ``dz[..., inv]`` (``inv`` the inverse of
+    ``perm``) instead of autodiff's scatter-add."""
+    return _gather(z, perm)
+
+
+def _permute_fwd(z, perm, inv):
+    return _gather(z, perm), (perm, inv)
+
+
+def _permute_bwd(res, dz):
+    perm, inv = res
+    zero = lambda p: np.zeros(p.shape, jax.dtypes.float0)  # noqa: E731
+    return _gather(dz, inv), zero(perm), zero(inv)
+
+
+permute.defvjp(_permute_fwd, _permute_bwd)
+
+
+def rotate(z, theta, perm, block_size: int, apply=block_apply):
+    """``rot(z) = unpermute(blockdiag(z[..., perm]))``; autodiff except for the gathers
+    (:func:`permute`). ``apply(z, G)``: the block product (:func:`block_apply` or a kernel)."""
     g = cayley_neumann(theta, block_size)
-    return block_apply(z[..., perm], g)[..., inverse_permutation(perm)]
+    inv = inverse_permutation(perm)
+    return permute(apply(permute(z, perm, inv), g), inv, perm)
 
 
 def poet_linear_xla(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int):
     """``rot_out(rot_in(x) @ w)``; gradients by autodiff (``POET-X_fast``: keeps the
     intermediates)."""
-    h = jnp.matmul(rotate(x, theta_in, perm_in, block_size), w.astype(x.dtype), precision=_HP)
+    h = jnp.matmul(rotate(x, theta_in, perm_in, block_size), w.astype(x.dtype))
     return rotate(h, theta_out, perm_out, block_size)
 
 
@@ -84,10 +132,10 @@ def _forward(block_size, impl, x, w, theta_in, theta_out, perm_in, perm_out):
     g_in = cayley_neumann(theta_in, block_size)
     g_out = cayley_neumann(theta_out, block_size)
     inv_in, inv_out = inverse_permutation(perm_in), inverse_permutation(perm_out)
-    xp = x[..., perm_in]
-    h = jnp.matmul(apply(xp, g_in)[..., inv_in], w.astype(x.dtype), precision=_HP)
-    hp = h[..., perm_out]
-    return apply(hp, g_out)[..., inv_out], (xp, hp, g_in, g_out, inv_in)
+    xp = _gather(x, perm_in)
+    h = jnp.matmul(_gather(apply(xp, g_in), inv_in), w.astype(x.dtype))
+    hp = _gather(h, perm_out)
+    return _gather(apply(hp, g_out), inv_out), (xp, hp, g_in, g_out, inv_in)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -109,13 +157,13 @@ def _memory_bwd(block_size, impl, res, dy):
     )
     k_in, k_out = g_in.shape[0], g_out.shape[0]
     # out = c[..., inv_out] with c = blockdiag(hp)  =>  dc = dy[..., perm_out]
-    dc = dy[..., perm_out]
+    dc = _gather(dy, perm_out)
     dg_out = gram(hp, dc, k_out)
-    dh = apply(dc, jnp.swapaxes(g_out, -1, -2))[..., inverse_permutation(perm_out)]
-    dz = jnp.matmul(dh, w.astype(dh.dtype).T, precision=_HP)  # dz = d rot_in(x)
-    da = dz[..., perm_in]
+    dh = _gather(apply(dc, jnp.swapaxes(g_out, -1, -2)), inverse_permutation(perm_out))
+    dz = jnp.matmul(dh, w.astype(dh.dtype).T)  # dz = d rot_in(x)
+    da = _gather(dz, perm_in)
     dg_in = gram(xp, da, k_in)
-    dx = apply(da, jnp.swapaxes(g_in, -1, -2))[..., inv_in]
+    dx = _gather(apply(da, jnp.swapaxes(g_in, -1, -2)), inv_in)
     _, vjp_in = jax.vjp(lambda t: cayley_neumann(t, block_size), theta_in)
     _, vjp_out = jax.vjp(lambda t: cayley_neumann(t, block_size), theta_out)
     (dtheta_in,) = vjp_in(dg_in.astype(theta_in.dtype))
