@@ -17,6 +17,9 @@ and the expert axis itself). Per device, inside ``jax.shard_map``:
    put back in (token, slot) order and summed over the ``k`` slots.
 
 The result equals the unsharded dispatch (:mod:`_moe_dispatch`) up to float summation order.
+Called inside a ``shard_map`` that is already manual over the expert axis (a data-parallel
+training step written with ``shard_map``: tokens local, weights replicated), each device keeps
+its slice of the experts and runs steps 1-5 directly.
 The fixed-size buffers cost ``P`` times the activations of a capacity-free layer; a ragged
 all-to-all (``jax.lax.ragged_all_to_all``, GPU/TPU) would send only the occupied slots.
 """
@@ -99,6 +102,17 @@ def dispatch_expert_parallel(
         divide ``T``.
     """
     check_expert_mesh(mesh, w1.shape[0], axis)
+    if axis in getattr(mesh, "manual_axes", ()):
+        # already inside a shard_map over ``axis`` (tokens local, weights whole): keep this
+        # device's experts and exchange directly
+        parts = dict(mesh.shape)[axis]
+        local = w1.shape[0] // parts
+        start = jax.lax.axis_index(axis) * local
+        w1 = jax.lax.dynamic_slice_in_dim(w1, start, local, axis=0)
+        w2 = jax.lax.dynamic_slice_in_dim(w2, start, local, axis=0)
+        return _local(
+            z, routing.experts, routing.weights, w1, w2, axis=axis, method=method, config=config
+        )
     toks = token_axes(mesh, axis)
     split = math.prod(dict(mesh.shape)[a] for a in toks)
     if z.shape[0] % split:

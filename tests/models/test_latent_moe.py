@@ -236,3 +236,20 @@ def test_bad_arguments():
         jax.set_mesh(sharding.make_mesh("expert=8")),
     ):
         layer(_tokens(shape=(3, 1)))
+
+
+def test_expert_parallel_inside_a_data_parallel_shard_map():
+    """Inside a ``shard_map`` already manual over ``expert`` (tokens local, weights replicated),
+    each device keeps its experts and exchanges tokens directly; equal to the unsharded layer."""
+    x = _tokens(shape=(8, 6))
+    layer = _layer()
+    y_ref, _ = layer(x)
+    mesh = sharding.make_mesh("data=2,expert=4")
+    graphdef, state = nnx.split(layer)
+    tok = jax.P(("data", "fsdp", "expert"))
+
+    def body(state, x):
+        return nnx.merge(graphdef, state)(x)[0]
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(jax.P(), tok), out_specs=tok, check_vma=False)
+    assert _rel(jax.jit(fn)(state, x), y_ref) < 1e-5
