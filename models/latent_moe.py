@@ -30,7 +30,11 @@ holds scalars of the router's load in this call, normalised so that a perfectly 
 router gives 1: ``moe_load_max`` and ``moe_load_min`` (the most and least loaded expert's
 token count over the mean count) and ``moe_load_cv`` (coefficient of variation of the counts).
 Every call also stores the per-expert counts in ``layer.expert_load`` (``float32[E]``, an
-``ExpertLoad`` variable, a kind of ``nnx.BatchStat``), for logging or histograms.
+``ExpertLoad`` variable, a kind of ``nnx.BatchStat``), for logging or histograms; as for any
+NNX variable, a write inside a JAX transform needs the variable to be passed in as state
+(``nnx.jit``/``nnx.grad``, or the ``nnx.BatchStat`` state an argument of the traced function
+after ``nnx.split``); where it is not (closed over), the load write is skipped and
+``update_bias=True`` raises flax's ``TraceContextError``.
 
 Balancing (aux-loss-free, arXiv 2412.19437 Section 2.1.2): the correction bias
 ``layer.router_bias`` (``float32[E]``, a ``RouterBias`` variable, also ``nnx.BatchStat``, not a
@@ -65,7 +69,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import errors, nnx
 
 from jaxlib_ext.models._moe_dispatch import (
     DISPATCH_METHODS,
@@ -261,7 +265,10 @@ class LatentMoE(nnx.Module):
             y = y + jnp.dot(h, cast(self.shared_w2), precision=hi)
 
         counts = jax.lax.stop_gradient(expert_counts(routing.experts, self.num_experts))
-        self.expert_load[...] = counts
+        try:
+            self.expert_load[...] = counts
+        except errors.TraceContextError:
+            pass  # a diagnostic: skipped where the variable belongs to an outer trace
         if update_bias:
             self.router_bias[...] = router_bias_update(
                 self.router_bias[...], counts, self.bias_update_rate
