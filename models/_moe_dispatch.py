@@ -15,8 +15,9 @@ Dispatch (dropless; no capacity, no token is dropped):
 
 * ``"ragged"`` / ``"pallas"``: the ``T * k`` (token, expert) pairs are sorted by expert
   (a stable ``argsort``), giving the expert group sizes; the token rows are gathered in that
-  order, both expert matmuls are grouped matmuls (:func:`jaxlib_ext.pallas_kernels.moe.gmm`,
-  ``jax.lax.ragged_dot`` or the Pallas kernel), the rows are scaled by their weight, put back
+  order, both expert matmuls are grouped matmuls (:func:`jaxlib_ext.pallas_kernels.moe.gmm`:
+  ``"ragged"`` its XLA path, ``jax.lax.ragged_dot`` on GPU/TPU and a tiled form on CPU;
+  ``"pallas"`` the Pallas kernel), the rows are scaled by their weight, put back
   in (token, slot) order by the inverse permutation and summed over the ``k`` slots.
 * ``"dense"``: every expert on every token, combined with the ``[T, E]`` matrix holding the
   weights of the selected experts and zeros elsewhere (the reference of the tests; ``E / k``

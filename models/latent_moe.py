@@ -44,7 +44,8 @@ and ``bias_update_rate`` (a training step does; evaluation does not). The output
 uses the bias from before the update.
 
 Dispatch (``method``, arXiv 2601.18089 Section 3 and the sorted grouped-matmul scheme of
-MaxText's ``RoutedMoE``): ``"ragged"`` (dropless, sorted by expert, ``jax.lax.ragged_dot``),
+MaxText's ``RoutedMoE``): ``"ragged"`` (dropless, sorted by expert, grouped matmuls by
+``moe.gmm``'s XLA path: ``jax.lax.ragged_dot`` on GPU/TPU, its tiled form on CPU),
 ``"pallas"`` (the same with the Pallas grouped-matmul kernel of
 :mod:`jaxlib_ext.pallas_kernels.moe`, configured by ``gmm_config``; interpreted on CPU),
 ``"dense"`` (every expert on every token, masked: the reference). See :mod:`_moe_dispatch`.
