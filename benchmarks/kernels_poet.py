@@ -7,8 +7,11 @@ the original POET), POET-X (``method="xla"``, input-centric, autodiff), POET-X m
 (``memory_saving=True``: the recomputing ``custom_vjp``), and on a GPU (or with ``--pallas``) the
 same two through the Pallas kernels. POET rows differentiate ``x`` and both thetas (the base
 weight is frozen). Times are medians of ``--repeats`` calls after a warm-up, each ending in
-``block_until_ready``; memory is XLA's compiled ``memory_analysis`` of the jitted
-forward+backward (arguments + outputs + temporaries - aliased), the planned peak.
+``block_until_ready``; peak memory is XLA's compiled ``memory_analysis`` of the jitted
+forward+backward (arguments + outputs + temporaries - aliased), the planned peak of this
+one-layer program; "saved for backward" is the bytes of the residuals ``jax.vjp`` of the jitted
+layer keeps (inputs included), what every layer of a deep network holds from its forward to its
+backward pass.
 
     .venv/bin/python -m benchmarks.kernels_poet                 # CPU: 1024x1024, 1024x3584
     python -m benchmarks.kernels_poet --gpu                     # 4096x4096, 4096x14336, bf16
@@ -44,22 +47,38 @@ def inputs(n, m, b, tokens, dtype, seed=0):
     )
 
 
+def saved_bytes(layer, args, n_diff):
+    """Bytes of the residuals ``jax.vjp`` keeps for the backward pass of the jitted layer (what
+    each layer of a deep network holds from its forward until its backward), inputs included."""
+    diff, rest = args[:n_diff], args[n_diff:]
+    _, vjp = jax.vjp(jax.jit(lambda *d: layer(*d, *rest)), *diff)
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(vjp) if hasattr(leaf, "nbytes"))
+
+
 def dense_fn():
+    layer = lambda x, w: x @ w  # noqa: E731
+
     def loss(x, w, dy):
-        return jnp.sum((x @ w).astype(jnp.float32) * dy.astype(jnp.float32))
+        return jnp.sum(layer(x, w).astype(jnp.float32) * dy.astype(jnp.float32))
 
     g = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    return lambda a: g(a["x"], a["w"], a["dy"]), lambda a: (g, (a["x"], a["w"], a["dy"]))
+    args = lambda a: (a["x"], a["w"], a["dy"])  # noqa: E731
+    return (lambda a: g(*args(a)), lambda a: (g, args(a)),
+            lambda a: saved_bytes(layer, args(a)[:2], 2))
 
 
 def poet_fn(b, method, memory):
+    def layer(x, ti, to, w, pi, po):
+        return poet_linear(x, w, ti, to, pi, po, block_size=b, method=method,
+                           memory_saving=memory)
+
     def loss(x, ti, to, w, pi, po, dy):
-        y = poet_linear(x, w, ti, to, pi, po, block_size=b, method=method, memory_saving=memory)
-        return jnp.sum(y.astype(jnp.float32) * dy.astype(jnp.float32))
+        return jnp.sum(layer(x, ti, to, w, pi, po).astype(jnp.float32) * dy.astype(jnp.float32))
 
     g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     args = lambda a: (a["x"], a["ti"], a["to"], a["w"], a["pi"], a["po"], a["dy"])  # noqa: E731
-    return lambda a: g(*args(a)), lambda a: (g, args(a))
+    return (lambda a: g(*args(a)), lambda a: (g, args(a)),
+            lambda a: saved_bytes(layer, args(a)[:6], 3))
 
 
 def median_seconds(fn, a, repeats):
@@ -102,22 +121,24 @@ def main(argv=None):
     print(f"POET-X layer forward+backward, b={a.block_size}, {a.tokens} tokens, "
           f"{jnp.dtype(dtype).name}; jax {jax.__version__}, {jax.devices()[0].device_kind}, "
           f"{platform.machine()}; median of {a.repeats}\n")
-    print("| n x m | layer | fwd+bwd ms | vs dense | naive POET / this | peak memory |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| n x m | layer | fwd+bwd ms | vs dense | naive POET / this | peak memory | "
+          "saved for backward |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for n, m in shapes:
         args = inputs(n, m, a.block_size, a.tokens, dtype)
         results = {}
-        for name, (fn, prog) in rows(a.block_size, a.pallas or on_gpu).items():
+        for name, (fn, prog, saved) in rows(a.block_size, a.pallas or on_gpu).items():
             if a.skip_naive and name.startswith("naive"):
                 continue
             g, gargs = prog(args)
             mem = compiled_memory(g.lower(*gargs).compile()).get("peak", float("nan"))
-            results[name] = (median_seconds(fn, args, a.repeats), mem)
+            results[name] = (median_seconds(fn, args, a.repeats), mem, saved(args))
         dense_t = results["dense layer (x @ w)"][0]
         naive_t = results.get("naive POET (W_eff materialised)", (float("nan"),))[0]
-        for name, (t, mem) in results.items():
+        for name, (t, mem, kept) in results.items():
             print(f"| {n}x{m} | {name} | {1e3 * t:.2f} | {t / dense_t:.2f}x | "
-                  f"{naive_t / t:.2f}x | {format_bytes(mem)} |", flush=True)
+                  f"{naive_t / t:.2f}x | {format_bytes(mem)} | {format_bytes(kept)} |",
+                  flush=True)
 
 
 if __name__ == "__main__":
