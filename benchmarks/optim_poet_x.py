@@ -194,7 +194,7 @@ def main(argv=None):
     ap.add_argument("--part", choices=("memory", "loss", "both"), default="both")
     ap.add_argument("--presets", default="tiny,125m")
     ap.add_argument("--mem-batch", type=int, default=8)
-    ap.add_argument("--mem-seq", type=int, default=512)
+    ap.add_argument("--mem-seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=64)
