@@ -12,6 +12,10 @@ input): ms, tokens/s and the matmul TFLOP/s of the routed experts and projection
 
     python -m benchmarks.kernels_moe_gpu           # GPU, the shape above
     python -m benchmarks.kernels_moe_gpu --cpu     # CPU, interpret mode, a tiny shape
+    python -m benchmarks.kernels_moe_gpu --contrast    # also a standard MoE at matched FLOPs
+
+``--contrast`` adds rows for a standard (non-latent) MoE with about the same routed FLOPs per
+token (E = 128, top-6, expert width 2688 at d = 4096, the same shared expert), both methods.
 
 Run from the repository root, as a module: the timing loop is ``tools.kernel_audit``'s.
 """
@@ -31,6 +35,7 @@ from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
 from tools.kernel_audit.tuning import median_time
 
 SUPER = dict(d=4096, latent=1024, experts=512, top_k=22, expert_dim=2688, shared=5376, tokens=8192)
+STANDARD = dict(SUPER, latent=None, experts=128, top_k=6)
 TINY = dict(d=64, latent=32, experts=8, top_k=2, expert_dim=48, shared=64, tokens=200)
 
 
@@ -58,8 +63,9 @@ def rel_rmse(a, b):
 
 
 def flops_forward(s):
-    per_token = 2 * s["d"] * s["experts"] + 4 * s["d"] * s["latent"]
-    per_token += 4 * s["top_k"] * s["latent"] * s["expert_dim"] + 4 * s["d"] * s["shared"]
+    width = s["latent"] or s["d"]
+    per_token = 2 * s["d"] * s["experts"] + (4 * s["d"] * s["latent"] if s["latent"] else 0)
+    per_token += 4 * s["top_k"] * width * s["expert_dim"] + 4 * s["d"] * s["shared"]
     return s["tokens"] * per_token
 
 
@@ -67,6 +73,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="interpret mode, a tiny shape")
     ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--contrast", action="store_true", help="also a standard MoE, matched FLOPs")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     a = ap.parse_args(argv)
@@ -82,6 +89,7 @@ def main(argv=None):
         flush=True,
     )
     fns = {m: layer_fns(shape, m, dtype, a.cpu) for m in ("ragged", "pallas")}
+    shapes = {m: shape for m in fns}
     (p, r), fwd, grad = fns["ragged"]
     y_ref, (gp_ref, gx_ref) = fwd(p, r, x), grad(p, r, x)
     (p2, r2), fwd2, grad2 = fns["pallas"]
@@ -97,8 +105,13 @@ def main(argv=None):
     print("| path | forward ms | forward tokens/s | forward TFLOP/s "
           "| fwd+bwd ms | fwd+bwd tokens/s | fwd+bwd TFLOP/s |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|")
-    flops = flops_forward(shape)
+    if a.contrast:
+        std = dict(STANDARD, tokens=shape["tokens"]) if not a.cpu else dict(TINY, latent=None)
+        for m in ("ragged", "pallas"):
+            fns[f"standard MoE, {m}"] = layer_fns(std, m, dtype, a.cpu)
+            shapes[f"standard MoE, {m}"] = std
     for method, ((params, rest), fwd, grad) in fns.items():
+        flops = flops_forward(shapes[method])
         tf = median_time(fwd, (params, rest, x), a.warmup, a.iters)
         tb = median_time(grad, (params, rest, x), a.warmup, a.iters)
         t = shape["tokens"]
