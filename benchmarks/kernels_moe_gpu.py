@@ -17,20 +17,24 @@ input): ms, tokens/s and the matmul TFLOP/s of the routed experts and projection
 ``--contrast`` adds rows for a standard (non-latent) MoE with about the same routed FLOPs per
 token (E = 128, top-6, expert width 2688 at d = 4096, the same shared expert), both methods.
 
-Run from the repository root, as a module: the timing loop is ``tools.kernel_audit``'s.
+Run from the repository root, as a module: the timing loop is ``tools.kernel_audit``'s. The
+layer is the forward of ``LatentMoE`` (sigmoid top-k router, sort by expert, two grouped
+matmuls with squared ReLU, weighted sum, up-projection, shared expert) written here as a pure
+function of its parameters over ``moe.gmm``, so that the GPU image needs JAX only (no Flax);
+``method="ragged"`` is ``moe.gmm(method="xla")`` (``ragged_dot`` on a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jaxlib_ext.models.latent_moe import LatentMoE
+from jaxlib_ext.pallas_kernels.moe import gmm
 from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
 from tools.kernel_audit.tuning import median_time
 
@@ -39,22 +43,53 @@ STANDARD = dict(SUPER, latent=None, experts=128, top_k=6)
 TINY = dict(d=64, latent=32, experts=8, top_k=2, expert_dim=48, shared=64, tokens=200)
 
 
+def init_params(shape, dtype, seed=0):
+    """Normal(0.02) parameters of one layer (``latent=None``: a standard MoE)."""
+    d, e, m, ms = shape["d"], shape["experts"], shape["expert_dim"], shape["shared"]
+    width = shape["latent"] or d
+    dims = dict(router=(d, e), w1=(e, width, m), w2=(e, m, width), shared_w1=(d, ms),
+                shared_w2=(ms, d))  # fmt: skip
+    if shape["latent"]:
+        dims.update(down=(d, width), up=(width, d))
+    keys = jax.random.split(jax.random.key(seed), len(dims))
+    return {
+        n: (0.02 * jax.random.normal(k, s, jnp.float32)).astype(dtype)
+        for k, (n, s) in zip(keys, sorted(dims.items()), strict=True)
+    }
+
+
+def layer_forward(params, x, *, top_k, method, config):
+    """LatentMoE's forward (``models/latent_moe.py``), routed scaling 5, normalised weights."""
+    t = x.shape[0]
+    scores = jax.nn.sigmoid(jnp.dot(x.astype(jnp.float32), params["router"].astype(jnp.float32)))
+    _, experts = jax.lax.top_k(scores, top_k)
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
+    weights = 5.0 * weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    z = jnp.dot(x, params["down"]) if "down" in params else x
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+    sizes = jnp.zeros((params["w1"].shape[0],), jnp.int32).at[flat].add(1)
+    gmm_method = "xla" if method == "ragged" else "pallas"
+    rows = jnp.take(z, order // top_k, axis=0)
+    h = jnp.square(jax.nn.relu(gmm(rows, params["w1"], sizes, method=gmm_method, config=config)))
+    y = gmm(h, params["w2"], sizes, method=gmm_method, config=config)
+    y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
+    y = jnp.sum(jnp.take(y, inverse, axis=0).reshape(t, top_k, -1), axis=1)
+    y = jnp.dot(y, params["up"]) if "up" in params else y
+    shared = jnp.square(jax.nn.relu(jnp.dot(x, params["shared_w1"])))
+    return y + jnp.dot(shared, params["shared_w2"])
+
+
 def layer_fns(shape, method, dtype, interpret):
-    layer = LatentMoE(
-        shape["d"], num_experts=shape["experts"], top_k=shape["top_k"],
-        expert_dim=shape["expert_dim"], latent_dim=shape["latent"],
-        shared_expert_dim=shape["shared"], routed_scaling=5.0, method=method,
-        gmm_config=GMMKernelConfig(interpret=interpret), param_dtype=dtype, rngs=nnx.Rngs(0),
-    )  # fmt: skip
-    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+    params = init_params(shape, dtype)
+    config = GMMKernelConfig(interpret=interpret) if method == "pallas" else None
+    forward = functools.partial(layer_forward, top_k=shape["top_k"], method=method, config=config)
 
-    def forward(params, rest, x):
-        return nnx.merge(graphdef, params, rest)(x)[0]
+    def loss(params, x):
+        return jnp.sum(forward(params, x).astype(jnp.float32))
 
-    def loss(params, rest, x):
-        return jnp.sum(forward(params, rest, x).astype(jnp.float32))
-
-    return (params, rest), jax.jit(forward), jax.jit(jax.grad(loss, argnums=(0, 2)))
+    return params, jax.jit(forward), jax.jit(jax.grad(loss, argnums=(0, 1)))
 
 
 def rel_rmse(a, b):
@@ -90,12 +125,12 @@ def main(argv=None):
     )
     fns = {m: layer_fns(shape, m, dtype, a.cpu) for m in ("ragged", "pallas")}
     shapes = {m: shape for m in fns}
-    (p, r), fwd, grad = fns["ragged"]
-    y_ref, (gp_ref, gx_ref) = fwd(p, r, x), grad(p, r, x)
-    (p2, r2), fwd2, grad2 = fns["pallas"]
-    y, (gp, gx) = fwd2(p2, r2, x), grad2(p2, r2, x)
+    p, fwd, grad = fns["ragged"]
+    y_ref, (gp_ref, gx_ref) = fwd(p, x), grad(p, x)
+    _, fwd2, grad2 = fns["pallas"]
+    y, (gp, gx) = fwd2(p, x), grad2(p, x)
     errs = {"output": rel_rmse(y, y_ref), "d x": rel_rmse(gx, gx_ref)}
-    errs.update({f"d {k}": rel_rmse(gp[k][...], gp_ref[k][...]) for k in ("w1", "w2")})
+    errs.update({f"d {k}": rel_rmse(gp[k], gp_ref[k]) for k in ("w1", "w2")})
     tol = 1e-4 if a.cpu else 2e-2
     ok = all(e < tol for e in errs.values())
     print("check pallas vs ragged (rel RMS): "
@@ -110,10 +145,10 @@ def main(argv=None):
         for m in ("ragged", "pallas"):
             fns[f"standard MoE, {m}"] = layer_fns(std, m, dtype, a.cpu)
             shapes[f"standard MoE, {m}"] = std
-    for method, ((params, rest), fwd, grad) in fns.items():
+    for method, (params, fwd, grad) in fns.items():
         flops = flops_forward(shapes[method])
-        tf = median_time(fwd, (params, rest, x), a.warmup, a.iters)
-        tb = median_time(grad, (params, rest, x), a.warmup, a.iters)
+        tf = median_time(fwd, (params, x), a.warmup, a.iters)
+        tb = median_time(grad, (params, x), a.warmup, a.iters)
         t = shape["tokens"]
         print(
             f"| {method} | {tf * 1e3:.2f} | {t / tf:,.0f} | {flops / tf / 1e12:.1f} "
