@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxlib_ext.pallas_kernels import moe
 from jaxlib_ext.pallas_kernels.moe._metadata import group_metadata
@@ -186,3 +188,24 @@ def test_pallas_bfloat16_interpreted():
     w_ref = moe.tgmm_loop(lb.astype(jnp.float32), grad.astype(jnp.bfloat16).astype(jnp.float32),
                           sizes)  # fmt: skip
     assert rel_rmse(w, w_ref) < 1e-2
+
+
+_JIT_PALLAS = jax.jit(lambda a, b, s: moe.gmm_pallas(a, b, s, config=CFG))
+_JIT_TILED = jax.jit(lambda a, b, s: moe.gmm_tiled(a, b, s, block_m=8))
+_JIT_TGMM = jax.jit(lambda a, g, s: moe.tgmm_pallas(a, g, s, config=CFG))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 12), min_size=6, max_size=6))
+def test_random_groupings(sizes):
+    """Random groupings of ``M = 45`` rows into 6 groups (many empty, sums up to 45 by
+    clipping the last groups), one compile per path."""
+    sizes = np.asarray(sizes)
+    sizes = np.minimum(sizes, np.maximum(M - (np.cumsum(sizes) - sizes), 0))
+    lhs, _, grad, _ = _inputs(6, jnp.float32, [0] * 6)
+    rhs = jnp.asarray(np.random.default_rng(7).normal(size=(6, K, N)), jnp.float32)
+    s = jnp.asarray(sizes, jnp.int32)
+    ref = moe.gmm_loop(lhs, rhs, s)
+    assert rel_rmse(_JIT_PALLAS(lhs, rhs, s), ref) < 1e-5
+    assert rel_rmse(_JIT_TILED(lhs, rhs, s), ref) < 1e-5
+    assert rel_rmse(_JIT_TGMM(lhs, grad, s), moe.tgmm_loop(lhs, grad, s)) < 1e-5
