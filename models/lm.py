@@ -65,7 +65,8 @@ class LMConfig:
     :class:`~jaxlib_ext.models.DeltaNetConfig`). FFN fields: ``mlp_hidden``, ``mlp_multiple_of``
     (swiglu: width ``mlp_hidden`` or ``swiglu_hidden_size(d, 4, mlp_multiple_of)``);
     ``num_experts`` ... ``moe_method`` (moe, latent_moe: the arguments of
-    :class:`~jaxlib_ext.models.latent_moe.LatentMoE`; ``latent_dim`` is required by
+    :class:`~jaxlib_ext.models.latent_moe.LatentMoE`, ``router_bias_rate`` its
+    ``bias_update_rate``, 0 for no balancing; ``latent_dim`` is required by
     ``latent_moe`` and must be ``None`` for ``moe``; ``shared_expert_dim=None`` means no shared
     expert).
     """
@@ -99,6 +100,7 @@ class LMConfig:
     latent_dim: int | None = None
     shared_expert_dim: int | None = None
     routed_scaling: float = 1.0
+    router_bias_rate: float = 1e-3
     moe_method: str = "ragged"
 
     def __post_init__(self):
@@ -202,7 +204,7 @@ def make_ffn(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
         cfg.d_model, num_experts=cfg.num_experts, top_k=cfg.top_k, expert_dim=cfg.expert_dim,
         latent_dim=cfg.latent_dim if cfg.ffn == "latent_moe" else None,
         shared_expert_dim=cfg.shared_expert_dim, routed_scaling=cfg.routed_scaling,
-        method=cfg.moe_method, rngs=rngs,
+        bias_update_rate=cfg.router_bias_rate, method=cfg.moe_method, rngs=rngs,
     )
 
 
