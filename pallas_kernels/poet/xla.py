@@ -149,6 +149,10 @@ def _memory_fwd(block_size, impl, x, w, theta_in, theta_out, perm_in, perm_out):
 
 
 def _memory_bwd(block_size, impl, res, dy):
+    # Tying the residuals to the incoming cotangent in one barrier keeps XLA from merging this
+    # recomputation with the forward pass or scheduling it before the backward pass starts,
+    # either of which would keep the forward's intermediates alive until here.
+    res, dy = jax.lax.optimization_barrier((res, dy))
     x, w, theta_in, theta_out, perm_in, perm_out = res
     apply, gram = _kernels(*impl)
     # recompute the rotated activations from the input
