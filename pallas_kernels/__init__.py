@@ -9,18 +9,23 @@
 * :mod:`~jaxlib_ext.pallas_kernels.moe`: grouped matrix multiplication for mixture-of-experts
   dispatch, :func:`gmm` (the ``jax.lax.ragged_dot`` contract) and its weight gradient
   :func:`tgmm`, in XLA or a Pallas kernel tiled over group boundaries (tuned by
-  ``moe.GMMKernelConfig``).
+  ``moe.GMMKernelConfig``);
+* :mod:`~jaxlib_ext.pallas_kernels.poet`: the POET-X layer ``x @ (R_in W R_out)`` with
+  block-diagonal Cayley–Neumann rotations applied to the activations (arXiv 2506.08001,
+  2603.05500), :func:`poet_linear`, in a dense reference, XLA or Pallas kernels
+  (``method="auto" | "reference" | "xla" | "pallas"``, ``poet.METHODS``).
 
 Each linear-recurrence op takes ``method="auto" | "recurrent" | "chunk" | "pallas"``
 (:data:`METHODS`); the grouped matmuls take ``method="auto" | "xla" | "pallas"``
 (``moe.METHODS``).
 """
 
-from jaxlib_ext.pallas_kernels import gated_delta, mdn, moe
+from jaxlib_ext.pallas_kernels import gated_delta, mdn, moe, poet
 from jaxlib_ext.pallas_kernels._common import METHODS, SUPPORTED_CHUNK_SIZES
 from jaxlib_ext.pallas_kernels.gated_delta import gated_delta_rule
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
 from jaxlib_ext.pallas_kernels.moe import gmm, tgmm
+from jaxlib_ext.pallas_kernels.poet import poet_linear
 
 __all__ = [
     "METHODS",
@@ -33,6 +38,8 @@ __all__ = [
     "moe",
     "momentum_delta_rule",
     "momentum_delta_rule_pallas",
+    "poet",
+    "poet_linear",
     "tgmm",
 ]
 
