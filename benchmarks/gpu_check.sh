@@ -114,5 +114,9 @@ echo "== 4/4 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs r
 timeout 150 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
   -p no:cacheprovider -W ignore::DeprecationWarning || status=1
 
+echo "== POET-X layer fwd+bwd (dense, naive POET, POET-X xla/pallas, memory modes), 4096x4096 and"
+echo "   4096x14336, b=256, 2048 tokens, bfloat16 (paper, H100: 1.38 / 1.89 / 10.59 ms)"
+timeout 60 "${AUDIT[@]}" benchmarks.kernels_poet --gpu --repeats 10 || status=1
+
 echo "== gpu_check exit status: $status"
 exit $status
