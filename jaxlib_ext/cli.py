@@ -402,6 +402,14 @@ def run_train(args: argparse.Namespace):
         name = (f"{lm_cfg.mixer}+{lm_cfg.ffn}:{args.preset}" if composed
                 else f"{args.model or 'transformer'}:{args.preset}")
         _check_recorded_model(args, cfg.ckpt_dir, lm_cfg)
+    experts = dict(mesh.shape).get("expert", 1)
+    if experts > 1 and (lm_cfg is None or not lm_cfg.is_moe):
+        raise ValueError(f"--mesh: an expert axis ({experts}) needs a model with --ffn moe or "
+                         "latent_moe")
+    if experts > 1 and lm_cfg.num_experts % experts:
+        raise ValueError(f"--mesh: the expert axis ({experts}) does not divide the model's "
+                         f"{lm_cfg.num_experts} experts; use an expert axis that divides it "
+                         "(or --arch num_experts=...)")
     cfg.meta["run"] = f"{name} + {args.optimizer}"
     if lm_cfg is not None:
         cfg.meta["model"] = lm_cfg.to_dict()
