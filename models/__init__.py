@@ -5,7 +5,10 @@ Every language model is a :class:`LanguageModel` of blocks ``token mixer + feed-
 :func:`build_lm` composes any mixer of :data:`MIXERS` (``"attention"``, ``"mdn"``, ``"gdn"``)
 with any FFN of :data:`FFNS` (``"swiglu"``, ``"moe"``, ``"latent_moe"``), e.g.
 ``build_lm("tiny", mixer="mdn", ffn="latent_moe", rngs=nnx.Rngs(0))``; the Transformer, MDN and
-GDN builders are its ``+ swiglu`` presets.
+GDN builders are its ``+ swiglu`` presets. Submodules: :mod:`~jaxlib_ext.models.latent_moe`
+(the LatentMoE layer, arXiv 2601.18089), :mod:`~jaxlib_ext.models.accounting` (parameters and
+FLOPs per token), :mod:`~jaxlib_ext.models.growth` (orthogonal growth of MoE checkpoints, arXiv
+2510.08008).
 
 Every model has a builder ``build_<model>(preset="tiny", *, vocab_size=None, rngs, **overrides)``
 whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESETS`:

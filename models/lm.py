@@ -212,8 +212,8 @@ class Block(nnx.Module):
     """Pre-norm block ``x + mixer(norm(x))``, then ``x + ffn(norm(x))``.
 
     ``mixer`` and ``ffn`` are factories ``rngs -> module``, called in that order (so the
-    parameter draws follow the block's layout). ``__call__(x, cache=None) -> (x, cache,
-    metrics)``.
+    parameter draws follow the block's layout). ``__call__(x, cache=None, *, train=False) ->
+    (x, cache, metrics)``; ``train`` lets a mixture-of-experts FFN update its correction bias.
     """
 
     def __init__(self, d_model: int, norm_eps: float, mixer: Callable, ffn: Callable, *,
