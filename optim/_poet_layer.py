@@ -21,8 +21,8 @@ merge. Their gradients are exactly zero.
 
 Initialisation: ``W0`` has unit-norm neurons (each output neuron's weight vector, a column of
 the ``[n, m]`` kernel, divided by its L2 norm): POET's "normalized Gaussian" initialisation
-(arXiv 2506.08001, section on initialisation; it gave the lowest perplexity of the inits
-compared there). :func:`poetize` normalises the existing kernel's columns once, at conversion.
+(arXiv 2506.08001, its initialisation ablation, where it gave the lowest perplexity of the
+inits compared). :func:`poetize` normalises the existing kernel's columns once, at conversion.
 The permutations are drawn uniformly at random.
 """
 

@@ -17,9 +17,9 @@ parameter tree in which such layers appear as subtrees holding the five leaves `
   decoupled weight decay :math:`p \leftarrow (p - \eta u)(1 - \eta\lambda)` on leaves with
   ``ndim >= 2`` (the authors' parameter groups: vectors and biases without decay).
 
-**Merge-then-reinitialize** (arXiv 2506.08001, Algorithm 1; every ``merge_every`` steps, when the
-step counter :math:`t \ge 1` after the update is a multiple of it): with :math:`\theta_t` the
-rotation parameters after this step's update,
+**Merge-then-reinitialize** (arXiv 2506.08001, POET's training loop; every ``merge_every``
+steps, when the step counter :math:`t \ge 1` after the update is a multiple of it): with
+:math:`\theta_t` the rotation parameters after this step's update,
 
 .. math::
 
@@ -36,6 +36,10 @@ permutations, ``-theta`` for the rotations, which makes ``theta`` exactly zero),
 applies ``optax.apply_updates`` runs it; it is a ``lax.cond`` on the step counter, so the step
 compiles once. The learning-rate schedule runs on the global step counter, not the reset one.
 Gradient-clipping warm-up after each merge (the authors' driver) is not part of this transform.
+The merge timing follows the authors' driver (the completed-step count, so the first merge
+folds ``merge_every`` updates) and the Adam-state reset happens in the same update, which the
+authors' optimizer performs at the start of the next step: the two are the same sequence of
+parameters.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Conventions (POET, arXiv 2506.08001, section 3; POET-X, arXiv 2603.05500, sectio
   ``rot(z) = unpermute(blockdiag(z[..., perm]))``, ``unpermute(u) = u[..., argsort(perm)]``;
   as a matrix, ``rot(z) = z @ R`` with ``R = S B S^T``, ``S[perm[i], i] = 1`` and
   ``B = BlockDiag(G_1, ..., G_{n/b})``: the paper's :math:`R = \Psi^T \mathrm{BlockDiag}(G)\Psi`
-  (arXiv 2506.08001, eq. for POET-BS) written for row vectors.
+  (arXiv 2506.08001, the block-stochastic POET-BS parameterisation) written for row vectors.
 * The POET-X layer is ``y = rot_out(rot_in(x) @ w)`` with the stored base weight ``w`` of shape
   ``[n, m]`` (``x @ w`` is the plain layer), i.e. ``y = x @ W_eff`` with
   ``W_eff = R_in @ w @ R_out``. With identity permutations, ``theta_out = 0`` and ``w = I``,
