@@ -25,6 +25,7 @@ from jaxlib_ext.models._delta_mixer import (
     l2_normalize,
 )
 from jaxlib_ext.models.gdn import GatedDeltaNet, GDNLanguageModel, build_gdn, gdn_gates
+from jaxlib_ext.models.latent_moe import LatentMoE, router_bias_update
 from jaxlib_ext.models.layers import (
     Embedding,
     LMHead,
@@ -98,6 +99,8 @@ __all__ = [
     "momentum_eigenvalues",
     "l2_normalize",
     # layers
+    "LatentMoE",
+    "router_bias_update",
     "Embedding",
     "LMHead",
     "RMSNorm",
