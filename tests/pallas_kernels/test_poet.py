@@ -199,3 +199,19 @@ def test_pallas_path_lowers_through_triton_for_h200(memory, lower_for_h200):
         return jax.grad(loss, argnums=(0, 1, 2))(x, ti, to)
 
     assert "triton" in lower_for_h200(f, args)
+
+
+def test_memory_saving_keeps_only_the_input_for_the_backward_pass():
+    """Residuals of ``jax.vjp`` of the jitted layer: the input, the base weight and the small
+    rotation parameters in memory mode; several activation-sized arrays otherwise."""
+    x, w, ti, to, pi, po = inputs(8, n=32, m=64, b=8, lead=(256,), dtype=np.float32)
+
+    def saved(memory):
+        layer = jax.jit(lambda x, ti, to: poet_linear(x, w, ti, to, pi, po, block_size=8,
+                                                      memory_saving=memory))
+        _, vjp = jax.vjp(layer, x, ti, to)
+        return sum(a.nbytes for a in jax.tree.leaves(vjp) if hasattr(a, "nbytes"))
+
+    small = x.nbytes + w.nbytes + ti.nbytes + to.nbytes + pi.nbytes + po.nbytes
+    assert saved(True) <= small
+    assert saved(False) > small + x.nbytes
