@@ -252,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a new run (step 0, fresh optimizer and schedule) from the "
                         "parameters of the newest checkpoint in CKPT_DIR, e.g. one written "
                         "by python -m jaxlib_ext.models.growth; the model is the config "
-                        "recorded there (the model flags are not read)")
+                        "recorded there (the model flags are not read). With --resume, the "
+                        "run continues from its own newest checkpoint when it has one")
     t.add_argument("--optimizer", default="adamw",
                    help="a recipe of jaxlib_ext.optim.make_optimizer (OPTIMIZER_NAMES)")
     t.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
@@ -369,8 +370,6 @@ def run_train(args: argparse.Namespace):
         raise ValueError(f"--steps must be positive, got {args.steps}")
     _load(MODELS, "model", args.model or "transformer")
     parse_opt(args.opt, args.optimizer, args.steps)  # the keys and types, before any I/O
-    if args.init_from is not None and args.resume:
-        raise ValueError("--init-from starts a new run; it does not combine with --resume")
     try:
         mesh = sharding.make_mesh(args.mesh)
     except ValueError as e:

@@ -208,6 +208,8 @@ def read_checkpoint(directory, step: int | None = None):
     import orbax.checkpoint as ocp
 
     directory = pathlib.Path(directory).absolute()
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no checkpoint in {directory} (not a folder)")
     manager = ocp.CheckpointManager(directory)
     try:
         step = manager.latest_step() if step is None else step

@@ -50,7 +50,7 @@ def test_mixer_and_ffn_flags_train_and_log_the_router_load(tmp_path, capsys):
         (["--preset", "moe-tiny", "--mesh", "expert=8", "--arch", "num_experts=12"],
          "--mesh: the expert axis (8) does not divide the model's 12 experts"),
         (["--mesh", "expert=2,data=4"], "an expert axis (2) needs a model with --ffn moe"),
-        (["--init-from", "x", "--resume"], "--init-from starts a new run"),
+        (["--init-from", "missing"], "no checkpoint in"),
         (["--mixer", "mdn", "--preset", "moe-tiny"],
          "--preset 'moe-tiny' has --mixer 'attention', not 'mdn'"),
     ],
