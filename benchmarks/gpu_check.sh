@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One prepared GPU check of the momentum delta rule Pallas kernels; fits in 10 minutes on one
+# One prepared GPU check of the Pallas kernels (momentum delta rule, grouped matmul, POET-X
+# block rotation); its step timeouts add up to 8 minutes 15 s, within 10 minutes on one
 # H200 with JAX 0.11.2 (the device image's python3 holds jax, torch, triton, pytest).
 #
 #   bash benchmarks/gpu_check.sh          # GPU: correctness (checks + pytest -m gpu), tuning,
@@ -8,21 +9,23 @@
 #                                         # a bfloat16 run of the GPU-only paths (`make test-all` runs this
 #                                         # through tests/pallas_kernels/test_mdn_pallas.py)
 #
-# Steps (GPU), each under its own timeout (240 + 120 + 60 + 150 s), GPU timings first:
+# Steps (GPU), each under its own timeout (150 + 90 + 60 + 60 + 90 + 45 s), GPU timings first:
 # 1) python -m tools.kernel_audit.tuning --check at B=8 T=4096 H=6 K=128 V=256 bfloat16: the
-# forward against the recurrence at that shape and forward+gradients at a small one (also for
-# the Mosaic GPU state kernel's candidates); then fwd+bwd of each kernel tiling/launch
+# MDN forward against the recurrence at that shape and forward+gradients at a small one (also
+# for the Mosaic GPU state kernel's candidates); then fwd+bwd of each kernel tiling/launch
 # candidate (TUNE_CANDIDATES, at most ~120 s), and the fastest;
-# 2) python -m benchmarks.kernels_mdn_gpu: medians after warm-up of the Pallas fwd / fwd+bwd with the
-# default parameters, the XLA chunk path, and fla-core's chunk_gated_delta_rule when present;
-# the decode step;
-# 3) python -m tools.kernel_audit.xla_aot: grid, shared memory, registers and spills of each
-# kernel as XLA compiles it for an H200 (XLA's own Triton and ptxas);
-# 4) pytest -m gpu tests/pallas_kernels/test_mdn_pallas.py (compiled kernels vs the recurrent
-# reference, float32 at precision highest and bfloat16, K up to 256, gradients included).
-# MoE step (after 2, under 90 s): python -m benchmarks.kernels_moe_gpu, one LatentMoE layer at
-# the Nemotron 3 Super shape, 8192 tokens, bfloat16: the Pallas grouped matmul checked against
-# ragged_dot (output and gradients), then fwd and fwd+bwd medians of both.
+# 2) python -m benchmarks.kernels_mdn_gpu: medians after warm-up of the MDN Pallas fwd / fwd+bwd
+# with the default parameters, the XLA chunk path, and fla-core's chunk_gated_delta_rule when
+# present; the decode step;
+# 3) python -m benchmarks.kernels_moe_gpu: one LatentMoE layer at the Nemotron 3 Super shape,
+# 8192 tokens, bfloat16: the Pallas grouped matmul checked against ragged_dot (output and
+# gradients), then fwd and fwd+bwd medians of both;
+# 4) python -m benchmarks.kernels_poet --gpu: one POET-X layer fwd+bwd at the paper's shapes
+# against a dense layer and naive POET;
+# 5) pytest -m gpu tests/pallas_kernels/test_mdn_pallas.py (compiled kernels vs the recurrent
+# reference, float32 at precision highest and bfloat16, K up to 256, gradients included);
+# 6) python -m tools.kernel_audit.xla_aot: grid, shared memory, registers and spills of each
+# kernel as XLA compiles it for an H200 (XLA's own Triton and ptxas).
 # With $OUT set (the device tool), the whole log is also written to $OUT/gpu_check.log.
 # Before spending GPU time, check on any machine that XLA compiles every kernel for an H200
 # within its shared memory: `make xla-aot` (no GPU needed).
@@ -36,7 +39,7 @@
 #       --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0 nvidia-cuda-nvdisasm==13.5.37
 # and run this script with the device tool's carry=[".whl"]; it installs .whl/*.whl into
 # /tmp/site itself (fla-core needs torch, triton and einops, all in the device image).
-# Without .whl/ the fla rows are skipped with a note (and step 3 has no SASS columns).
+# Without .whl/ the fla rows are skipped with a note (and step 6 has no SASS columns).
 set -u
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"
@@ -93,30 +96,30 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 status=0
 # GPU timings first: they are what only a GPU can give, and a later step that overruns its
 # timeout must not cost them.
-echo "== 1/4 checks against the recurrence, then tuning (fwd+bwd medians of the candidates)"
+echo "== 1/6 MDN: checks against the recurrence, then tuning (fwd+bwd medians of the candidates)"
 audit_command
-timeout 240 "${AUDIT[@]}" tools.kernel_audit.tuning --check || status=1
+timeout 150 "${AUDIT[@]}" tools.kernel_audit.tuning --check || status=1
 
-echo "== 2/4 timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
-timeout 120 "${AUDIT[@]}" benchmarks.kernels_mdn_gpu || status=1
+echo "== 2/6 MDN timings (medians after warm-up), B=8 T=4096 H=6 K=128 V=256 bfloat16"
+timeout 90 "${AUDIT[@]}" benchmarks.kernels_mdn_gpu || status=1
 
-echo "== MoE: LatentMoE layer, ragged_dot vs the Pallas grouped matmul (check, then timings)"
-timeout 90 "${AUDIT[@]}" benchmarks.kernels_moe_gpu || status=1
+echo "== 3/6 MoE: LatentMoE layer, ragged_dot vs the Pallas grouped matmul (check, then timings)"
+timeout 60 "${AUDIT[@]}" benchmarks.kernels_moe_gpu || status=1
 
-echo "== 3/4 what XLA compiled: grid, shared memory, registers, spills per kernel (xla_aot)"
-# The same deviceless compile as offline (JAX_PLATFORMS=cpu: the GPU is not touched), here with
-# the image's own ptxas; the PTX and ptxas logs come back in $OUT/xla_aot.
-timeout 60 "${AUDIT[@]}" tools.kernel_audit.xla_aot --no-xla-chunk ${OUT:+--keep "$OUT/xla_aot"} \
-  || true
-[ -n "${OUT:-}" ] && rm -rf "$OUT/xla_aot/dump" "$OUT/xla_aot/cuda"
+echo "== 4/6 POET-X layer fwd+bwd (dense, naive POET, POET-X xla/pallas, memory modes), 4096x4096"
+echo "   and 4096x14336, b=256, 2048 tokens, bfloat16 (paper, H100: 1.38 / 1.89 / 10.59 ms)"
+timeout 60 "${AUDIT[@]}" benchmarks.kernels_poet --gpu --repeats 10 || status=1
 
-echo "== 4/4 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
-timeout 150 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
+echo "== 5/6 GPU correctness: pytest -m gpu (compiled Pallas Triton kernels vs recurrence)"
+timeout 90 "$PY" -P -m pytest tests/pallas_kernels/test_mdn_pallas.py -m gpu -q -x \
   -p no:cacheprovider -W ignore::DeprecationWarning || status=1
 
-echo "== POET-X layer fwd+bwd (dense, naive POET, POET-X xla/pallas, memory modes), 4096x4096 and"
-echo "   4096x14336, b=256, 2048 tokens, bfloat16 (paper, H100: 1.38 / 1.89 / 10.59 ms)"
-timeout 60 "${AUDIT[@]}" benchmarks.kernels_poet --gpu --repeats 10 || status=1
+echo "== 6/6 what XLA compiled: grid, shared memory, registers, spills per kernel (xla_aot)"
+# The same deviceless compile as offline (JAX_PLATFORMS=cpu: the GPU is not touched), here with
+# the image's own ptxas; the PTX and ptxas logs come back in $OUT/xla_aot.
+timeout 45 "${AUDIT[@]}" tools.kernel_audit.xla_aot --no-xla-chunk ${OUT:+--keep "$OUT/xla_aot"} \
+  || true
+[ -n "${OUT:-}" ] && rm -rf "$OUT/xla_aot/dump" "$OUT/xla_aot/cuda"
 
 echo "== gpu_check exit status: $status"
 exit $status

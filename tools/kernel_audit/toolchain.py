@@ -142,7 +142,7 @@ def prepare_toolchain(work):
     os.environ["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     os.environ["XLA_FLAGS"] = " ".join(
         [os.environ.get("XLA_FLAGS", ""), f"--xla_gpu_cuda_data_dir={root}"]
-        + [f"--xla_dump_to={dump}", "--xla_dump_hlo_module_re=jit_mdn_.*"]
+        + [f"--xla_dump_to={dump}", "--xla_dump_hlo_module_re=jit_(mdn|poet|moe)_.*"]
     ).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # never touch a local GPU or driver
     return dict(

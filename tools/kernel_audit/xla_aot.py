@@ -52,7 +52,6 @@ import argparse
 import collections
 import functools
 import json
-import os
 import re
 import shutil
 import sys
@@ -493,13 +492,6 @@ def main(argv=None):
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="xla_aot_"))
     tool = prepare_toolchain(work)
-    if not args.no_poet:  # XLA dumps the thunk sequences (grids, shared memory) of these too
-        os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(
-            "jit_mdn_.*", "jit_(mdn|poet)_.*"
-        )
-    if not args.no_moe:  # and of the grouped matmuls
-        flags = os.environ["XLA_FLAGS"].replace("jit_(mdn|poet)_.*", "jit_(mdn|poet|moe)_.*")
-        os.environ["XLA_FLAGS"] = flags.replace("jit_mdn_.*", "jit_(mdn|moe)_.*")
     import jax
     import jaxlib
 
