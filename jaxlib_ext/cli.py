@@ -396,8 +396,10 @@ def run_train(args: argparse.Namespace):
         name = f"{lm_cfg.mixer}+{lm_cfg.ffn} (from {args.init_from})"
     else:
         model, lm_cfg = _build_from_args(args, corpus.vocab_size)
-        composed = lm_cfg is not None and (args.mixer or args.ffn or args.arch
-                                           or args.model is None)
+        from jaxlib_ext.models import LM_PRESETS
+
+        composed = lm_cfg is not None and bool(args.mixer or args.ffn or args.arch
+                                               or args.preset in LM_PRESETS)
         name = (f"{lm_cfg.mixer}+{lm_cfg.ffn}:{args.preset}" if composed
                 else f"{args.model or 'transformer'}:{args.preset}")
         _check_recorded_model(args, cfg.ckpt_dir, lm_cfg)

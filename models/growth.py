@@ -3,12 +3,12 @@
 Two growths, applied to the parameters of a :class:`~jaxlib_ext.models.LanguageModel` that a
 checkpoint of the training CLI holds, and composable (hence "orthogonal"):
 
-* **Depth by interposition** (arXiv 2510.08008, Section 3.1): every block is copied and the
+* **Depth by interposition** (arXiv 2510.08008): every block is copied and the
   copy placed right after its original, ``L1, L1', L2, L2', ...``: the grown block ``j`` is the
   parent's block ``j // 2`` (:func:`interposition_order`; :func:`stacking_order`, the whole stack
   appended again, is the paper's contrast). Plain copying is not function-preserving (each
   residual increment is applied twice); the loss bumps and recovers.
-* **Width by expert duplication with noise** (Section 3.2): every expert ``e`` of every
+* **Width by expert duplication with noise**: every expert ``e`` of every
   mixture-of-experts FFN gets a copy ``e + N`` (``N -> 2N``); the router's rows and the
   correction bias are duplicated exactly, and Gaussian noise of standard deviation
   ``noise_scale * std(W_e)`` is added to the copies' expert matrices to break the symmetry.

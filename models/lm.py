@@ -336,9 +336,10 @@ def _tiny(mixer: str, ffn: str, **moe) -> LMConfig:
 
 
 #: Named presets of the composed models. ``"moe-tiny"`` and ``"latent-moe-tiny"`` are CPU-sized
-#: attention models whose FFN is a mixture of 8 experts, top-2, expert width 128 (the latent one
-#: at latent width 32 = d/4 with 4x the experts and top-k, arXiv 2601.18089 Section 3's
-#: reinvestment); ``"mdn-latent-moe-tiny"`` is the MDN counterpart.
+#: attention models whose FFN is a mixture of 8 experts, top-2, expert width 128, with a shared
+#: expert of width 128 (the latent one at latent width 32 = d/4 with 4x the experts and top-k,
+#: arXiv 2601.18089's reinvestment of the saving); ``"mdn-latent-moe-tiny"`` is the MDN
+#: counterpart.
 LM_PRESETS: dict[str, LMConfig] = {
     "moe-tiny": _tiny("attention", "moe", num_experts=8, top_k=2, expert_dim=128,
                       shared_expert_dim=128),

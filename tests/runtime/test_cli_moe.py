@@ -23,6 +23,8 @@ def _run(out, *flags):
     ])
 
 
+# test_moe_multiprocess.py runs the same path (MDN + LatentMoE) in the default run.
+@pytest.mark.slow
 def test_mixer_and_ffn_flags_train_and_log_the_router_load(tmp_path, capsys):
     code = _run(tmp_path, "--mixer", "gdn", "--ffn", "moe", "--arch", "n_layers=1",
                 "--arch", "num_experts=4", "--mesh", "data=2,expert=4")
@@ -74,18 +76,18 @@ def test_router_bias_is_trained_state_checkpointed_and_resumed_exactly(tmp_path)
     mesh = sharding.make_mesh("data=2,expert=4")
 
     def fit(out, steps, resume=False):
-        tc = train.TrainConfig(steps=steps, batch_size=8, seq_len=16, eval_every=3,
-                               eval_batches=1, log_every=1, checkpoint_every=3,
+        tc = train.TrainConfig(steps=steps, batch_size=8, seq_len=16, eval_every=2,
+                               eval_batches=1, log_every=1, checkpoint_every=2,
                                out_dir=str(out), resume=resume, progress=False)
         return train.fit(build_lm(cfg, rngs=nnx.Rngs(0)), optax.adamw(3e-3), corpus, tc, mesh)
 
-    straight = fit(tmp_path / "a", 6)
+    straight = fit(tmp_path / "a", 4)
     bias = straight.state.model_state["blocks"][0]["mlp"]["router_bias"].get_value()
     assert np.abs(np.asarray(bias)).max() > 0  # the balancing step moved it
     assert straight.state.opt_state is not None
-    fit(tmp_path / "b", 3)
-    resumed = fit(tmp_path / "b", 6, resume=True)
-    assert resumed.start_step == 3
+    fit(tmp_path / "b", 2)
+    resumed = fit(tmp_path / "b", 4, resume=True)
+    assert resumed.start_step == 2
     chex.assert_trees_all_close(jax.device_get(straight.state.params),
                                 jax.device_get(resumed.state.params), rtol=1e-6, atol=1e-7)
     chex.assert_trees_all_equal(jax.device_get(straight.state.model_state),
