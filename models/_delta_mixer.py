@@ -1,4 +1,4 @@
-"""The skeleton shared by the delta-rule token mixers (MDN, GDN) and their language models.
+"""The skeleton shared by the delta-rule token mixers (MDN, GDN).
 
 A delta-rule mixer maps hidden states ``x [B, T, d]`` to ``y [B, T, d]``::
 
@@ -9,8 +9,7 @@ A delta-rule mixer maps hidden states ``x [B, T, d]`` to ``y [B, T, d]``::
 with ``act`` the model's output gate (:attr:`DeltaMixer.gate_activation`). Full-sequence calls run
 the op with the configured ``method``; cached calls of at most ``decode_recurrent_max_len`` tokens
 run its ``"recurrent"`` path (as fla switches to ``fused_recurrent`` for ``q_len <= 64``). The
-language model is embedding, ``n_layers`` pre-norm blocks ``x + mixer(norm(x))`` then
-``x + SwiGLU(norm(x))``, a final norm and an untied head.
+language models built on these mixers are :mod:`jaxlib_ext.models.lm`'s.
 
 Conventions:
 - L2 norm is ``x * rsqrt(sum x^2 + 1e-6)`` (fla's ``l2norm``).
@@ -31,10 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxlib_ext.models.layers import (
-    Embedding,
-    LMHead,
     RMSNorm,
-    SwiGLU,
     dense_init,
     rms_norm,
     swiglu_hidden_size,
@@ -49,7 +45,6 @@ __all__ = [
     "LayerCache",
     "LMCache",
     "DeltaMixer",
-    "DeltaLanguageModel",
 ]
 
 
@@ -290,88 +285,3 @@ class DeltaMixer(nnx.Module):
                 f"{type(self).__name__}: cache batch {cache.conv_q.shape[0]} != x batch "
                 f"{x.shape[0]}"
             )
-
-
-# --------------------------------------------------------------------------- language model
-
-
-class _Block(nnx.Module):
-    """Pre-norm block: ``x + mixer(norm(x))``, then ``x + SwiGLU(norm(x))``."""
-
-    def __init__(self, cfg: DeltaNetConfig, mixer_cls, *, rngs: nnx.Rngs):
-        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = mixer_cls(cfg, rngs=rngs)
-        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.hidden, rngs=rngs)
-
-    def __call__(self, x, cache=None):
-        y, cache = self.attn(self.attn_norm(x), cache)
-        x = x + y
-        return x + self.mlp(self.mlp_norm(x)), cache
-
-
-class DeltaLanguageModel(nnx.Module):
-    """Embedding, ``n_layers`` x (``mixer_cls`` + SwiGLU), final norm, untied head.
-
-    ``__call__(tokens int32[B, T]) -> logits float32[B, T, vocab]``; decoding with
-    :meth:`init_cache` and :meth:`decode_step`. A model sets ``mixer_cls``.
-    """
-
-    mixer_cls: type[DeltaMixer]
-
-    def __init__(self, cfg: DeltaNetConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.max_seq_len = cfg.max_seq_len
-        self.embed = Embedding(cfg.vocab_size, cfg.d_model, rngs=rngs)
-        self.blocks = nnx.List(
-            [_Block(cfg, self.mixer_cls, rngs=rngs) for _ in range(cfg.n_layers)]
-        )
-        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, rngs=rngs)
-
-    def _check_tokens(self, tokens, what):
-        name = type(self).__name__
-        if not hasattr(tokens, "ndim") or tokens.ndim != 2:
-            shape = getattr(tokens, "shape", type(tokens).__name__)
-            raise ValueError(f"{name}.{what}: tokens must be [B, T], got {shape}")
-        if not jnp.issubdtype(tokens.dtype, jnp.integer):
-            raise ValueError(f"{name}.{what}: tokens must be integer, got dtype {tokens.dtype}")
-
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        """Full-sequence forward: ``int32[B, T] -> float32 logits [B, T, vocab]``."""
-        self._check_tokens(tokens, "__call__")
-        if tokens.shape[1] > self.max_seq_len:
-            raise ValueError(
-                f"{type(self).__name__}: sequence length {tokens.shape[1]} exceeds max_seq_len "
-                f"{self.max_seq_len}"
-            )
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x, _ = block(x)
-        return self.lm_head(self.final_norm(x))
-
-    def init_cache(self, batch: int) -> LMCache:
-        """A zero :class:`LMCache` for ``batch`` sequences (states float32)."""
-        layers = tuple(block.attn.init_cache(batch) for block in self.blocks)
-        return LMCache(layers, jnp.zeros((), jnp.int32))
-
-    def decode_step(self, tokens: jax.Array, cache: LMCache) -> tuple[jax.Array, LMCache]:
-        """Consume ``tokens [B, T']`` after the cached prefix; ``T' = 1`` is one decode step.
-
-        Returns ``(logits [B, T', vocab], new_cache)``. Longer ``T'`` prefills with the chunk
-        path (``T' > decode_recurrent_max_len``) or the recurrent path. Feeding a sequence
-        piece by piece gives the logits of one full forward.
-        """
-        self._check_tokens(tokens, "decode_step")
-        if len(cache.layers) != len(self.blocks):
-            raise ValueError(
-                f"{type(self).__name__}.decode_step: cache has {len(cache.layers)} layers, model "
-                f"has {len(self.blocks)}"
-            )
-        x = self.embed(tokens)
-        new_layers = []
-        for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
-            x, layer_cache = block(x, layer_cache)
-            new_layers.append(layer_cache)
-        logits = self.lm_head(self.final_norm(x))
-        return logits, LMCache(tuple(new_layers), cache.position + tokens.shape[1])
