@@ -92,11 +92,15 @@ def grow_config(cfg: LMConfig, *, depth: bool = True, width: bool = True,
     return dataclasses.replace(cfg, **new)
 
 
-def _expert_axis(var, num_experts: int) -> int | None:
+def _expert_axis(name, var, num_experts: int) -> int | None:
     axes = var.get_metadata().get("logical_axes")
     shape = np.shape(var.get_value())
     if axes is not None and "expert" in axes:
         return list(axes).index("expert")
+    if name == "router":  # [d, E]: its expert axis stays replicated, so it is not named
+        return len(shape) - 1
+    if axes is not None:  # the layer names its axes: trust them, not a coincidence of sizes
+        return None
     hits = [i for i, n in enumerate(shape) if n == num_experts]
     return hits[0] if len(hits) == 1 else None
 
@@ -110,7 +114,7 @@ def _grow_leaf(path, var, parent_flat, order, cfg, width, noise_scale, key):
     in_ffn = path[0] == "blocks" and path[2] == "mlp"
     if not (width and in_ffn):
         return value
-    axis = _expert_axis(parent_flat[src], cfg.num_experts)
+    axis = _expert_axis(path[-1], parent_flat[src], cfg.num_experts)
     if axis is None:  # a shared weight of the layer (projections, shared expert)
         return value
     copy = value

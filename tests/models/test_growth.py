@@ -58,9 +58,12 @@ def test_interposition_puts_layer_i_at_2i_and_2i_plus_1():
         grow_model(parent, depth=True, width=True)
 
 
-@pytest.mark.parametrize("ffn", ["moe", "latent_moe"])
-def test_width_growth_without_noise_and_doubled_top_k_is_the_same_function(ffn):
-    extra = {"latent_dim": None} if ffn == "moe" else {}
+@pytest.mark.parametrize("ffn, extra", [
+    ("moe", {"latent_dim": None}),
+    ("latent_moe", {}),
+    ("latent_moe", {"latent_dim": 4}),  # latent width = expert count: axes found by name
+], ids=["moe", "latent_moe", "latent_equals_experts"])
+def test_width_growth_without_noise_and_doubled_top_k_is_the_same_function(ffn, extra):
     parent = _model(ffn=ffn, shared_expert_dim=None, **extra)  # the routed part alone
     grown = grow_model(parent, depth=False, width=True, noise_scale=0.0, double_top_k=True)
     assert (grown.cfg.num_experts, grown.cfg.top_k) == (8, 4)
