@@ -32,6 +32,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 import platform
 
 import _comparison as comparison
@@ -141,6 +143,10 @@ def main(argv=None):
     ap.add_argument("--escape", type=float, default=0.5,
                     help="training accuracy that counts as off the plateau")
     ap.add_argument("--window", type=int, default=20)
+    ap.add_argument("--records", default=None,
+                    help="JSON-lines file of finished runs: runs found there (same model, lr, "
+                         "seed and budget) are not run again, new ones are appended, so a grid "
+                         "can be widened or a model added without redoing the rest")
     ap.add_argument("--fast", action="store_true", help="smoke run: 20 steps, batch 8, 4 pairs")
     args = ap.parse_args(argv)
     if args.fast:
@@ -164,7 +170,27 @@ def main(argv=None):
                f"{args.pairs} queries / {N_KEYS} keys (length {seq_len}), AdamW constant lr",
     )
 
+    budget = dict(steps=args.steps, batch=args.batch, pairs=args.pairs,
+                  eval_batches=args.eval_batches, escape=args.escape, window=args.window)
+    records = pathlib.Path(args.records) if args.records else None
+    done = {}
+    if records is not None and records.exists():
+        for line in records.read_text().splitlines():
+            rec = json.loads(line)
+            if rec["budget"] == budget:
+                done[rec["model"], rec["lr"], rec["seed"]] = rec["result"]
+
     def run(name: str, lr: float, seed: int) -> dict:
+        if (name, lr, seed) in done:
+            return done[name, lr, seed]
+        result = train_and_evaluate(name, lr, seed)
+        if records is not None:
+            with records.open("a") as f:
+                f.write(json.dumps(dict(model=name, lr=lr, seed=seed, budget=budget,
+                                        result=result)) + "\n")
+        return result
+
+    def train_and_evaluate(name: str, lr: float, seed: int) -> dict:
         model = builders[name](seed)
         opt = nnx.Optimizer(model, ADAMW, wrt=nnx.Param)
         opt.opt_state.hyperparams["learning_rate"][...] = lr
@@ -195,7 +221,7 @@ def main(argv=None):
     print("\nTest recall accuracy at each model's best learning rate:\n")
     print(result.summary_table(baseline=names[0], fmt=".3f", extras=(
         ("escape step (mean)", "escape", ".0f"), ("escaped", "escaped", ".2f"),
-        ("final train acc", "final_train", ".3f"), ("params", "params", ",.0f"))))
+        ("params", "params", ",.0f"))))
     print("\nPlateau-escape step over the whole grid (every seed; the budget = never):\n")
     print("| model | lr | escape step, every seed | escaped |\n|---|---|---|---|")
     for m in names:
