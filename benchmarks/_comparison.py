@@ -278,6 +278,23 @@ class ComparisonResult:
         return float(sum(self.seconds.values()))
 
 
+def validation_and_test(corpus, batch_size: int, seq_len: int, eval_batches: int):
+    """The rule's two held-out splits of a :class:`jaxlib_ext.data.Corpus`: ``(corpus, test)``.
+
+    The corpus's held-out tail is cut in two: the returned corpus keeps the first half as its
+    ``eval`` split (what :func:`jaxlib_ext.train.fit` evaluates, the validation metric that picks
+    each method's learning rate), and ``test`` is ``eval_batches`` fixed windows
+    ``[batch_size, seq_len + 1]`` of the second half, on which the picked runs are reported.
+    """
+    from jaxlib_ext import data
+
+    half = corpus.eval.size // 2
+    test_tokens = corpus.eval[half:]
+    offsets = data.eval_batches(test_tokens, batch_size, seq_len, eval_batches)
+    test = [np.stack([test_tokens[o:o + seq_len + 1] for o in offs]) for offs in offsets]
+    return dataclasses.replace(corpus, eval=corpus.eval[:half]), test
+
+
 def run_comparison(spec: Comparison, run: Callable[[str, float, int], Mapping], *,
                    higher_is_better: bool = False, metric: str = "loss",
                    log: Callable[[str], None] | None = None) -> ComparisonResult:

@@ -85,14 +85,8 @@ def main(argv=None):
         args.steps, args.parent_steps, args.batch_size, args.seq_len = 6, 6, 4, 32
         args.eval_batches = 1
 
-    full = data.load_corpus(None)
-    half = full.eval.size // 2
-    corpus = dataclasses.replace(full, eval=full.eval[:half])  # fit evaluates on validation
-    test_tokens = full.eval[half:]
-    test_offsets = data.eval_batches(test_tokens, args.batch_size, args.seq_len,
-                                     args.eval_batches)
-    test_batches = [np.stack([test_tokens[o:o + args.seq_len + 1] for o in offs])
-                    for offs in test_offsets]
+    corpus, test_batches = comparison.validation_and_test(
+        data.load_corpus(None), args.batch_size, args.seq_len, args.eval_batches)
     mesh = sharding.make_mesh(None, devices=jax.devices()[:1])
     base = LMConfig(mixer="attention", ffn="moe", vocab_size=corpus.vocab_size, d_model=128,
                     n_layers=2, n_heads=4, head_dim=32, max_seq_len=args.seq_len,

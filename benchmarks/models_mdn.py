@@ -27,7 +27,6 @@ The paper's claim (arXiv 2605.05838) is MDN < GDN in loss at equal size.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import platform
 import tempfile
 
@@ -83,14 +82,8 @@ def main(argv=None):
     if args.fast:
         args.steps, args.batch_size, args.seq_len, args.eval_batches = 10, 4, 32, 1
 
-    full = data.load_corpus(None)
-    half = full.eval.size // 2
-    corpus = dataclasses.replace(full, eval=full.eval[:half])  # fit evaluates on validation
-    test_tokens = full.eval[half:]
-    test_offsets = data.eval_batches(test_tokens, args.batch_size, args.seq_len,
-                                     args.eval_batches)
-    test_batches = [np.stack([test_tokens[o:o + args.seq_len + 1] for o in offs])
-                    for offs in test_offsets]
+    corpus, test_batches = comparison.validation_and_test(
+        data.load_corpus(None), args.batch_size, args.seq_len, args.eval_batches)
     mesh = sharding.make_mesh(None, devices=jax.devices()[:1])
     builders, target = _matched_builders(corpus.vocab_size, args.seq_len)
     spec = comparison.Comparison(

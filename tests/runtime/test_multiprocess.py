@@ -5,64 +5,26 @@ and ends equal to an uninterrupted run. The kills are events of the run (see mp_
 never moments in time, so each case is deterministic.
 """
 
-import os
 import pathlib
 import signal
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests.runtime._workers import launch, logs, params
+
 # One xdist worker runs them all, so the module's runs are made once.
 pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("runtime_multiprocess")]
 
-WORKER = pathlib.Path(__file__).with_name("mp_worker.py")
 COMMON = [
     "--model", "transformer", "--preset", "tiny", "--steps", "8", "--batch-size", "8",
     "--seq-len", "32", "--lr", "3e-3", "--mesh", "data=2,fsdp=2", "--log-every", "1",
     "--eval-every", "4", "--eval-batches", "1", "--checkpoint-every", "4", "--no-progress",
 ]
-TIMEOUT = 420
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(devices: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
-    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), PYTHONUNBUFFERED="1")
-    return env
 
 
 def _launch(out: pathlib.Path, *, processes: int, devices: int, extra=()):
-    port = _free_port()
-    procs = []
-    for pid in range(processes):
-        cmd = [sys.executable, str(WORKER), "--dump", str(out / "params.npz"), *COMMON,
-               "--out-dir", str(out), *extra]
-        if processes > 1:
-            cmd += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes),
-                    "--process-id", str(pid)]
-        log = open(out / f"log{pid}.txt", "w")  # noqa: SIM115 (closed by the OS at exit)
-        procs.append(subprocess.Popen(cmd, env=_env(devices), stdout=log, stderr=log))
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=TIMEOUT))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    return codes
-
-
-def _logs(out):
-    return "\n".join(p.read_text()[-3000:] for p in sorted(out.glob("log*.txt")))
+    return launch(out, [*COMMON, *extra], processes=processes, devices=devices)
 
 
 def _losses(out):
@@ -70,12 +32,6 @@ def _losses(out):
 
     rows = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
     return np.array([r["loss"] for r in rows if "loss" in r])
-
-
-def _params(out):
-    with np.load(out / "params.npz") as f:
-        names = [k for k in f.files if k.startswith("arr_")]
-        return [f[k] for k in sorted(names, key=lambda s: int(s.split("_")[1]))]
 
 
 def _start_step(out) -> int:
@@ -94,11 +50,11 @@ def _uncommitted(out) -> list[str]:
 def _assert_killed(codes, out):
     # Every process SIGKILLs itself at the same event; a peer that notices the loss first is
     # aborted by the coordination service or fails its collective, as on a real cluster.
-    assert -signal.SIGKILL in codes and 0 not in codes, (codes, _logs(out))
+    assert -signal.SIGKILL in codes and 0 not in codes, (codes, logs(out))
 
 
 def _assert_ends_as_the_uninterrupted_run(out, uninterrupted):
-    for a, b in zip(_params(out), _params(uninterrupted), strict=True):
+    for a, b in zip(params(out), params(uninterrupted), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     # The metrics of the resumed run continue the uninterrupted trajectory, row for row.
     np.testing.assert_allclose(_losses(out), _losses(uninterrupted), rtol=1e-5)
@@ -109,8 +65,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("mp")
     two, one = root / "two", root / "one"
     two.mkdir(), one.mkdir()
-    assert _launch(two, processes=2, devices=2) == [0, 0], _logs(two)
-    assert _launch(one, processes=1, devices=4) == [0], _logs(one)
+    assert _launch(two, processes=2, devices=2) == [0, 0], logs(two)
+    assert _launch(one, processes=1, devices=4) == [0], logs(one)
     return root
 
 
@@ -139,7 +95,7 @@ def test_two_process_checkpoint_restores_in_one_process(runs):
     ckpt.close()
     assert meta["step"] == 8 and int(restored.step) == 8
     got = [np.asarray(x) for x in jax.tree.leaves(restored.params)]
-    for a, b in zip(got, _params(runs / "two"), strict=True):
+    for a, b in zip(got, params(runs / "two"), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -151,7 +107,7 @@ def test_killed_after_a_committed_save_resumes_from_it(runs):
     _assert_killed(codes, out)
     assert _committed(out) == [4], _uncommitted(out)
     codes = _launch(out, processes=2, devices=2, extra=["--kill-at-step", "-1", "--resume"])
-    assert codes == [0, 0], _logs(out)
+    assert codes == [0, 0], logs(out)
     assert _start_step(out) == 4
     _assert_ends_as_the_uninterrupted_run(out, runs / "two")
 
@@ -165,7 +121,7 @@ def test_killed_while_a_save_is_in_flight_resumes_from_the_last_committed_one(ru
     assert _committed(out) == [], _uncommitted(out)
     assert [name for name in _uncommitted(out) if name.startswith("4.")], _uncommitted(out)
     codes = _launch(out, processes=2, devices=2, extra=["--resume"])
-    assert codes == [0, 0], _logs(out)
+    assert codes == [0, 0], logs(out)
     assert _start_step(out) == 0  # no committed checkpoint: from scratch
     assert _committed(out) == [4, 8] and _uncommitted(out) == []
     _assert_ends_as_the_uninterrupted_run(out, runs / "two")
