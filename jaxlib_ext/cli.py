@@ -103,14 +103,10 @@ def parse_arch(items: list[str]) -> dict:
 
     fields = {f.name for f in dataclasses.fields(LMConfig)} - {"mixer", "ffn", "vocab_size"}
     out: dict = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"--arch: expected key=value, got {item!r}")
+    for key, text in _assignments(items, "--arch"):
         if key not in fields:
             raise ValueError(f"--arch: unknown key {key!r}; known keys: {sorted(fields)}")
-        out[key] = None if text.strip().lower() == "none" else _parse_value(text.strip())
+        out[key] = None if text.lower() == "none" else _parse_value(text)
     return out
 
 
@@ -179,6 +175,17 @@ def build_optimizer(name: str, lr, *, steps: int, seed: int = 0, weight_decay=0.
                           weight_decay=weight_decay, **hyperparams)
 
 
+def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
+    """``flag key=value`` items as stripped ``(key, value text)`` pairs, in order."""
+    pairs = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag}: expected key=value, got {item!r}")
+        pairs.append((key.strip(), text.strip()))
+    return pairs
+
+
 def _parse_value(text: str):
     low = text.lower()
     if low in ("true", "false"):
@@ -205,11 +212,7 @@ def parse_opt(items: list[str], optimizer: str, steps: int) -> dict:
     except ValueError as e:
         raise _renamed(e, {"name": "--optimizer"}) from None
     out: dict = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"--opt: expected key=value, got {item!r}")
+    for key, text in _assignments(items, "--opt"):
         if key not in defaults:
             raise ValueError(
                 f"--opt: unknown key {key!r} for --optimizer {optimizer}; "
@@ -217,7 +220,7 @@ def parse_opt(items: list[str], optimizer: str, steps: int) -> dict:
             )
         if key in out:
             raise ValueError(f"--opt: key {key!r} given twice")
-        value, want = _parse_value(text.strip()), type(defaults[key])
+        value, want = _parse_value(text), type(defaults[key])
         if want is float and type(value) is int:
             value = float(value)
         if type(value) is not want:
