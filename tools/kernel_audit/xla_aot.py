@@ -526,22 +526,22 @@ def main(argv=None):
         print_report(tuned)
         everything["candidates"] = tuned
         results = results + tuned
-    if not args.no_poet:
-        n, m, b, t = POET_SHAPE
-        print(f"\nPOET-X block rotation (Pallas path of poet_linear), n={n} m={m} b={b} "
-              f"tokens={t}, {args.dtype}:\n")
-        poet = compile_programs(device, poet_programs(args.dtype), tool)
-        print_report(poet)
-        everything["poet"] = poet
-        results = results + poet
-    if not args.no_moe:
-        m, k, n, g = MOE_SHAPE
-        print(f"\nGrouped matmul (Pallas path of moe.gmm), rows={m} K={k} N={n} groups={g}, "
-              f"{args.dtype}:\n")
-        moe = compile_programs(device, moe_programs(args.dtype), tool)
-        print_report(moe)
-        everything["moe"] = moe
-        results = results + moe
+    n, m, b, t = POET_SHAPE
+    rows, k, cols, g = MOE_SHAPE
+    other_ops = (  # (JSON key, skipped, title, programs)
+        ("poet", args.no_poet, f"POET-X block rotation (Pallas path of poet_linear), n={n} "
+         f"m={m} b={b} tokens={t}", poet_programs),
+        ("moe", args.no_moe, f"Grouped matmul (Pallas path of moe.gmm), rows={rows} K={k} "
+         f"N={cols} groups={g}", moe_programs),
+    )
+    for key, skipped, title, make_programs in other_ops:
+        if skipped:
+            continue
+        print(f"\n{title}, {args.dtype}:\n")
+        report = compile_programs(device, make_programs(args.dtype), tool)
+        print_report(report)
+        everything[key] = report
+        results = results + report
     failed = [r for r in results if not r["ok"]]
     over = [k for r in results for k in r["kernels"] if _flag(k).startswith("OVER")]
     if args.sweep:
