@@ -232,6 +232,19 @@ def load_kernel(module: str, attr: str):
     return getattr(mod, attr, None)
 
 
+def lazy_attributes(package: str, table: dict[str, str]):
+    """A module ``__getattr__`` for ``package`` that imports ``table[name]`` (a module path) on
+    the first use of ``name`` and returns its attribute ``name``: the Pallas modules load only
+    when asked for."""
+
+    def __getattr__(name):
+        if name in table:
+            return getattr(importlib.import_module(table[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
 def resolve_auto(method: str, kernel_module: str, kernel_name: str) -> str:
     """``"auto"`` -> ``"pallas"`` on a GPU backend when the kernel imports, else ``"chunk"``."""
     if method != "auto":

@@ -18,6 +18,7 @@ from jaxlib_ext.pallas_kernels._common import (
     check_nonnegative,
     check_token_layout,
     default_chunk_size,
+    lazy_attributes,
     resolve_auto,
     resolve_scale,
 )
@@ -111,9 +112,4 @@ def gated_delta_rule(
     return gated_delta_rule_pallas(q, k, v, g, beta, chunk_size=chunk_size, config=config, **kwargs)
 
 
-def __getattr__(name):
-    if name == "gated_delta_rule_pallas":
-        from jaxlib_ext.pallas_kernels.gated_delta import pallas
-
-        return pallas.gated_delta_rule_pallas
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {_KERNEL_NAME: _KERNEL_MODULE})

@@ -26,6 +26,7 @@ from jaxlib_ext.pallas_kernels._common import (
     check_nonnegative,
     check_token_layout,
     default_chunk_size,
+    lazy_attributes,
     resolve_auto,
     resolve_scale,
 )
@@ -42,18 +43,10 @@ __all__ = [
 ]
 
 _KERNEL_MODULE = "jaxlib_ext.pallas_kernels.mdn.pallas"
-_LAZY = {
+__getattr__ = lazy_attributes(__name__, {
     "momentum_delta_rule_pallas": _KERNEL_MODULE,
     "MDNKernelConfig": "jaxlib_ext.pallas_kernels.mdn.config",
-}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+})
 
 _KERNEL_NAME = "momentum_delta_rule_pallas"
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext.pallas_kernels._common import is_concrete, load_kernel
+from jaxlib_ext.pallas_kernels._common import is_concrete, lazy_attributes, load_kernel
 from jaxlib_ext.pallas_kernels.moe.reference import (
     gmm_loop,
     gmm_ragged_dot,
@@ -56,19 +56,11 @@ __all__ = [
 METHODS: tuple[str, ...] = ("auto", "xla", "pallas")
 
 _KERNEL_MODULE = "jaxlib_ext.pallas_kernels.moe.pallas"
-_LAZY = {
+__getattr__ = lazy_attributes(__name__, {
     "gmm_pallas": _KERNEL_MODULE,
     "tgmm_pallas": _KERNEL_MODULE,
     "GMMKernelConfig": "jaxlib_ext.pallas_kernels.moe.config",
-}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+})
 
 
 def _check_matrix(name, x, ndim, layout):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxlib_ext.pallas_kernels._common import lazy_attributes
 from jaxlib_ext.pallas_kernels.poet.reference import (
     cayley_neumann,
     effective_weight,
@@ -64,12 +65,9 @@ __all__ = [
 METHODS: tuple[str, ...] = ("auto", "reference", "xla", "pallas")
 
 
-def __getattr__(name):  # the Pallas modules load on first use
-    if name == "PoetKernelConfig":
-        from jaxlib_ext.pallas_kernels.poet.config import PoetKernelConfig
-
-        return PoetKernelConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {
+    "PoetKernelConfig": "jaxlib_ext.pallas_kernels.poet.config",
+})
 
 
 def _check(x, w, theta_in, theta_out, perm_in, perm_out, block_size):
