@@ -8,7 +8,7 @@
 
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS ?= test,lint,kernel-check
+EXTRAS ?= test,lint,kernel-check,milp,distill
 PYTEST_ARGS ?=
 
 define FIND_PYTHON

@@ -27,6 +27,7 @@ import sys
 __all__ = [
     "MODELS",
     "PRESET_MIXERS",
+    "FAMILY_COMMANDS",
     "FLAGS",
     "build_model",
     "model_config",
@@ -232,11 +233,21 @@ def parse_opt(items: list[str], optimizer: str, steps: int) -> dict:
     return out
 
 
+# Subcommands that belong to one method family: name -> (module, help). Each module has
+# ``main(argv) -> int`` with its own parser; it is imported only when its command runs.
+FAMILY_COMMANDS = {
+    "milp": ("jaxlib_ext.cli_milp", "solve a MILP (MPS/LP file) by learned Langevin sampling"),
+    "distill": ("jaxlib_ext.cli_distill", "distil a GGUF teacher LM into an xLSTM student"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m jaxlib_ext", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in FAMILY_COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     t = sub.add_parser("train", help="train a language model on a text corpus")
     t.add_argument("--model", default=None,
                    help=f"one of {sorted(MODELS)} (default: transformer); transformer, mdn and "
@@ -474,6 +485,9 @@ def _check_recorded_model(args, ckpt_dir, lm_cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in FAMILY_COMMANDS:
+        return importlib.import_module(FAMILY_COMMANDS[argv[0]][0]).main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
