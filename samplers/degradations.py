@@ -1,0 +1,310 @@
+"""Linear degradation operators ``y = A x + noise`` for image inverse problems, with adjoints.
+
+Images are channels-last, ``x [..., H, W, C]`` with any leading batch axes; every operator acts
+on the last three axes, the same way on each channel, and works under ``jit``/``vmap``/``grad``.
+An operator is a :class:`LinearOperator`, a frozen pytree (its array is a leaf, everything else
+static), so it can be passed straight into jitted functions.
+
+Operators that are diagonal in a known orthonormal basis say so, for samplers that build
+anisotropic covariances from them (arXiv 2605.15487, Sec. 3: pixel-diagonal covariances for
+inpainting, Fourier-diagonal ones for deblurring):
+
+* ``basis="pixel"``: ``A x = d * x`` with ``d = op.diagonal`` of shape ``[H, W, C]`` (inpainting;
+  the output keeps the input's shape, missing pixels set to 0).
+* ``basis="fourier"``: ``A x = F^H (d * F x)`` where ``F = fourier_transform`` is the orthonormal
+  2-D DFT over ``(H, W)`` and ``d = op.diagonal`` is the complex transfer function ``[H, W]``
+  (circular convolution: periodic boundary). The adjoint multiplies by ``conj(d)``.
+* ``basis="none"``: no diagonal (``diagonal`` is ``None``): downsampling by ``f x f`` block
+  averaging, ``[H, W, C] -> [H/f, W/f, C]``, whose adjoint spreads each value over its block
+  divided by ``f^2`` (so ``A A^T = I / f^2``).
+
+``op.gram_diagonal()`` is the diagonal of ``A^T A`` in the operator's basis (``d^2`` or ``|d|^2``).
+Constructors: :func:`inpainting` (any mask), :func:`box_inpainting`, :func:`random_inpainting`,
+:func:`gaussian_blur`, :func:`motion_blur`, :func:`downsampling`; noise: :func:`measure`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "BASES",
+    "LinearOperator",
+    "box_inpainting",
+    "downsampling",
+    "fourier_transform",
+    "gaussian_blur",
+    "inpainting",
+    "inverse_fourier_transform",
+    "measure",
+    "motion_blur",
+    "random_inpainting",
+]
+
+BASES = ("pixel", "fourier", "none")
+
+
+def fourier_transform(x: jax.Array) -> jax.Array:
+    """Orthonormal 2-D DFT of ``x [..., H, W, C]`` over ``(H, W)`` (complex, same shape)."""
+    return jnp.fft.fft2(x, axes=(-3, -2), norm="ortho")
+
+
+def inverse_fourier_transform(u: jax.Array) -> jax.Array:
+    """Inverse of :func:`fourier_transform` (complex; take ``.real`` for a real image)."""
+    return jnp.fft.ifft2(u, axes=(-3, -2), norm="ortho")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LinearOperator:
+    """A linear map of images ``[..., *shape_in] -> [..., *shape_out]`` with its adjoint.
+
+    Attributes:
+      diagonal: the operator's diagonal in ``basis``: ``[H, W, C]`` real for ``"pixel"``,
+        ``[H, W]`` complex (the DFT of the convolution kernel) for ``"fourier"``, ``None`` for
+        ``"none"``. The only pytree leaf.
+      shape_in: ``(H, W, C)`` of the images it takes.
+      shape_out: ``(H', W', C)`` of the measurements it gives.
+      basis: ``"pixel"``, ``"fourier"`` or ``"none"`` (see the module docstring).
+      name: what the operator is (``"box_inpainting"``, ``"gaussian_blur"``, ...).
+      factor: the block size of downsampling (1 otherwise).
+    """
+
+    diagonal: jax.Array | None
+    shape_in: tuple[int, int, int] = dataclasses.field(metadata={"static": True})
+    shape_out: tuple[int, int, int] = dataclasses.field(metadata={"static": True})
+    basis: str = dataclasses.field(metadata={"static": True})
+    name: str = dataclasses.field(metadata={"static": True})
+    factor: int = dataclasses.field(default=1, metadata={"static": True})
+
+    def _check(self, x: jax.Array, shape: tuple[int, ...], arg: str) -> jax.Array:
+        x = jnp.asarray(x)
+        if x.ndim < 3 or tuple(x.shape[-3:]) != tuple(shape):
+            raise ValueError(
+                f"{arg}: expected shape [..., {', '.join(map(str, shape))}] for {self.name}, "
+                f"got {tuple(x.shape)}"
+            )
+        return x
+
+    def apply(self, x: jax.Array) -> jax.Array:
+        """``A x`` for ``x [..., *shape_in]``; returns ``[..., *shape_out]``."""
+        x = self._check(x, self.shape_in, "x")
+        if self.basis == "pixel":
+            return self.diagonal * x
+        if self.basis == "fourier":
+            return _fourier_multiply(x, self.diagonal)
+        f = self.factor
+        *lead, h, w, c = x.shape
+        return x.reshape(*lead, h // f, f, w // f, f, c).mean(axis=(-4, -2))
+
+    def adjoint(self, y: jax.Array) -> jax.Array:
+        """``A^T y`` for ``y [..., *shape_out]``; returns ``[..., *shape_in]``."""
+        y = self._check(y, self.shape_out, "y")
+        if self.basis == "pixel":
+            return self.diagonal * y
+        if self.basis == "fourier":
+            return _fourier_multiply(y, jnp.conj(self.diagonal))
+        f = self.factor
+        up = jnp.repeat(jnp.repeat(y, f, axis=-3), f, axis=-2)
+        return up / (f * f)
+
+    __call__ = apply
+
+    def gram_diagonal(self) -> jax.Array | None:
+        """Diagonal of ``A^T A`` in ``basis`` (``[H, W, C]`` or ``[H, W]``), ``None`` if none."""
+        if self.basis == "pixel":
+            return self.diagonal**2
+        if self.basis == "fourier":
+            return jnp.abs(self.diagonal) ** 2
+        return None
+
+
+def _fourier_multiply(x: jax.Array, transfer: jax.Array) -> jax.Array:
+    u = fourier_transform(x)
+    out = inverse_fourier_transform(u * transfer[..., None]).real
+    return out.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else out
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _image_shape(shape) -> tuple[int, int, int]:
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError as e:
+        raise ValueError(f"shape: expected (H, W, C), got {shape!r}") from e
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"shape: expected (H, W, C) of positive ints, got {shape!r}")
+    return shape
+
+
+def _positive(value, arg: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{arg}: expected a positive number, got {value!r}") from e
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{arg}: expected a positive number, got {value!r}")
+    return v
+
+
+# --------------------------------------------------------------------------- inpainting
+
+
+def inpainting(mask, shape=None, *, name: str = "inpainting") -> LinearOperator:
+    """Pixel-diagonal operator ``A x = mask * x`` (1 = observed, 0 = missing).
+
+    ``mask`` is ``[H, W]`` (the same for every channel) or ``[H, W, C]``, any real values (a
+    soft mask is allowed). ``shape`` ``(H, W, C)``, when given, must agree with it.
+    """
+    m = jnp.asarray(mask)
+    if not (jnp.issubdtype(m.dtype, jnp.floating) or jnp.issubdtype(m.dtype, jnp.integer)
+            or m.dtype == jnp.bool_):
+        raise TypeError(f"mask: expected a real or boolean array, got {m.dtype}")
+    if m.ndim not in (2, 3):
+        raise ValueError(f"mask: expected [H, W] or [H, W, C], got shape {tuple(m.shape)}")
+    if shape is None:
+        shape = (*m.shape[:2], m.shape[2] if m.ndim == 3 else 1)
+    shape = _image_shape(shape)
+    if tuple(m.shape[:2]) != shape[:2] or (m.ndim == 3 and m.shape[2] != shape[2]):
+        raise ValueError(f"mask: shape {tuple(m.shape)} does not fit images of shape {shape}")
+    m = m.astype(jnp.result_type(float))
+    diag = jnp.broadcast_to(m[..., None] if m.ndim == 2 else m, shape)
+    return LinearOperator(diag, shape, shape, "pixel", name)
+
+
+def box_inpainting(shape, box_size, *, corner=None) -> LinearOperator:
+    """Inpainting with a missing square box of side ``box_size`` pixels (or ``(bh, bw)``).
+
+    The box is centred (offsets ``(H - bh) // 2``, ``(W - bw) // 2``) unless ``corner`` gives its
+    top-left pixel ``(row, col)``; it must fit inside the image.
+    """
+    h, w, c = shape = _image_shape(shape)
+    bh, bw = (box_size, box_size) if np.ndim(box_size) == 0 else tuple(box_size)
+    for v in (bh, bw):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+            raise ValueError(f"box_size: expected positive int(s), got {box_size!r}")
+    if bh > h or bw > w:
+        raise ValueError(f"box_size: {box_size!r} does not fit in an image of {h}x{w}")
+    r, q = ((h - bh) // 2, (w - bw) // 2) if corner is None else tuple(int(v) for v in corner)
+    if not (0 <= r <= h - bh and 0 <= q <= w - bw):
+        raise ValueError(f"corner: box of {bh}x{bw} at {corner!r} leaves the {h}x{w} image")
+    mask = np.ones((h, w), np.float32)
+    mask[r : r + bh, q : q + bw] = 0.0
+    return inpainting(mask, shape, name="box_inpainting")
+
+
+def random_inpainting(key: jax.Array, shape, missing_fraction: float) -> LinearOperator:
+    """Inpainting that drops each pixel (all its channels) with probability ``missing_fraction``
+    in ``[0, 1)``, drawn with ``key``."""
+    shape = _image_shape(shape)
+    p = float(missing_fraction)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"missing_fraction: expected a value in [0, 1), got {missing_fraction!r}")
+    mask = jax.random.bernoulli(key, 1.0 - p, shape[:2])
+    return inpainting(mask, shape, name="random_inpainting")
+
+
+# --------------------------------------------------------------------------- blurs
+
+
+def _blur_from_kernel(kernel: np.ndarray, shape, name: str) -> LinearOperator:
+    """Circular convolution with ``kernel [H, W]`` whose origin is pixel (0, 0) (wrapped)."""
+    transfer = jnp.fft.fft2(jnp.asarray(kernel))  # unnormalised DFT of the kernel
+    return LinearOperator(transfer, shape, shape, "fourier", name)
+
+
+def _wrapped_offsets(n: int) -> np.ndarray:
+    """Signed periodic offset of each index from 0: 0, 1, ..., -2, -1."""
+    i = np.arange(n)
+    return np.where(i <= n // 2, i, i - n).astype(np.float64)
+
+
+def gaussian_blur(shape, sigma: float, *, kernel_size: int | None = None) -> LinearOperator:
+    """Blur with a normalised isotropic Gaussian kernel of width ``sigma`` pixels, periodic
+    boundary.
+
+    The kernel is ``exp(-(di^2 + dj^2) / (2 sigma^2))`` on the wrapped offsets ``|di|, |dj| <=
+    kernel_size // 2`` (odd ``kernel_size``; by default the smallest odd size covering
+    ``3 sigma`` either side, capped by the image), then divided by its sum.
+    """
+    h, w, c = shape = _image_shape(shape)
+    sigma = _positive(sigma, "sigma")
+    if kernel_size is None:
+        kernel_size = 2 * math.ceil(3 * sigma) + 1
+    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int | np.integer) or (
+        kernel_size < 1 or kernel_size % 2 == 0
+    ):
+        raise ValueError(f"kernel_size: expected a positive odd int, got {kernel_size!r}")
+    di, dj = _wrapped_offsets(h)[:, None], _wrapped_offsets(w)[None, :]
+    half = kernel_size // 2
+    k = np.exp(-(di**2 + dj**2) / (2 * sigma**2)) * ((np.abs(di) <= half) & (np.abs(dj) <= half))
+    return _blur_from_kernel(k / k.sum(), shape, "gaussian_blur")
+
+
+def motion_blur(shape, length: float, angle: float = 0.0, *, samples: int = 64) -> LinearOperator:
+    """Linear motion blur: the average of the image shifted along a centred segment of
+    ``length`` pixels at ``angle`` radians from the horizontal, periodic boundary.
+
+    The segment is sampled at ``samples`` evenly spaced points whose sub-pixel positions are
+    spread bilinearly onto the grid; the kernel is point-symmetric (its transfer function is
+    real) and sums to 1.
+    """
+    h, w, c = shape = _image_shape(shape)
+    length = _positive(length, "length")
+    if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or samples < 2:
+        raise ValueError(f"samples: expected an int >= 2, got {samples!r}")
+    s = np.linspace(-length / 2, length / 2, samples)
+    rows, cols = -s * np.sin(angle), s * np.cos(angle)
+    k = np.zeros((h, w))
+    r0, c0 = np.floor(rows), np.floor(cols)
+    fr, fc = rows - r0, cols - c0
+    for dr, dc, wt in ((0, 0, (1 - fr) * (1 - fc)), (1, 0, fr * (1 - fc)),
+                       (0, 1, (1 - fr) * fc), (1, 1, fr * fc)):
+        np.add.at(k, (((r0 + dr) % h).astype(int), ((c0 + dc) % w).astype(int)), wt)
+    return _blur_from_kernel(k / k.sum(), shape, "motion_blur")
+
+
+# --------------------------------------------------------------------------- downsampling
+
+
+def downsampling(shape, factor: int) -> LinearOperator:
+    """Average over non-overlapping ``factor x factor`` blocks: ``[H, W, C] -> [H/f, W/f, C]``.
+
+    ``H`` and ``W`` must be multiples of ``factor``. ``A A^T = I / factor^2``, so
+    ``factor^2 A^T`` is a right inverse.
+    """
+    h, w, c = shape = _image_shape(shape)
+    if isinstance(factor, bool) or not isinstance(factor, int | np.integer) or factor < 1:
+        raise ValueError(f"factor: expected a positive int, got {factor!r}")
+    if h % factor or w % factor:
+        raise ValueError(f"factor: {factor} does not divide the image size {h}x{w}")
+    out = (h // factor, w // factor, c)
+    return LinearOperator(None, shape, out, "none", "downsampling", int(factor))
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def measure(key: jax.Array, op: LinearOperator, x: jax.Array, noise_std) -> jax.Array:
+    """A noisy measurement ``y = A x + noise_std * n``, ``n ~ N(0, I)`` of ``y``'s shape.
+
+    ``noise_std`` is a non-negative scalar (or an array broadcasting against ``y``, e.g. ``[B,
+    1, 1, 1]`` for one level per image).
+    """
+    if not isinstance(op, LinearOperator):
+        raise TypeError(f"op: expected a LinearOperator, got {type(op).__name__}")
+    y = op.apply(x)
+    std = jnp.asarray(noise_std, y.dtype)
+    try:
+        negative = bool(jnp.any(std < 0))
+    except jax.errors.ConcretizationTypeError:  # traced: checked by the caller
+        negative = False
+    if negative:
+        raise ValueError(f"noise_std: expected values >= 0, got {noise_std!r}")
+    return y + std * jax.random.normal(key, y.shape, y.dtype)
