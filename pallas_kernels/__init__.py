@@ -13,14 +13,17 @@
 * :mod:`~jaxlib_ext.pallas_kernels.poet`: the POET-X layer ``x @ (R_in W R_out)`` with
   block-diagonal Cayley–Neumann rotations applied to the activations (arXiv 2506.08001,
   2603.05500), :func:`poet_linear`, in a dense reference, XLA or Pallas kernels
-  (``method="auto" | "reference" | "xla" | "pallas"``, ``poet.METHODS``).
+  (``method="auto" | "reference" | "xla" | "pallas"``, ``poet.METHODS``);
+* :mod:`~jaxlib_ext.pallas_kernels.mlstm`: the stabilised mLSTM cell (xLSTM, arXiv 2405.04517),
+  ``mlstm.mlstm``, recurrent, quadratic parallel or chunkwise (``method="auto" | "recurrent" |
+  "parallel" | "chunk"``, ``mlstm.METHODS``; no Pallas path).
 
 Each linear-recurrence op takes ``method="auto" | "recurrent" | "chunk" | "pallas"``
 (:data:`METHODS`); the grouped matmuls take ``method="auto" | "xla" | "pallas"``
 (``moe.METHODS``).
 """
 
-from jaxlib_ext.pallas_kernels import gated_delta, mdn, moe, poet
+from jaxlib_ext.pallas_kernels import gated_delta, mdn, mlstm, moe, poet
 from jaxlib_ext.pallas_kernels._common import METHODS, SUPPORTED_CHUNK_SIZES
 from jaxlib_ext.pallas_kernels.gated_delta import gated_delta_rule
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
@@ -35,6 +38,7 @@ __all__ = [
     "gated_delta_rule",
     "gmm",
     "mdn",
+    "mlstm",
     "moe",
     "momentum_delta_rule",
     "momentum_delta_rule_pallas",
