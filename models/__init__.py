@@ -35,6 +35,7 @@ from jaxlib_ext.models.layers import (
     rms_norm,
     swiglu_hidden_size,
 )
+from jaxlib_ext.models.llama import Llama, LlamaConfig, default_teacher_path, load_gguf
 from jaxlib_ext.models.lm import (
     FFNS,
     LM_PRESETS,
@@ -82,6 +83,10 @@ __all__ = [
     "param_count",
     "preset_param_count",
     # language models and their decode caches
+    "Llama",
+    "LlamaConfig",
+    "load_gguf",
+    "default_teacher_path",
     "LanguageModel",
     "TransformerLM",
     "MDNLanguageModel",
