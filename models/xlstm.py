@@ -1,0 +1,403 @@
+"""xLSTM students of a Llama teacher: hybrid mLSTM + sliding-window attention token mixers.
+
+The student of "Effective Distillation to Hybrid xLSTM Architectures" (Hauzenberger et al.,
+arXiv 2603.15590) replaces each attention layer of a pretrained decoder by a hybrid mixer: a
+global mLSTM (:func:`jaxlib_ext.pallas_kernels.mlstm.mlstm`, linear memory) and sliding-window
+softmax attention with sink tokens (SWA, local and exact), combined per head by a learned gate
+and read out by the teacher's output projection. With ``x [B, T, dim]`` and the teacher's
+projections (copied by :func:`from_teacher`)::
+
+    q, k, v   = RoPE(W_q x), RoPE(W_k x), W_v x                  (grouped-query heads)
+    y_swa     = softmax attention of q over the keys in the window and the sink tokens
+    y_mlstm   = mLSTM(q, k, v, i~, f~),  i~ = cap(W_i x + b_i),  f~ = cap(W_f x + b_f)
+    y         = W_o( g * y_mlstm + (1 - g) * y_swa )              g in [0, 1] per head
+
+The paper's exact gating formula, window and number of sinks are not public; this module
+implements the form ``g = sigmoid(W_g x + b_g)`` per head by default and makes the rest
+configurable (:class:`XLSTMConfig`): ``gate="head"`` (data-dependent, one value per head),
+``"channel"`` (data-dependent, one per head and channel), ``"static"`` (a learned constant per
+head), ``"attention"`` (``g = 0``: the SWA branch alone, the weight-transfer check), the window
+(default 512) and the sinks (default 4, the first tokens of the sequence). ``mode="mlstm"`` is a
+pure-mLSTM student (no attention at all: ``y = W_o y_mlstm``).
+
+Choices where the paper is silent, and why:
+- The mLSTM reads the same (rotated) q, k, v as the attention, the key/value heads repeated to
+  the query heads (``mlstm_rope=False`` feeds it the un-rotated q, k instead). Its normaliser
+  ``max(|n^T q|, 1)`` keeps ``y_mlstm`` a weighted average of values like ``y_swa``, so no
+  extra norm sits before the shared ``W_o``.
+- The mLSTM gate pre-activations are soft-capped ``c tanh(x / c)`` with ``c = 15`` as in
+  xLSTM 7B (arXiv 2503.13427); the forget-gate biases start at ``linspace(3, 6)`` over heads
+  (forget gates near 1: long memory from the start), the input-gate biases at 0.
+
+Interface: the teacher's token mixer (:mod:`jaxlib_ext.models.llama`),
+``mixer(x [B, T, dim], positions int32[B, T], cache=None) -> (y [B, T, dim], cache)``, so a
+student replaces ``block.attention`` of a :class:`~jaxlib_ext.models.llama.Llama`
+(:func:`student_from_teacher`). ``positions`` set the RoPE angles; the window and the sinks
+count tokens (the ``t``-th token of a fresh sequence, or after ``cache.length`` cached ones).
+Decoding keeps constant memory: an :class:`XLSTMCache` holds the mLSTM state, the sink tokens'
+keys/values and a ring buffer of the last ``window`` keys/values, whatever the position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxlib_ext.models.layers import dense_init
+from jaxlib_ext.models.llama import (
+    LlamaConfig,
+    grouped_query_attention,
+    rotary_embedding,
+)
+from jaxlib_ext.pallas_kernels import SUPPORTED_CHUNK_SIZES
+from jaxlib_ext.pallas_kernels.mlstm import METHODS as MLSTM_METHODS
+from jaxlib_ext.pallas_kernels.mlstm import MLSTMState, mlstm, zero_state
+
+__all__ = [
+    "MODES",
+    "GATES",
+    "XLSTMConfig",
+    "XLSTMCache",
+    "XLSTMMixer",
+    "sliding_window_mask",
+    "from_teacher",
+    "student_from_teacher",
+]
+
+#: Student kinds: the hybrid mixer, or the mLSTM alone.
+MODES = ("hybrid", "mlstm")
+#: Gate forms of the hybrid mixer (module docstring).
+GATES = ("head", "channel", "static", "attention")
+
+
+@dataclasses.dataclass(frozen=True)
+class XLSTMConfig:
+    """The student's own settings (the attention geometry is the teacher's
+    :class:`~jaxlib_ext.models.llama.LlamaConfig`).
+
+    ``mode``: ``"hybrid"`` or ``"mlstm"``. ``window``: SWA window in tokens (query ``t`` reads
+    ``t - window < s <= t``). ``n_sinks``: the first tokens every query reads (0 for none).
+    ``gate``: a form of :data:`GATES`; ``gate_bias_init``: its initial pre-activation bias
+    (``0``: ``g = 1/2``). ``mlstm_rope``: the mLSTM reads rotated q, k. ``gate_soft_cap``:
+    ``c`` of ``c tanh(x / c)`` on the mLSTM gate pre-activations (``None``: uncapped).
+    ``input_gate_bias_init``; ``forget_gate_bias_init``: ``(first, last)`` of a linspace over
+    heads. ``method``, ``chunk_size``: the mLSTM op's path on full sequences; cached calls of at
+    most ``decode_recurrent_max_len`` tokens run its recurrent path.
+    """
+
+    mode: str = "hybrid"
+    window: int = 512
+    n_sinks: int = 4
+    gate: str = "head"
+    gate_bias_init: float = 0.0
+    mlstm_rope: bool = True
+    gate_soft_cap: float | None = 15.0
+    input_gate_bias_init: float = 0.0
+    forget_gate_bias_init: tuple[float, float] = (3.0, 6.0)
+    method: str = "auto"
+    chunk_size: int = 64
+    decode_recurrent_max_len: int = 64
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"XLSTMConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if self.gate not in GATES:
+            raise ValueError(f"XLSTMConfig.gate must be one of {GATES}, got {self.gate!r}")
+        for name, low in (("window", 1), ("n_sinks", 0), ("decode_recurrent_max_len", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+                raise ValueError(f"XLSTMConfig.{name} must be an int >= {low}, got {value!r}")
+        if self.gate_soft_cap is not None and not self.gate_soft_cap > 0:
+            raise ValueError(
+                f"XLSTMConfig.gate_soft_cap must be positive or None, got {self.gate_soft_cap}"
+            )
+        if self.method not in MLSTM_METHODS:
+            raise ValueError(
+                f"XLSTMConfig.method must be one of {MLSTM_METHODS}, got {self.method!r}"
+            )
+        if self.chunk_size not in SUPPORTED_CHUNK_SIZES:
+            raise ValueError(
+                f"XLSTMConfig.chunk_size must be one of {SUPPORTED_CHUNK_SIZES}, "
+                f"got {self.chunk_size!r}"
+            )
+        if len(self.forget_gate_bias_init) != 2:
+            raise ValueError(
+                "XLSTMConfig.forget_gate_bias_init must be (first, last), got "
+                f"{self.forget_gate_bias_init!r}"
+            )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d) -> XLSTMConfig:
+        d = dict(d)
+        if "forget_gate_bias_init" in d:
+            d["forget_gate_bias_init"] = tuple(d["forget_gate_bias_init"])
+        return cls(**d)
+
+
+class XLSTMCache(NamedTuple):
+    """Decode state of one :class:`XLSTMMixer`, of a size that does not grow with position.
+
+    ``mlstm``: the mLSTM state ``(C [B, H, D, D], n [B, H, D], m [B, H])``. ``sink_k``,
+    ``sink_v``: ``[B, n_sinks, Hkv, D]`` keys (rotated) and values of the first tokens.
+    ``window_k``, ``window_v``: ``[B, window, Hkv, D]``, a ring buffer (token ``s`` in slot
+    ``s mod window``). The four are ``None`` for a pure-mLSTM student. ``length``: tokens
+    consumed (int32 scalar).
+    """
+
+    mlstm: MLSTMState
+    sink_k: jax.Array | None
+    sink_v: jax.Array | None
+    window_k: jax.Array | None
+    window_v: jax.Array | None
+    length: jax.Array
+
+
+def sliding_window_mask(query_index, key_index, key_valid, *, window: int, n_sinks: int):
+    """``[T, S]`` bool: query token ``t`` reads key token ``s`` when the key is valid,
+    ``s <= t`` and ``s`` is a sink (``s < n_sinks``) or in the window (``s > t - window``).
+    ``query_index [T]``, ``key_index [S]`` are token indices, ``key_valid [S]`` bool."""
+    t = query_index[:, None]
+    s = key_index[None, :]
+    return key_valid[None, :] & (s <= t) & ((s < n_sinks) | (s > t - window))
+
+
+def _linear(i, o, axes, rngs, *, bias=None):
+    """``nnx.Linear`` with ``N(0, 0.02)`` kernel; ``bias`` (an array of shape ``[o]``) adds a
+    bias initialised to it."""
+    lin = nnx.Linear(
+        i, o, use_bias=bias is not None, kernel_init=dense_init,
+        kernel_metadata={"logical_axes": axes}, rngs=rngs,
+    )
+    if bias is not None:
+        lin.bias.set_value(jnp.asarray(bias, jnp.float32))
+    return lin
+
+
+class XLSTMMixer(nnx.Module):
+    """The student token mixer (module docstring) over the teacher's attention geometry ``cfg``.
+
+    Parameters: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (the teacher's layout,
+    :class:`~jaxlib_ext.models.llama.LlamaAttention`), ``i_proj``, ``f_proj`` (``dim -> H``,
+    with bias: the mLSTM gate pre-activations), and by gate form ``g_proj`` (``dim -> H``,
+    ``"head"``; ``dim -> H*D``, ``"channel"``) or ``g_bias [H]`` (``"static"``).
+
+    ``__call__(x [B, T, dim], positions int32[B, T], cache=None) -> (y [B, T, dim], cache)``:
+    without a cache the full sequence, returning ``None``; with an :class:`XLSTMCache` (from
+    :meth:`init_cache`) the tokens after the cached ones, returning the updated cache.
+    """
+
+    def __init__(self, cfg: LlamaConfig, config: XLSTMConfig | None = None, *, rngs: nnx.Rngs):
+        config = XLSTMConfig() if config is None else config
+        if not isinstance(cfg, LlamaConfig):
+            raise TypeError(f"cfg must be a LlamaConfig, got {type(cfg).__name__}")
+        if not isinstance(config, XLSTMConfig):
+            raise TypeError(f"config must be an XLSTMConfig, got {type(config).__name__}")
+        self.cfg = cfg
+        self.config = config
+        dim, h, hkv, d = cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_size
+        self.q_proj = _linear(dim, h * d, ("embed", "heads"), rngs)
+        self.k_proj = _linear(dim, hkv * d, ("embed", "kv_heads"), rngs)
+        self.v_proj = _linear(dim, hkv * d, ("embed", "kv_heads"), rngs)
+        self.o_proj = _linear(h * d, dim, ("heads", "embed"), rngs)
+        self.i_proj = _linear(dim, h, ("embed", "heads"), rngs,
+                              bias=np.full(h, config.input_gate_bias_init))
+        self.f_proj = _linear(dim, h, ("embed", "heads"), rngs,
+                              bias=np.linspace(*config.forget_gate_bias_init, h))
+        hybrid = config.mode == "hybrid"
+        if hybrid and config.gate in ("head", "channel"):
+            width = h if config.gate == "head" else h * d
+            self.g_proj = _linear(dim, width, ("embed", "heads"), rngs,
+                                  bias=np.full(width, config.gate_bias_init))
+        if hybrid and config.gate == "static":
+            self.g_bias = nnx.Param(jnp.full((h,), config.gate_bias_init, jnp.float32),
+                                    logical_axes=("heads",), weight_decay=False)
+
+    # -- cache
+    def init_cache(self, batch_size: int, max_len: int | None = None,
+                   dtype=jnp.float32) -> XLSTMCache:
+        """An empty :class:`XLSTMCache` for ``batch_size`` sequences. ``max_len`` is accepted
+        for the teacher's interface and ignored: the cache has the same size at any length."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
+                or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        c, cfg = self.config, self.cfg
+        d = cfg.head_size
+        state = zero_state(batch_size, cfg.n_heads, d, d, jnp.float32)
+        if c.mode == "mlstm":
+            return XLSTMCache(state, None, None, None, None, jnp.zeros((), jnp.int32))
+        sink = jnp.zeros((batch_size, c.n_sinks, cfg.n_kv_heads, d), dtype)
+        ring = jnp.zeros((batch_size, c.window, cfg.n_kv_heads, d), dtype)
+        return XLSTMCache(state, sink, sink, ring, ring, jnp.zeros((), jnp.int32))
+
+    # -- forward
+    def __call__(self, x: jax.Array, positions: jax.Array, cache: XLSTMCache | None = None):
+        self._check(x, positions, cache)
+        c, cfg = self.config, self.cfg
+        b, t, _ = x.shape
+        h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_size
+        q = self.q_proj(x).reshape(b, t, h, d)
+        k = self.k_proj(x).reshape(b, t, hkv, d)
+        v = self.v_proj(x).reshape(b, t, hkv, d)
+        rope = dict(theta=cfg.rope_theta, convention=cfg.rope_convention)
+        qr, kr = rotary_embedding(q, positions, **rope), rotary_embedding(k, positions, **rope)
+
+        y_mlstm, state = self._mlstm(x, *((qr, kr) if c.mlstm_rope else (q, k)), v, cache)
+        if c.mode == "mlstm":
+            out, new_cache = y_mlstm, None
+            if cache is not None:
+                new_cache = cache._replace(mlstm=state, length=cache.length + t)
+        else:
+            y_swa, new_cache = self._swa(qr, kr, v, cache)
+            if new_cache is not None:
+                new_cache = new_cache._replace(mlstm=state)
+            out = self._combine(x, y_mlstm, y_swa)
+        return self.o_proj(out.reshape(b, t, h * d)), new_cache
+
+    def _mlstm(self, x, q, k, v, cache):
+        c = self.config
+        groups = self.cfg.n_heads // self.cfg.n_kv_heads
+        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        i_gate = self._cap(self.i_proj(x).astype(jnp.float32))
+        f_gate = self._cap(self.f_proj(x).astype(jnp.float32))
+        cached = cache is not None
+        method = c.method
+        if cached and x.shape[1] <= c.decode_recurrent_max_len:
+            method = "recurrent"
+        y, state = mlstm(
+            q, k, v, i_gate, f_gate,
+            initial_state=cache.mlstm if cached else None, output_final_state=cached,
+            method=method, chunk_size=c.chunk_size,
+        )
+        return y, state
+
+    def _cap(self, x):
+        cap = self.config.gate_soft_cap
+        return x if cap is None else cap * jnp.tanh(x / cap)
+
+    def _swa(self, q, k, v, cache):
+        """Sliding-window attention with sinks over the new and the cached tokens."""
+        c = self.config
+        t = q.shape[1]
+        if cache is None:
+            index = jnp.arange(t)
+            mask = sliding_window_mask(index, index, jnp.ones((t,), bool), window=c.window,
+                                       n_sinks=c.n_sinks)
+            return grouped_query_attention(q, k, v, mask), None
+        start = cache.length
+        new_index = start + jnp.arange(t)
+        sink_index = jnp.arange(c.n_sinks)
+        slot = jnp.arange(c.window)
+        ring_index = start - 1 - jnp.mod(start - 1 - slot, c.window)  # newest token in each slot
+        keys_index = jnp.concatenate([sink_index, ring_index, new_index])
+        valid = jnp.concatenate([
+            sink_index < start,  # written
+            (ring_index >= 0) & (ring_index >= c.n_sinks),  # written, not a sink (read above)
+            jnp.ones((t,), bool),
+        ])
+        mask = sliding_window_mask(new_index, keys_index, valid, window=c.window,
+                                   n_sinks=c.n_sinks)
+        dt = q.dtype
+        keys = jnp.concatenate([cache.sink_k.astype(dt), cache.window_k.astype(dt), k], axis=1)
+        values = jnp.concatenate([cache.sink_v.astype(dt), cache.window_v.astype(dt), v], axis=1)
+        y = grouped_query_attention(q, keys, values, mask)
+
+        # the new tokens that are sinks, and the last `window` new tokens into their ring slots
+        sink_slot = jnp.where(new_index < c.n_sinks, new_index, c.n_sinks)  # out of range: drop
+        sink_k = cache.sink_k.at[:, sink_slot].set(k.astype(cache.sink_k.dtype), mode="drop")
+        sink_v = cache.sink_v.at[:, sink_slot].set(v.astype(cache.sink_v.dtype), mode="drop")
+        keep = min(t, c.window)
+        ring_slot = jnp.mod(new_index[t - keep :], c.window)
+        window_k = cache.window_k.at[:, ring_slot].set(
+            k[:, t - keep :].astype(cache.window_k.dtype))
+        window_v = cache.window_v.at[:, ring_slot].set(
+            v[:, t - keep :].astype(cache.window_v.dtype))
+        return y, XLSTMCache(cache.mlstm, sink_k, sink_v, window_k, window_v, start + t)
+
+    def _combine(self, x, y_mlstm, y_swa):
+        gate = self.config.gate
+        if gate == "attention":
+            return y_swa
+        b, t, h, d = y_swa.shape
+        if gate == "static":
+            g = jax.nn.sigmoid(self.g_bias[...])[:, None]
+        elif gate == "head":
+            g = jax.nn.sigmoid(self.g_proj(x).astype(jnp.float32)).reshape(b, t, h, 1)
+        else:
+            g = jax.nn.sigmoid(self.g_proj(x).astype(jnp.float32)).reshape(b, t, h, d)
+        out = g * y_mlstm.astype(jnp.float32) + (1.0 - g) * y_swa.astype(jnp.float32)
+        return out.astype(y_swa.dtype)
+
+    def _check(self, x, positions, cache):
+        name = type(self).__name__
+        dim = self.cfg.dim
+        if not hasattr(x, "ndim") or x.ndim != 3 or x.shape[-1] != dim:
+            raise ValueError(f"{name}: x must be [B, T, dim={dim}], got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name}: x must have a floating dtype, got {x.dtype}")
+        if not hasattr(positions, "shape") or tuple(positions.shape) != tuple(x.shape[:2]):
+            raise ValueError(f"{name}: positions must be [B, T] = {tuple(x.shape[:2])}, got "
+                             f"{getattr(positions, 'shape', type(positions).__name__)}")
+        if not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise ValueError(f"{name}: positions must be integer, got dtype {positions.dtype}")
+        if cache is None:
+            return
+        if not isinstance(cache, XLSTMCache):
+            raise ValueError(f"{name}: cache must be an XLSTMCache (init_cache), got "
+                             f"{type(cache).__name__}")
+        if cache.mlstm.C.shape[0] != x.shape[0]:
+            raise ValueError(f"{name}: cache batch {cache.mlstm.C.shape[0]} != x batch "
+                             f"{x.shape[0]}")
+        hybrid = self.config.mode == "hybrid"
+        if hybrid != (cache.window_k is not None) or (
+            hybrid and (cache.window_k.shape[1], cache.sink_k.shape[1])
+            != (self.config.window, self.config.n_sinks)
+        ):
+            raise ValueError(f"{name}: cache was made for another window, sinks or mode")
+
+
+def from_teacher(attention, config: XLSTMConfig | None = None, rngs: nnx.Rngs | None = None
+                 ) -> XLSTMMixer:
+    """A student mixer initialised from a teacher attention layer (arXiv 2603.15590): copies of
+    its ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, fresh mLSTM and mixing-gate parameters
+    drawn from ``rngs``. ``attention`` is a :class:`~jaxlib_ext.models.llama.LlamaAttention` (any
+    module with those four projections and a ``cfg`` :class:`LlamaConfig`); it is not changed.
+    """
+    if rngs is None:
+        raise ValueError("rngs: from_teacher draws the new gate parameters and needs an nnx.Rngs")
+    cfg = getattr(attention, "cfg", None)
+    missing = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if not hasattr(attention, n)]
+    if not isinstance(cfg, LlamaConfig) or missing:
+        raise ValueError(
+            f"attention: expected a LlamaAttention (q_proj, k_proj, v_proj, o_proj and a "
+            f"LlamaConfig cfg), got {type(attention).__name__}"
+        )
+    student = XLSTMMixer(cfg, config, rngs=rngs)
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        setattr(student, name, nnx.clone(getattr(attention, name)))
+    return student
+
+
+def student_from_teacher(teacher, config: XLSTMConfig | None = None, *, rngs: nnx.Rngs,
+                         layers=None):
+    """A copy of ``teacher`` (a :class:`~jaxlib_ext.models.llama.Llama`) whose blocks ``layers``
+    (default all) have :func:`from_teacher` students in place of their attention; embeddings,
+    norms, MLPs and the remaining layers are copies of the teacher's. The teacher is not
+    changed."""
+    n = len(teacher.blocks)
+    chosen = range(n) if layers is None else list(layers)
+    for i in chosen:
+        if isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= i < n:
+            raise ValueError(f"layers: expected block indices in [0, {n}), got {i!r}")
+    student = nnx.clone(teacher)
+    for i in chosen:
+        student.blocks[i].attention = from_teacher(teacher.blocks[i].attention, config, rngs)
+    return student

@@ -1,0 +1,289 @@
+"""xLSTM students: weight transfer from a Llama teacher, the sliding window with sinks, decoding
+with a constant-size cache, gradients, errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxlib_ext.memory import tree_bytes
+from jaxlib_ext.models.llama import Llama, LlamaAttention, LlamaConfig
+from jaxlib_ext.models.xlstm import (
+    XLSTMCache,
+    XLSTMConfig,
+    XLSTMMixer,
+    from_teacher,
+    sliding_window_mask,
+    student_from_teacher,
+)
+
+CFG = LlamaConfig(vocab_size=97, dim=48, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=12,
+                  hidden_dim=64, max_position=256)
+
+
+def rel(out, ref) -> float:
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def inputs(seed, b=2, t=23, dim=CFG.dim):
+    x = jax.random.normal(jax.random.key(seed), (b, t, dim), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    return x, positions
+
+
+def perturbed(module, seed, scale=0.3):
+    """Every parameter moved away from its init (gates not near 0 or 1 by accident)."""
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    leaves = [p + scale * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)]
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves), rest)
+
+
+# --------------------------------------------------------------------------- weight transfer
+
+
+@pytest.mark.parametrize("convention", ["half", "interleaved"])
+def test_attention_gate_with_full_window_is_the_teacher_layer_exactly(convention):
+    cfg = LlamaConfig(**{**CFG.to_dict(), "rope_convention": convention})
+    teacher = LlamaAttention(cfg, rngs=nnx.Rngs(0))
+    student = from_teacher(teacher, XLSTMConfig(gate="attention", window=64), nnx.Rngs(1))
+    x, positions = inputs(2)
+    positions = positions + 5  # RoPE angles off the token indices
+    y_t, _ = teacher(x, positions)
+    y_s, cache = student(x, positions)
+    assert cache is None
+    np.testing.assert_array_equal(y_s, y_t)
+    # the copies are the teacher's values, not shared references
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        np.testing.assert_array_equal(getattr(student, name).kernel[...],
+                                      getattr(teacher, name).kernel[...])
+        assert getattr(student, name) is not getattr(teacher, name)
+
+
+def test_stage_one_loss_is_zero_for_a_student_fixed_to_attention():
+    """Layer-wise alignment targets of the teacher (arXiv 2603.15590, stage I): every student
+    mixer reproduces its teacher layer on the teacher's inputs, and the student LM the teacher's
+    logits."""
+    teacher = Llama(CFG, rngs=nnx.Rngs(3))
+    config = XLSTMConfig(gate="attention", window=CFG.max_position)
+    student = student_from_teacher(teacher, config, rngs=nnx.Rngs(4))
+    tokens = jax.random.randint(jax.random.key(5), (2, 31), 0, CFG.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(31, dtype=jnp.int32), tokens.shape)
+    for block, (x_in, y_out) in zip(student.blocks, teacher.mixer_io(tokens), strict=True):
+        y, _ = block.attention(x_in, positions)
+        assert float(jnp.mean((y - y_out) ** 2)) == 0.0
+    np.testing.assert_array_equal(student(tokens)[0], teacher(tokens)[0])
+
+
+def test_hybrid_gate_mixes_the_mlstm_in():
+    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    x, positions = inputs(6)
+    y_t, _ = teacher(x, positions)
+    for gate in ("head", "channel", "static"):
+        student = from_teacher(teacher, XLSTMConfig(gate=gate, window=64), nnx.Rngs(1))
+        y, _ = student(x, positions)
+        assert y.shape == y_t.shape and np.all(np.isfinite(y))
+        assert 1e-3 < rel(y, y_t) < 10.0, gate
+    pure = from_teacher(teacher, XLSTMConfig(mode="mlstm"), nnx.Rngs(1))
+    assert not hasattr(pure, "g_proj") and not hasattr(pure, "g_bias")
+    y, _ = pure(x, positions)
+    assert np.all(np.isfinite(y)) and rel(y, y_t) > 1e-3
+
+
+def test_student_from_teacher_replaces_chosen_layers_and_leaves_the_teacher_alone():
+    teacher = Llama(CFG, rngs=nnx.Rngs(7))
+    before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
+    student = student_from_teacher(teacher, XLSTMConfig(), rngs=nnx.Rngs(8), layers=[1])
+    assert isinstance(student.blocks[0].attention, LlamaAttention)
+    assert isinstance(student.blocks[1].attention, XLSTMMixer)
+    assert all(isinstance(b.attention, LlamaAttention) for b in teacher.blocks)
+    after = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
+    jax.tree.map(np.testing.assert_array_equal, before, after)
+    tokens = jnp.arange(20, dtype=jnp.int32)[None] % CFG.vocab_size
+    assert np.all(np.isfinite(student(tokens)[0]))
+
+
+# --------------------------------------------------------------------------- window and sinks
+
+
+def test_sliding_window_mask_matches_its_definition():
+    idx = np.arange(12)
+    valid = np.ones(12, bool)
+    valid[7] = False
+    mask = np.asarray(sliding_window_mask(jnp.asarray(idx), jnp.asarray(idx), jnp.asarray(valid),
+                                          window=3, n_sinks=2))
+    for t in range(12):
+        for s in range(12):
+            want = valid[s] and s <= t and (s < 2 or t - 3 < s)
+            assert mask[t, s] == want, (t, s)
+
+
+def test_attention_branch_reads_only_sinks_and_window():
+    """Changing tokens outside query ``t``'s sinks and window leaves ``y_t`` unchanged; changing
+    one inside changes it."""
+    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    student = from_teacher(teacher, XLSTMConfig(gate="attention", window=4, n_sinks=2),
+                           nnx.Rngs(1))
+    x, positions = inputs(9, b=1, t=16)
+    forward = jax.jit(lambda x: student(x, positions)[0])
+    y = forward(x)
+    t = 12  # reads tokens 0, 1 (sinks) and 9..12 (window)
+    y_out = forward(x.at[:, 4:9].add(1.0))
+    np.testing.assert_allclose(y_out[:, t], y[:, t], rtol=0, atol=1e-6)
+    for s in (0, 1, 9):
+        y_in = forward(x.at[:, s].add(1.0))
+        assert float(jnp.max(jnp.abs(y_in[:, t] - y[:, t]))) > 1e-4, s
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _decode_in_pieces(mixer, x, positions, pieces):
+    cache = mixer.init_cache(x.shape[0], 1024)
+    step = jax.jit(lambda x, p, c: mixer(x, p, c))
+    outs, start = [], 0
+    for n in pieces:
+        y, cache = step(x[:, start : start + n], positions[:, start : start + n], cache)
+        outs.append(y)
+        start += n
+    assert start == x.shape[1]
+    return jnp.concatenate(outs, axis=1), cache
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        XLSTMConfig(window=5, n_sinks=2, gate="head", chunk_size=16),
+        XLSTMConfig(window=3, n_sinks=0, gate="channel", chunk_size=16),
+        XLSTMConfig(mode="mlstm", chunk_size=16),
+    ],
+    ids=["hybrid", "hybrid-no-sinks", "mlstm"],
+)
+def test_decode_piece_by_piece_equals_full_forward(config):
+    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    student = perturbed(from_teacher(teacher, config, nnx.Rngs(1)), 2)
+    x, positions = inputs(10, t=29)
+    y_full, _ = student(x, positions)
+    y_steps, cache = _decode_in_pieces(student, x, positions, [1] * 29)
+    assert rel(y_steps, y_full) < 1e-4  # float32, two evaluation orders
+    # prefill pieces longer than the window, then single steps
+    y_mixed, cache2 = _decode_in_pieces(student, x, positions, [7, 1, 1, 12, 1, 7])
+    assert rel(y_mixed, y_full) < 1e-4
+    assert int(cache.length) == int(cache2.length) == 29
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+                 cache.mlstm, cache2.mlstm)
+
+
+def test_student_llama_decodes_like_its_full_forward():
+    teacher = Llama(CFG, rngs=nnx.Rngs(11))
+    student = student_from_teacher(teacher, XLSTMConfig(window=6, n_sinks=1, chunk_size=16),
+                                   rngs=nnx.Rngs(12), layers=[0])
+    student = perturbed(student, 13, scale=0.05)
+    tokens = jax.random.randint(jax.random.key(14), (2, 21), 0, CFG.vocab_size)
+    full, _ = jax.jit(lambda t: student(t))(tokens)
+    cache = student.init_cache(2, 32)
+    assert isinstance(cache.layers[0], XLSTMCache)
+    step = jax.jit(lambda t, c: student(t, cache=c))
+    logits, cache = step(tokens[:, :9], cache)
+    steps = [logits]
+    for t in range(9, 21):
+        logits, cache = step(tokens[:, t : t + 1], cache)
+        steps.append(logits)
+    assert rel(jnp.concatenate(steps, axis=1), full) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "mlstm"])
+def test_cache_size_is_constant_in_sequence_length(mode):
+    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    student = from_teacher(teacher, XLSTMConfig(mode=mode, window=4, n_sinks=2), nnx.Rngs(1))
+    empty = student.init_cache(2, 16)
+    assert tree_bytes(student.init_cache(2, 4096)) == tree_bytes(empty)
+    shapes = jax.tree.map(lambda a: a.shape, empty)
+    x, positions = inputs(15, t=40)
+    step = jax.jit(lambda x, p, c: student(x, p, c))
+    cache = empty
+    for t in range(40):
+        _, cache = step(x[:, t : t + 1], positions[:, t : t + 1], cache)
+        assert jax.tree.map(lambda a: a.shape, cache) == shapes
+    assert tree_bytes(cache) == tree_bytes(empty)
+    # the teacher's cache grows with the length it is made for
+    assert tree_bytes(teacher.init_cache(2, 4096)) > tree_bytes(teacher.init_cache(2, 16))
+
+
+# --------------------------------------------------------------------------- training
+
+
+def test_gradients_reach_the_new_parameters():
+    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    student = from_teacher(teacher, XLSTMConfig(window=8, chunk_size=16), nnx.Rngs(1))
+    x, positions = inputs(16, t=20)
+    target, _ = teacher(x, positions)
+    graphdef, params = nnx.split(student, nnx.Param)
+
+    def loss(params):
+        y, _ = nnx.merge(graphdef, params)(x, positions)
+        return jnp.mean((y - target) ** 2)
+
+    grads = jax.jit(jax.grad(loss))(params)
+    for name in ("i_proj", "f_proj", "g_proj", "q_proj", "o_proj"):
+        g = jax.tree.leaves(grads[name])
+        assert all(np.all(np.isfinite(a)) for a in g), name
+        assert max(float(jnp.max(jnp.abs(a))) for a in g) > 0, name
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "ssm"}, "mode"),
+        ({"gate": "sum"}, "gate"),
+        ({"window": 0}, "window"),
+        ({"n_sinks": -1}, "n_sinks"),
+        ({"window": 2.5}, "window"),
+        ({"gate_soft_cap": 0.0}, "gate_soft_cap"),
+        ({"method": "pallas"}, "method"),
+        ({"chunk_size": 48}, "chunk_size"),
+        ({"forget_gate_bias_init": (3.0,)}, "forget_gate_bias_init"),
+    ],
+)
+def test_bad_config_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        XLSTMConfig(**kwargs)
+
+
+def test_bad_calls_raise():
+    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    student = from_teacher(teacher, XLSTMConfig(window=4), nnx.Rngs(1))
+    x, positions = inputs(17, t=6)
+    with pytest.raises(ValueError, match="x must be"):
+        student(x[..., :5], positions)
+    with pytest.raises(ValueError, match="x must have a floating"):
+        student(x.astype(jnp.int32), positions)
+    with pytest.raises(ValueError, match="positions must be"):
+        student(x, positions[:, :3])
+    with pytest.raises(ValueError, match="positions must be integer"):
+        student(x, positions.astype(jnp.float32))
+    with pytest.raises(ValueError, match="cache must be an XLSTMCache"):
+        student(x, positions, teacher.init_cache(2, 8))
+    with pytest.raises(ValueError, match="cache batch"):
+        student(x, positions, student.init_cache(3))
+    other = from_teacher(teacher, XLSTMConfig(window=5), nnx.Rngs(1))
+    with pytest.raises(ValueError, match="another window"):
+        student(x, positions, other.init_cache(2))
+    with pytest.raises(ValueError, match="batch_size"):
+        student.init_cache(0)
+    with pytest.raises(ValueError, match="attention"):
+        from_teacher(nnx.Linear(3, 3, rngs=nnx.Rngs(0)), XLSTMConfig(), nnx.Rngs(1))
+    with pytest.raises(ValueError, match="rngs"):
+        from_teacher(teacher, XLSTMConfig())
+    with pytest.raises(TypeError, match="config"):
+        XLSTMMixer(CFG, {"window": 4}, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="layers"):
+        student_from_teacher(Llama(CFG, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1), layers=[2])
