@@ -64,6 +64,7 @@ from jaxlib_ext.models.transformer import (
     build_transformer,
     causal_attention,
 )
+from jaxlib_ext.models.xlstm import XLSTMConfig, XLSTMMixer, student_from_teacher
 
 __all__ = [
     # builders, configs, presets
@@ -87,6 +88,9 @@ __all__ = [
     "LlamaConfig",
     "load_gguf",
     "default_teacher_path",
+    "XLSTMConfig",
+    "XLSTMMixer",
+    "student_from_teacher",
     "LanguageModel",
     "TransformerLM",
     "MDNLanguageModel",
