@@ -77,7 +77,10 @@ def test_wheel_installs_one_namespace_with_its_data(tmp_path):
     assert {t for t in tops if not t.endswith(".dist-info")} == {"jaxlib_ext"}
     for module in ("jaxlib_ext/models/mdn.py", "jaxlib_ext/optim/foam.py",
                    "jaxlib_ext/pallas_kernels/mdn/reference.py",
-                   "jaxlib_ext/samplers/data/potato_visual.csv"):
+                   "jaxlib_ext/samplers/data/potato_visual.csv",
+                   "jaxlib_ext/samplers/data/miplib3/p0033.mps",
+                   "jaxlib_ext/data_files/mnist.npz",
+                   "jaxlib_ext/pallas_kernels/mlstm/reference.py"):
         assert module in names, module
 
 
