@@ -1,0 +1,144 @@
+"""The energy on the integer block: objective plus constraint-violation penalty, jit-able.
+
+With ``x = (z, y)`` split into integer ``z`` and continuous ``y`` columns and the problem in
+minimisation form (``c <- sense * c``), the energy of an integer assignment is::
+
+    E_lam(z; y) = (c_z^T z + c_y^T y) / S + lam * sum_i w_i psi(v_i(A_z z + A_y y))       (E.1)
+    v_i(r) = max(0, r - row_upper_i) + max(0, row_lower_i - r)
+
+with ``S`` the objective scale (``max |c|``), ``w_i = 1 / max_j |A_ij|`` the row scale and
+``psi(t) = t`` (``power=1``) or ``t^2`` (``power=2``). The unsupervised Langevin MILP paper
+(ICML 2026, UNLS4MILP) says only that its energy "unifies objective and constraint
+satisfaction"; (E.1) is our choice: the penalty energy of regularised Langevin dynamics (Feng and
+Yang, ICML 2025) extended with the continuous block. The continuous part enters through the
+per-chain ``shift = A_y y`` and ``const = c_y^T y`` of a completion ``y``: with ``psi(t) = t``
+and ``y`` the elastic LP completion (``lp_completion.complete(..., penalty=lam)``),
+``min_y E_lam(z; y)`` is exactly that LP's value divided by ``S``, so (E.1) at the LP's ``y`` is
+"the objective plus penalty with the LP value where continuous variables exist", and its
+gradient in ``z`` at fixed ``y`` is a valid subgradient of the LP value function (Danskin).
+
+Inside the sampler (``solve``) the rows that hold continuous columns are handed to the LP
+instead (``energy_data(..., lp_rows=True)`` frees them in (E.1)), and the LP value enters as
+its linearisation at the last completed ``z0`` of each chain (a cut of the LP value function)::
+
+    E(z) = (c_z^T z + v(z0) + h^T (z - z0)) / S + lam * sum_{i integer-only} w_i psi(v_i)    (E.2)
+
+with ``v`` the elastic LP value (L.2) and ``h = -A_z^T pi`` its subgradient from the LP duals
+``pi``; it is passed as per-chain costs ``c_z + h`` and constant ``v(z0) - (c_z + h)^T z0``
+(``langevin.run_langevin(cost=..., const=...)``) and refreshed every round.
+
+``z`` is treated as real-valued for the gradient (the relaxation), which is what the discrete
+Langevin proposal of Zhang et al. (arXiv 2206.09914, eq. 3) needs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlib_ext.samplers.milp.problem import MILP
+
+__all__ = ["EnergyData", "continuous_shift", "energy", "energy_data", "energy_terms",
+           "pad_energy_data", "violation"]
+
+
+class EnergyData(NamedTuple):
+    """Arrays of (E.1) for one problem (a pytree; float32 on device).
+
+    ``c`` (n,) integer-block costs (minimisation form), ``A`` (m, n) dense integer block,
+    ``row_lower``/``row_upper`` (m,) (may be infinite), ``row_weight`` (m,) ``w_i``,
+    ``obj_scale`` () ``S``, ``lower``/``upper`` (n,) finite integer bounds, ``var_mask`` (n,) 1 for
+    real columns, 0 for padding (padded columns are fixed at 0).
+    """
+
+    c: jax.Array
+    A: jax.Array
+    row_lower: jax.Array
+    row_upper: jax.Array
+    row_weight: jax.Array
+    obj_scale: jax.Array
+    lower: jax.Array
+    upper: jax.Array
+    var_mask: jax.Array
+
+
+def energy_data(problem: MILP, *, normalize: bool = True, lp_rows: bool = False,
+                dtype=jnp.float32) -> EnergyData:
+    """Build :class:`EnergyData` of ``problem``'s integer block (host, once per problem).
+
+    ``lp_rows=True`` frees the rows that hold continuous columns (infinite bounds), as in (E.2).
+    ``normalize=False`` sets ``S = 1`` and ``w_i = 1`` (then (E.1) at a feasible point is exactly
+    ``c^T x`` in minimisation form). Raises ``ValueError`` if the problem has no integer columns or
+    an integer column has an infinite bound (the sampler moves inside a finite box).
+    """
+    iz = problem.integer_index
+    if iz.size == 0:
+        raise ValueError("problem: no integer columns; solve it as an LP (solve() does this)")
+    lo, up = np.ceil(problem.lower[iz] - 1e-9), np.floor(problem.upper[iz] + 1e-9)
+    if not (np.isfinite(lo).all() and np.isfinite(up).all()):
+        raise ValueError("problem: the sampler needs finite bounds on every integer column")
+    cmin = problem.sense * problem.c
+    A = problem.A.toarray()
+    if normalize:
+        s = float(np.max(np.abs(cmin), initial=0.0)) or 1.0
+        amax = np.max(np.abs(A), axis=1, initial=0.0)
+        w = np.where(amax > 0, 1.0 / np.where(amax > 0, amax, 1.0), 1.0)
+    else:
+        s, w = 1.0, np.ones(problem.num_rows)
+    row_lower, row_upper = problem.row_lower, problem.row_upper
+    if lp_rows:
+        mixed = np.abs(A[:, problem.continuous_index]).sum(1) > 0
+        row_lower = np.where(mixed, -np.inf, row_lower)
+        row_upper = np.where(mixed, np.inf, row_upper)
+    f = lambda a: jnp.asarray(a, dtype)  # noqa: E731
+    return EnergyData(f(cmin[iz]), f(A[:, iz]), f(row_lower), f(row_upper), f(w),
+                      f(s), f(lo), f(up), f(np.ones(iz.size)))
+
+
+def continuous_shift(problem: MILP, y) -> tuple[np.ndarray, np.ndarray]:
+    """``(shift, const) = (A_y y, c_y^T y)`` (minimisation form) for continuous values ``y``
+    of shape (..., n_cont); zeros when the problem has no continuous columns."""
+    ic = problem.continuous_index
+    y = np.asarray(y, np.float64)
+    if ic.size == 0:
+        return np.zeros(y.shape[:-1] + (problem.num_rows,)), np.zeros(y.shape[:-1])
+    Ay = problem.A[:, ic]
+    shift = (Ay @ y.reshape(-1, ic.size).T).T.reshape(y.shape[:-1] + (problem.num_rows,))
+    return shift, y @ (problem.sense * problem.c[ic])
+
+
+def pad_energy_data(data: EnergyData, n: int, m: int) -> EnergyData:
+    """Pad to ``n`` columns and ``m`` rows: padded rows are free (infinite bounds, zero
+    coefficients), padded columns are fixed at 0 (``var_mask`` 0), so (E.1) is unchanged."""
+    n0, m0 = data.c.shape[0], data.A.shape[0]
+    if n < n0 or m < m0:
+        raise ValueError(f"n, m: cannot pad ({n0}, {m0}) down to ({n}, {m})")
+    pn, pm = n - n0, m - m0
+    return EnergyData(
+        jnp.pad(data.c, (0, pn)), jnp.pad(data.A, ((0, pm), (0, pn))),
+        jnp.pad(data.row_lower, (0, pm), constant_values=-jnp.inf),
+        jnp.pad(data.row_upper, (0, pm), constant_values=jnp.inf),
+        jnp.pad(data.row_weight, (0, pm), constant_values=1.0), data.obj_scale,
+        jnp.pad(data.lower, (0, pn)), jnp.pad(data.upper, (0, pn)), jnp.pad(data.var_mask, (0, pn)))
+
+
+def violation(data: EnergyData, z, shift=0.0):
+    """Per-row violation ``v_i`` of (E.1) at ``r = A_z z + shift``, shape (m,)."""
+    r = data.A @ z + shift
+    return jnp.maximum(r - data.row_upper, 0.0) + jnp.maximum(data.row_lower - r, 0.0)
+
+
+def energy_terms(data: EnergyData, z, shift=0.0, const=0.0, power: int = 1):
+    """``(objective / S, sum_i w_i psi(v_i))``, the two terms of (E.1)."""
+    obj = (jnp.dot(data.c, z) + const) / data.obj_scale
+    v = data.row_weight * violation(data, z, shift)
+    return obj, jnp.sum(v if power == 1 else v * v)
+
+
+def energy(data: EnergyData, z, shift=0.0, const=0.0, penalty=1.0, power: int = 1):
+    """(E.1) for one assignment ``z`` (n,); differentiable in ``z`` on the relaxation."""
+    obj, pen = energy_terms(data, z, shift, const, power)
+    return obj + penalty * pen

@@ -1,0 +1,196 @@
+"""Training the bipartite GNN: unsupervised (expected energy) and supervised (Neural Diving).
+
+**Unsupervised** (:func:`train_unsupervised`; the paper's "no labelled solutions" sampler,
+reconstructed): states ``z`` are collected by running the untrained flip-rule sampler (D.3) of
+:mod:`langevin` on the training instances (snapshots along its annealing schedule, each with its
+``tau`` and ``lam``). At each state the network's logits ``b`` are added to (D.3), giving move
+probabilities ``p = sigmoid(l + b)`` along the move directions ``dir``; the loss is the energy (E.1)
+of the expected next state (the relaxation; the "Erdos goes neural" form of the learned proposal
+of Feng and Yang, ICML 2025) plus a move-count regulariser::
+
+    L(theta) = E_{z} [ E_lam(z + p * dir) + mu (sum_i p_i - k)^2 / n ]                   (T.1)
+
+No optimal solution enters (T.1). The paper's exact loss is not public; (T.1) is our choice.
+
+**Supervised** (:func:`train_supervised`; Neural Diving, Nair et al., arXiv 2012.13349, sec. 4):
+the same network, evaluated at the all-lower-bound state, is trained by binary cross-entropy to
+predict a HiGHS-optimal assignment ``z*`` of each training instance (``(z* - l)/(u - l)`` for
+general integers); ``diving.neural_diving`` then predicts, fixes and completes.
+
+Instances of one family are padded to common sizes (``energy.pad_energy_data``) and stacked, so
+one ``jit``-compiled step serves the whole training set.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from jaxlib_ext.samplers.milp.energy import EnergyData, energy, energy_data, pad_energy_data
+from jaxlib_ext.samplers.milp.gnn import BipartiteGNN
+from jaxlib_ext.samplers.milp.highs import solve_highs
+from jaxlib_ext.samplers.milp.langevin import (
+    _terms_and_grad,
+    annealing_schedule,
+    coordinate_gains,
+    flip_logits,
+    run_langevin,
+)
+from jaxlib_ext.samplers.milp.problem import MILP
+
+__all__ = ["stack_problems", "train_supervised", "train_unsupervised"]
+
+
+def _round_up(v, k):
+    return int(-(-v // k) * k)
+
+
+def stack_problems(problems: list[MILP], *, pad_to: int = 16) -> EnergyData:
+    """:class:`EnergyData` of every problem, padded to common sizes (multiples of ``pad_to``) and
+    stacked on a leading axis. Problems with continuous columns use their integer block only."""
+    if not problems:
+        raise ValueError("problems: expected at least one MILP")
+    datas = [energy_data(p) for p in problems]
+    n = _round_up(max(d.c.shape[0] for d in datas), pad_to)
+    m = _round_up(max(d.A.shape[0] for d in datas), pad_to)
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *[pad_energy_data(d, n, m) for d in datas])
+
+
+def _collect_states(key, stacked: EnergyData, num_chains, num_steps, snapshots, num_flips,
+                    temperature, penalty):
+    temps, pens = annealing_schedule(num_steps, temperature, penalty)
+    chunk = num_steps // snapshots
+    P, n = stacked.c.shape
+    states, taus, lams = [], [], []
+    for p in range(P):
+        data = jax.tree.map(lambda a, p=p: a[p], stacked)
+        z = jnp.zeros((num_chains, n)) + data.lower
+        for s in range(snapshots):
+            key, sub = jax.random.split(key)
+            sl = slice(s * chunk, (s + 1) * chunk)
+            st, _ = run_langevin(sub, data, z, temperatures=temps[sl], penalties=pens[sl],
+                                 num_flips=num_flips)
+            z = st.z
+            states.append(np.asarray(z))
+            taus.append(np.full(num_chains, float(temps[sl][-1])))
+            lams.append(np.full(num_chains, float(pens[sl][-1])))
+    idx = np.repeat(np.arange(P), snapshots * num_chains)
+    return (idx, np.concatenate(states), np.concatenate(taus), np.concatenate(lams))
+
+
+def _train_loop(model, loss_fn, batches, steps, lr, progress, desc):
+    graphdef, params = nnx.split(model, nnx.Param)
+    rest = nnx.state(model, nnx.Not(nnx.Param))
+    tx = optax.adam(lr)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        def f(params):
+            m = nnx.merge(graphdef, params, rest)
+            return loss_fn(m, batch)
+        loss, grads = jax.value_and_grad(f)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    losses = []
+    bar = tqdm(range(steps), desc=desc, disable=not progress)
+    for t in bar:
+        params, opt_state, loss = step(params, opt_state, batches(t))
+        losses.append(float(loss))
+        if progress and t % 20 == 0:
+            bar.set_postfix(loss=f"{losses[-1]:.4g}")
+    nnx.update(model, params)
+    return model, np.asarray(losses)
+
+
+def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layers: int = 2,
+                       steps: int = 300, batch_size: int = 32, learning_rate: float = 1e-3,
+                       num_chains: int = 8, num_steps: int = 400, snapshots: int = 8,
+                       num_flips: int = 4, temperature=(0.5, 0.005), penalty=(1.0, 10.0),
+                       move_weight: float = 0.1, progress: bool = False):
+    """Train a :class:`~jaxlib_ext.samplers.milp.gnn.BipartiteGNN` by (T.1) on ``problems``
+    (no labels). Returns ``(model, losses)``."""
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps, batch_size: expected >= 1, got {steps}, {batch_size}")
+    stacked = stack_problems(problems)
+    k_model, k_states, k_batch = jax.random.split(key, 3)
+    idx, states, taus, lams = _collect_states(k_states, stacked, num_chains, num_steps, snapshots,
+                                              num_flips, temperature, penalty)
+    model = BipartiteGNN(hidden, num_layers, rngs=nnx.Rngs(k_model))
+    rng = np.random.default_rng(int(jax.random.randint(k_batch, (), 0, 2**31 - 1)))
+
+    def batches(t):
+        b = rng.integers(len(idx), size=batch_size)
+        return idx[b], states[b], taus[b], lams[b]
+
+    def loss_fn(m, batch):
+        pi, z, tau, lam = batch
+
+        def one(pi, z, tau, lam):
+            data = jax.tree.map(lambda a: a[pi], stacked)
+            _, _, _, g = _terms_and_grad(data, z, 0.0, 0.0, lam, 1)
+            gains = coordinate_gains(data, z, 0.0, 0.0, lam)
+            logits, direction = flip_logits(data, z, g, tau, num_flips, gains)
+            logits = logits + m(data, z, g, 0.0, lam)
+            p = jnp.where(jnp.isfinite(logits), jax.nn.sigmoid(logits), 0.0)
+            z_exp = z + p * direction  # (T.1)
+            n = jnp.maximum(data.var_mask.sum(), 1.0)
+            return energy(data, z_exp, penalty=lam) + move_weight * (p.sum() - num_flips) ** 2 / n
+
+        return jnp.mean(jax.vmap(one)(pi, z, tau, lam))
+
+    return _train_loop(model, loss_fn, batches, steps, learning_rate, progress,
+                       "unsupervised GNN")
+
+
+def train_supervised(key, problems: list[MILP], *, solutions=None, hidden: int = 32,
+                     num_layers: int = 2, steps: int = 300, batch_size: int = 8,
+                     learning_rate: float = 1e-3, time_limit: float = 10.0,
+                     progress: bool = False):
+    """Train the same network on HiGHS-optimal assignments (Neural Diving's labels).
+
+    ``solutions``: optional list of full ``x`` vectors; by default each problem is solved with
+    HiGHS under ``time_limit`` seconds (problems without a solution are skipped). Returns
+    ``(model, losses)``.
+    """
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps, batch_size: expected >= 1, got {steps}, {batch_size}")
+    if solutions is None:
+        solutions = [solve_highs(p, time_limit=time_limit).x for p in problems]
+    if len(solutions) != len(problems):
+        raise ValueError(f"solutions: expected {len(problems)}, got {len(solutions)}")
+    kept = [(p, x) for p, x in zip(problems, solutions) if x is not None]
+    if not kept:
+        raise ValueError("problems: HiGHS found no solution to learn from")
+    stacked = stack_problems([p for p, _ in kept])
+    n = stacked.c.shape[1]
+    targets = np.zeros((len(kept), n), np.float32)
+    for i, (p, x) in enumerate(kept):
+        iz = p.integer_index
+        lo, up = np.ceil(p.lower[iz]), np.floor(p.upper[iz])
+        targets[i, : iz.size] = (x[iz] - lo) / np.maximum(up - lo, 1.0)
+    targets = jnp.asarray(targets)
+    model = BipartiteGNN(hidden, num_layers, rngs=nnx.Rngs(key))
+    rng = np.random.default_rng(0)
+
+    def batches(t):
+        return rng.integers(len(kept), size=batch_size)
+
+    def loss_fn(m, pi):
+        def one(pi):
+            data = jax.tree.map(lambda a: a[pi], stacked)
+            z = data.lower
+            _, _, _, g = _terms_and_grad(data, z, 0.0, 0.0, 1.0, 1)
+            logits = m(data, z, g, 0.0, 1.0)
+            bce = optax.sigmoid_binary_cross_entropy(logits, targets[pi]) * data.var_mask
+            return bce.sum() / jnp.maximum(data.var_mask.sum(), 1.0)
+
+        return jnp.mean(jax.vmap(one)(pi))
+
+    return _train_loop(model, loss_fn, batches, steps, learning_rate, progress,
+                       "supervised GNN")
