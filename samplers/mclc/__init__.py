@@ -1,0 +1,74 @@
+"""jaxlib_ext.samplers.mclc: latent-diffusion solvers for linear inverse problems and MCLC, the
+measurement-consistent Langevin corrector (arXiv 2601.04791).
+
+:mod:`problem` (the problem container, operator checks, Tweedie's denoiser, the measurement
+residual and its linearisation), :mod:`solvers` (latent DPS and PSLD over DDIM, with a
+``corrector=`` hook), :mod:`corrector` (``mclc_correct`` and its constraint forms: tangent
+projection, first-order compensation, none), :mod:`gaussian` (the linear-Gaussian latent model
+with its closed-form posterior, the oracle of the tests).
+"""
+
+from jaxlib_ext.samplers.mclc import corrector, gaussian, problem, solvers
+from jaxlib_ext.samplers.mclc.corrector import (
+    CONSTRAINTS,
+    MCLC,
+    CorrectorInfo,
+    compensation_constraint,
+    mclc,
+    mclc_correct,
+    no_constraint,
+    tangent_constraint,
+)
+from jaxlib_ext.samplers.mclc.gaussian import (
+    LinearGaussianLatentModel,
+    gaussian_kl,
+    linear_gaussian_model,
+)
+from jaxlib_ext.samplers.mclc.problem import (
+    LatentInverseProblem,
+    LinearOperator,
+    ResidualLinearization,
+    as_linear_operator,
+    check_adjoint,
+    ddim_timesteps,
+    denoise,
+    latent_inverse_problem,
+    measurement_residual,
+    residual_linearization,
+    vp_alpha_bars,
+)
+from jaxlib_ext.samplers.mclc.solvers import SolverInfo, SolverResult, ddim_step, latent_dps, psld
+
+__all__ = [
+    "CONSTRAINTS",
+    "MCLC",
+    "CorrectorInfo",
+    "LatentInverseProblem",
+    "LinearGaussianLatentModel",
+    "LinearOperator",
+    "ResidualLinearization",
+    "SolverInfo",
+    "SolverResult",
+    "as_linear_operator",
+    "check_adjoint",
+    "compensation_constraint",
+    "corrector",
+    "ddim_step",
+    "ddim_timesteps",
+    "denoise",
+    "gaussian",
+    "gaussian_kl",
+    "latent_dps",
+    "latent_inverse_problem",
+    "linear_gaussian_model",
+    "mclc",
+    "mclc_correct",
+    "measurement_residual",
+    "no_constraint",
+    "problem",
+    "psld",
+    "residual_linearization",
+    "solvers",
+    "tangent_constraint",
+    "vp_alpha_bars",
+]

@@ -1,0 +1,268 @@
+"""MCLC (arXiv 2601.04791) and the latent solvers on the linear-Gaussian latent model, whose
+posterior is closed-form: invariance of the posterior (moment errors shrink with the step),
+KL reduction from a perturbed ensemble, a non-increasing residual per corrector step, the
+solvers under jit/vmap (with the image operators of ``samplers.degradations``), bad inputs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxlib_ext.samplers import degradations
+from jaxlib_ext.samplers import mclc as M
+
+D, N_PIX, K_MEAS = 4, 6, 2
+
+
+@pytest.fixture(scope="module")
+def gauss():
+    """Model, measurement and its problem (orthonormal pullback: ``A W`` has orthonormal
+    rows)."""
+    model = M.linear_gaussian_model(jax.random.key(0), D, N_PIX, K_MEAS, 0.1)
+    _, _, y = model.sample_measurement(jax.random.key(100))
+    return model, y, model.problem(y)
+
+
+def _whitened_error(samples, mean, cov):
+    """``||L^-1 (m - mean)|| + ||L^-1 C L^-T - I||_F`` with ``cov = L L^T``."""
+    m, c = samples.mean(0), jnp.cov(samples.T)
+    li = jnp.linalg.inv(jnp.linalg.cholesky(cov))
+    return float(jnp.linalg.norm(li @ (m - mean)) + jnp.linalg.norm(li @ c @ li.T - jnp.eye(D)))
+
+
+def _draw(key, mean, cov, n):
+    return mean + jax.random.normal(key, (n, mean.shape[0])) @ jnp.linalg.cholesky(cov).T
+
+
+def _ensemble_kl(samples, mean, cov):
+    return M.gaussian_kl(samples.mean(0), jnp.cov(samples.T), mean, cov)
+
+
+def test_corrector_leaves_posterior_invariant_error_shrinks_with_step(gauss):
+    """8000 exact draws of the level-0 posterior, corrected for a time of 3 (``K eta = 3``,
+    about two relaxation times) with the tangent constraint: the whitened moment error is
+    about 0.33-0.43 at eta = 0.1 and 0.11-0.14 at eta = 0.01 (3 model seeds), against 0.08
+    for the exact draws themselves (Monte Carlo)."""
+    model, y, prob = gauss
+    mean, cov = model.posterior(y, 0)
+    zs = _draw(jax.random.key(2), mean, cov, 8000)
+    keys = jax.random.split(jax.random.key(3), zs.shape[0])
+    errs = {}
+    for eta in (0.1, 0.01):
+        k = int(round(3 / eta))
+        run = jax.jit(jax.vmap(lambda key, z, k=k, eta=eta: M.mclc_correct(
+            key, z, 0, prob, num_steps=k, step_size=eta)))
+        out, info = run(keys, zs)
+        assert out.shape == zs.shape and info.residual.shape == (zs.shape[0], k)
+        errs[eta] = _whitened_error(out, mean, cov)
+    assert errs[0.01] < 0.2, errs
+    assert errs[0.1] > 2 * errs[0.01], errs
+
+
+def test_corrector_reduces_kl_from_perturbed_ensemble(gauss):
+    """Exact draws moved within the level sets of the residual (the null space of ``A W``:
+    shifted by 1.5 and spread by 3x there) return to the posterior under the SNR rule with
+    the norms averaged over the chains; plain Langevin (``constraint="none"``) instead drifts
+    to the prior."""
+    model, y, prob = gauss
+    mean, cov = model.posterior(y, 0)
+    zs = _draw(jax.random.key(4), mean, cov, 4000)
+    _, _, vt = np.linalg.svd(np.asarray(model.operator_matrix @ model.decoder_matrix))
+    null = jnp.asarray(vt[K_MEAS:].T @ vt[K_MEAS:], jnp.float32)  # projector on ker(A W)
+    shift = null @ jnp.full((D,), 1.5)
+    pert = zs + 2.0 * (zs - mean) @ null + shift
+    kl0 = _ensemble_kl(pert, mean, cov)
+    keys = jax.random.split(jax.random.key(5), pert.shape[0])
+    out = {}
+    for c in ("tangent", "none"):
+        run = jax.jit(jax.vmap(lambda key, z, c=c: M.mclc_correct(
+            key, z, 0, prob, num_steps=300, snr=0.16, constraint=c, axis_name="chains")[0],
+            axis_name="chains"))
+        out[c] = _ensemble_kl(run(keys, pert), mean, cov)
+    assert kl0 > 2.0, kl0
+    assert out["tangent"] < 0.05 * kl0, (kl0, out)
+    assert out["none"] > 5 * out["tangent"], (kl0, out)
+
+
+@pytest.mark.parametrize("constraint", ["tangent", "compensate"])
+@pytest.mark.parametrize("t", [0, 400])
+def test_residual_non_increasing_per_corrector_step(constraint, t):
+    """Every corrector step, every chain: ``r_{k+1} <= r_k`` up to float32 round-off (the
+    Gauss-Newton model is exact for this affine model); plain Langevin raises it by O(1)."""
+    model = M.linear_gaussian_model(jax.random.key(1), D, N_PIX, 3, 0.05,
+                                    orthonormal_pullback=False)
+    _, _, y = model.sample_measurement(jax.random.key(7))
+    prob = model.problem(y)
+    zs = jax.random.normal(jax.random.key(8), (300, D))
+    res = jax.jit(jax.vmap(lambda z: M.measurement_residual(prob, z, t)))
+
+    def steps(c):
+        def one(z, key):
+            z = jax.vmap(lambda k, zz: M.mclc_correct(k, zz, t, prob, constraint=c)[0])(
+                jax.random.split(key, z.shape[0]), z)
+            return z, res(z)
+
+        _, rs = jax.lax.scan(one, zs, jax.random.split(jax.random.key(9), 25))
+        return jnp.concatenate([res(zs)[None], rs])
+
+    rs = jax.jit(steps, static_argnums=0)(constraint)
+    tol = 1e-4 * (1.0 + float(jnp.linalg.norm(y)))
+    assert float(jnp.max(rs[1:] - rs[:-1])) <= tol
+    free = jax.jit(steps, static_argnums=0)("none")
+    assert float(jnp.max(free[1:] - free[:-1])) > 100 * tol
+    if constraint == "compensate":  # keeps the steps that lower the residual
+        assert float(jnp.mean(rs[-1] - rs[0])) < -tol
+
+
+def test_corrector_info_and_custom_constraint(gauss):
+    model, y, prob = gauss
+    z = jnp.zeros(D)
+    calls = []
+
+    def keep(delta, lin):
+        calls.append(1)
+        return M.no_constraint(delta, lin)
+
+    z1, info = M.mclc_correct(jax.random.key(0), z, 10, prob, num_steps=3, constraint=keep)
+    z2, _ = M.mclc_correct(jax.random.key(0), z, 10, prob, num_steps=3, constraint="none")
+    assert calls and np.allclose(z1, z2)
+    assert info.residual.shape == info.step_size.shape == info.rejected.shape == (3,)
+    assert bool(jnp.all(info.step_size > 0))
+    fixed = M.mclc_correct(jax.random.key(0), z, 10, prob, num_steps=2, step_size=0.05)[1]
+    np.testing.assert_allclose(fixed.step_size, 0.05)
+
+
+def _solver_fn(solver, prob, corrector, num_steps=12):
+    """One compiled program per (solver, corrector): ``(keys, step_size) -> SolverResult``."""
+    fn = M.latent_dps if solver == "dps" else M.psld
+    return jax.jit(jax.vmap(lambda k, step: fn(k, prob, num_steps=num_steps, step_size=step,
+                                               corrector=corrector), in_axes=(0, None)))
+
+
+@pytest.mark.parametrize("solver", ["dps", "psld"])
+def test_solvers_jit_vmap_nfe_and_guidance(gauss, solver):
+    model, y, prob = gauss
+    keys = jax.random.split(jax.random.key(11), 64)
+    corrected = _solver_fn(solver, prob, M.mclc(2))
+    out = corrected(keys, 0.5)
+    assert out.z0.shape == (64, D) and out.x0.shape == (64, N_PIX)
+    assert out.info.residual.shape == (64, 12) and out.info.timesteps.shape == (64, 12)
+    assert int(out.info.nfe[0]) == 12 + 2 * 11
+    assert out.info.corrector.residual.shape == (64, 11, 2)
+    assert bool(jnp.all(jnp.isfinite(out.z0)))
+    again = corrected(keys, 0.5)
+    np.testing.assert_array_equal(np.asarray(again.z0), np.asarray(out.z0))
+    uncorrected = _solver_fn(solver, prob, None)
+    plain, weak = uncorrected(keys, 0.5), uncorrected(keys, 1e-6)
+    assert plain.info.corrector is None and int(plain.info.nfe[0]) == 12
+    # guidance pulls the reconstructions toward the measurement
+    assert float(plain.info.final_residual.mean()) < 0.5 * float(weak.info.final_residual.mean())
+
+
+def test_solver_z_init_and_deterministic_ddim(gauss):
+    model, y, prob = gauss
+    z_init = jnp.ones(D)
+    a = M.latent_dps(jax.random.key(0), prob, num_steps=5, ddim_eta=0.0, z_init=z_init)
+    b = M.latent_dps(jax.random.key(1), prob, num_steps=5, ddim_eta=0.0, z_init=z_init)
+    np.testing.assert_allclose(a.z0, b.z0, rtol=1e-6)
+
+
+def test_image_latents_with_degradation_operators():
+    """An image-shaped latent, a linear (transposed-convolution-like) decoder to 8x8 images and
+    the box-inpainting operator of ``samplers.degradations``; the Gaussian prior ``N(0, I)``
+    (``eps*(z, t) = sqrt(1 - abar_t) z``). Adjoint check, both solvers, the corrector."""
+    latent = (4, 4, 2)
+    w = jax.random.normal(jax.random.key(0), (2, 2, 2, 1)) * 0.5
+
+    def decoder(z):  # 2x upsampling: each latent pixel -> a 2x2 block
+        x = jnp.einsum("hwc,ijco->hiwjo", z, w)
+        return x.reshape(8, 8, 1)
+
+    def encoder(x):  # the adjoint of the decoder, up to scale
+        blocks = x.reshape(4, 2, 4, 2, 1)
+        return jnp.einsum("hiwjo,ijco->hwc", blocks, w)
+
+    ab = M.vp_alpha_bars(200)
+
+    def eps_model(z, t):
+        return jnp.sqrt(1.0 - ab[t]) * z
+
+    op = degradations.box_inpainting((8, 8, 1), 4)
+    x_true = decoder(jax.random.normal(jax.random.key(1), latent))
+    y = degradations.measure(jax.random.key(2), op, x_true, 0.05)
+    prob = M.latent_inverse_problem(eps_model, decoder, op, y, ab, latent_shape=latent,
+                                    encoder=encoder)
+    for fn in (M.latent_dps, M.psld):
+        out = jax.jit(jax.vmap(lambda k, fn=fn: fn(k, prob, num_steps=6, step_size=0.3,
+                                                   corrector=M.mclc(1))))(
+            jax.random.split(jax.random.key(3), 3))
+        assert out.x0.shape == (3, 8, 8, 1) and bool(jnp.all(jnp.isfinite(out.x0)))
+        assert int(out.info.nfe[0]) == 6 + 5
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_measurement_shape(gauss):
+    model, y, prob = gauss
+    with pytest.raises(ValueError, match="measurement: expected shape"):
+        model.problem(jnp.zeros(K_MEAS + 1))
+    with pytest.raises(ValueError, match="measurement"):
+        M.latent_dps(jax.random.key(0), prob._replace(measurement=jnp.zeros((K_MEAS, 1))))
+
+
+def test_inconsistent_adjoint_is_rejected(gauss):
+    model, y, _ = gauss
+    a = model.operator_matrix
+    args = (model.eps_model, model.decoder)
+    with pytest.raises(ValueError, match="operator: the adjoint is inconsistent"):
+        M.latent_inverse_problem(*args, (lambda x: a @ x, lambda u: 2.0 * a.T @ u), y,
+                                 model.alpha_bars, latent_shape=(D,))
+    with pytest.raises(ValueError, match="operator: adjoint maps"):
+        M.latent_inverse_problem(*args, (lambda x: a @ x, lambda u: u), y, model.alpha_bars,
+                                 latent_shape=(D,))
+    with pytest.raises(TypeError, match="operator"):
+        M.latent_inverse_problem(*args, a, y, model.alpha_bars, latent_shape=(D,))
+    # the real operators pass
+    M.check_adjoint(degradations.gaussian_blur((8, 8, 1), 1.0), (8, 8, 1))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(snr=0.0), "snr"), (dict(snr=-1.0), "snr"), (dict(snr=float("nan")), "snr"),
+    (dict(step_size=0.0), "step_size"), (dict(step_size=-0.1), "step_size"),
+    (dict(num_steps=0), "num_steps"), (dict(constraint="sideways"), "constraint"),
+])
+def test_bad_corrector_arguments(gauss, kw, match):
+    _, _, prob = gauss
+    with pytest.raises(ValueError, match=match):
+        M.mclc(**kw)
+    with pytest.raises(ValueError, match=match):
+        M.mclc_correct(jax.random.key(0), jnp.zeros(D), 3, prob, **kw)
+
+
+def test_bad_problem_and_solver_arguments(gauss):
+    model, y, prob = gauss
+    base = (model.eps_model, model.decoder, model.operator, y)
+    with pytest.raises(ValueError, match="alpha_bars"):
+        M.latent_inverse_problem(*base, jnp.linspace(0.1, 0.9, 10), latent_shape=(D,))
+    with pytest.raises(ValueError, match="alpha_bars"):
+        M.latent_inverse_problem(*base, jnp.linspace(1.5, 0.1, 10), latent_shape=(D,))
+    with pytest.raises(ValueError, match="eps_model"):
+        M.latent_inverse_problem(lambda z, t: z[:2], *base[1:], model.alpha_bars,
+                                 latent_shape=(D,))
+    with pytest.raises(ValueError, match="z: expected shape"):
+        M.mclc_correct(jax.random.key(0), jnp.zeros(D + 1), 3, prob)
+    with pytest.raises(ValueError, match="problem: psld needs an encoder"):
+        M.psld(jax.random.key(0), prob._replace(encoder=None))
+    with pytest.raises(ValueError, match="num_steps"):
+        M.latent_dps(jax.random.key(0), prob, num_steps=10_000)
+    with pytest.raises(ValueError, match="step_size"):
+        M.latent_dps(jax.random.key(0), prob, step_size=0.0)
+    with pytest.raises(ValueError, match="ddim_eta"):
+        M.psld(jax.random.key(0), prob, ddim_eta=1.5)
+    with pytest.raises(ValueError, match="z_init"):
+        M.latent_dps(jax.random.key(0), prob, z_init=jnp.zeros(D + 2))
+    with pytest.raises(TypeError, match="corrector"):
+        M.latent_dps(jax.random.key(0), prob, corrector="mclc")
+    with pytest.raises(TypeError, match="problem"):
+        M.latent_dps(jax.random.key(0), (prob,))
