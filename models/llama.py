@@ -380,11 +380,12 @@ class Llama(nnx.Module):
             layers.append(block.attention.init_cache(batch_size, max_len))
         return LlamaCache(tuple(layers), jnp.zeros((), jnp.int32))
 
-    def mixer_io(self, tokens: jax.Array, positions: jax.Array | None = None
-                 ) -> list[tuple[jax.Array, jax.Array]]:
+    def mixer_io(self, tokens: jax.Array, positions: jax.Array | None = None, *,
+                 with_logits: bool = False):
         """Per block ``(x_in, y_out)``: the mixer's input ``attention_norm(h) [B, T, dim]`` and
         its output ``[B, T, dim]`` (before the residual add) in a full uncached forward; the
-        targets of layer-wise alignment (arXiv 2603.15590, stage I)."""
+        targets of layer-wise alignment (arXiv 2603.15590, stage I). With ``with_logits``,
+        returns ``(list, logits)`` of the same forward."""
         positions = self._positions(tokens, positions, None)
         h = self.embed(tokens)
         out = []
@@ -394,7 +395,7 @@ class Llama(nnx.Module):
             out.append((x_in, y))
             h = h + y
             h = h + block.mlp(block.mlp_norm(h))
-        return out
+        return (out, self.logits(h)) if with_logits else out
 
 
 # --------------------------------------------------------------------------- generation

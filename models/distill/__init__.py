@@ -1,0 +1,106 @@
+"""Distillation of a pretrained attention LM into an xLSTM student (arXiv 2603.15590).
+
+Stages, each resumable from its checkpoints: the teacher's activations and top-k next-token
+distributions cached once (:func:`build_teacher_cache`); stage I, layer-wise alignment of each
+student mixer to its teacher attention layer (:func:`align_layers`); stage II, end-to-end sparse
+top-k knowledge distillation (:func:`distill_end_to_end`, :func:`sparse_kd_loss`), optionally
+with LoRA on the MLPs; stage III, merging of students distilled per domain (:func:`merge_models`:
+weighted average or task arithmetic). :func:`run_distillation` runs them all for the domains of
+:func:`domain_text` (CPython's documentation and source, or the user's files); the CLI is
+``python -m jaxlib_ext distill``.
+"""
+
+from jaxlib_ext.models.distill.domains import (
+    DOMAINS,
+    check_domain,
+    domain_corpus,
+    domain_name,
+    domain_text,
+)
+from jaxlib_ext.models.distill.lora import LoRALinear, LoRAParam, add_lora_to_mlps, merge_lora
+from jaxlib_ext.models.distill.losses import (
+    alignment_loss,
+    full_kl,
+    sparse_kd_loss,
+    top_k_log_probs,
+)
+from jaxlib_ext.models.distill.merging import (
+    MERGE_METHODS,
+    merge_models,
+    task_arithmetic,
+    weighted_average,
+)
+from jaxlib_ext.models.distill.pipeline import (
+    DistillConfig,
+    DistillResult,
+    Teacher,
+    check_vocabularies,
+    held_out_windows,
+    initial_student,
+    kd_and_perplexity,
+    run_distillation,
+    tiny_teacher,
+)
+from jaxlib_ext.models.distill.stages import (
+    NonFiniteLossError,
+    StageConfig,
+    StageResult,
+    align_layers,
+    distill_end_to_end,
+    read_metrics,
+)
+from jaxlib_ext.models.distill.teacher_cache import (
+    CacheSpec,
+    TeacherCache,
+    build_teacher_cache,
+    make_windows,
+    model_fingerprint,
+    tokenizer_fingerprint,
+)
+
+__all__ = [
+    # pipeline
+    "DistillConfig",
+    "DistillResult",
+    "Teacher",
+    "run_distillation",
+    "initial_student",
+    "tiny_teacher",
+    "check_vocabularies",
+    "held_out_windows",
+    "kd_and_perplexity",
+    # domains
+    "DOMAINS",
+    "check_domain",
+    "domain_text",
+    "domain_corpus",
+    "domain_name",
+    # teacher cache
+    "CacheSpec",
+    "TeacherCache",
+    "build_teacher_cache",
+    "make_windows",
+    "model_fingerprint",
+    "tokenizer_fingerprint",
+    # stages
+    "StageConfig",
+    "StageResult",
+    "NonFiniteLossError",
+    "align_layers",
+    "distill_end_to_end",
+    "read_metrics",
+    # losses
+    "alignment_loss",
+    "sparse_kd_loss",
+    "full_kl",
+    "top_k_log_probs",
+    # merging and LoRA
+    "MERGE_METHODS",
+    "merge_models",
+    "weighted_average",
+    "task_arithmetic",
+    "LoRALinear",
+    "LoRAParam",
+    "add_lora_to_mlps",
+    "merge_lora",
+]

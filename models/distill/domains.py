@@ -1,0 +1,115 @@
+"""Distillation domains available offline: text that ships with CPython, or the user's files.
+
+* ``"docs"``: English documentation: the language-reference topics behind ``help()``
+  (``pydoc_data.topics``) and the docstrings of the standard library's top-level modules;
+* ``"python"``: Python source code: the standard library's top-level ``.py`` files;
+* a path: a text file, or a folder searched recursively for ``.txt``, ``.md``, ``.rst`` and
+  ``.py`` files.
+
+Every domain is read in a fixed (sorted) order, so its text, and the held-out tail that
+:func:`domain_corpus` keeps for evaluation, are the same on every run of one Python version.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import sysconfig
+
+from jaxlib_ext.data import Corpus
+
+__all__ = ["DOMAINS", "check_domain", "domain_text", "domain_corpus", "domain_name"]
+
+DOMAINS = ("docs", "python")
+_TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
+
+
+def _stdlib_files() -> list[pathlib.Path]:
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.glob("*.py") if not p.name.startswith("_"))
+
+
+def _docs_text(max_chars: int) -> str:
+    from pydoc_data import topics
+
+    parts = [topics.topics[name] for name in sorted(topics.topics)]
+    size = sum(map(len, parts))
+    for path in _stdlib_files():
+        if size >= max_chars:
+            break
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        if doc:
+            parts.append(doc)
+            size += len(doc)
+    return "\n\n".join(parts)
+
+
+def _python_text(max_chars: int) -> str:
+    parts, size = [], 0
+    for path in _stdlib_files():
+        if size >= max_chars:
+            break
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(f"# {path.name}\n{text}")
+        size += len(text)
+    return "\n\n".join(parts)
+
+
+def _folder_text(path: pathlib.Path, max_chars: int) -> str:
+    if path.is_file():
+        return path.read_text(encoding="utf-8", errors="replace")
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in _TEXT_SUFFIXES)
+    if not files:
+        raise ValueError(f"domain: folder {str(path)!r} holds no {'/'.join(_TEXT_SUFFIXES)} files")
+    parts, size = [], 0
+    for f in files:
+        if size >= max_chars:
+            break
+        parts.append(f.read_text(encoding="utf-8", errors="replace"))
+        size += len(parts[-1])
+    return "\n\n".join(parts)
+
+
+def check_domain(domain: str) -> None:
+    """Raises ``ValueError`` unless ``domain`` is one of :data:`DOMAINS` or an existing path."""
+    if not isinstance(domain, str):
+        raise TypeError(f"domain must be a str, got {type(domain).__name__}")
+    if domain not in DOMAINS and not pathlib.Path(domain).expanduser().exists():
+        raise ValueError(
+            f"domain: unknown domain {domain!r}; choose one of {DOMAINS} or the path of a text "
+            "file or of a folder of text files"
+        )
+
+
+def domain_name(domain: str) -> str:
+    """A short name for ``domain`` (the folder's name for a path), usable as a folder name."""
+    if domain in DOMAINS:
+        return domain
+    return pathlib.Path(domain).name or "text"
+
+
+def domain_text(domain: str, *, max_chars: int = 2_000_000) -> str:
+    """The first ``max_chars`` characters of ``domain`` (``"docs"``, ``"python"`` or a path;
+    module docstring)."""
+    check_domain(domain)
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be positive, got {max_chars}")
+    if domain == "docs":
+        return _docs_text(max_chars)[:max_chars]
+    if domain == "python":
+        return _python_text(max_chars)[:max_chars]
+    return _folder_text(pathlib.Path(domain).expanduser(), max_chars)[:max_chars]
+
+
+def domain_corpus(domain: str, tokenizer, *, max_chars: int = 2_000_000,
+                  eval_fraction: float = 0.1) -> Corpus:
+    """``domain``'s text tokenised by ``tokenizer`` (anything with ``encode`` and
+    ``vocab_size``), its last ``eval_fraction`` of tokens held out as ``Corpus.eval``."""
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    tokens = tokenizer.encode(domain_text(domain, max_chars=max_chars))
+    split = int(len(tokens) * (1.0 - eval_fraction))
+    return Corpus(tokens[:split], tokens[split:], tokenizer.vocab_size, f"domain:{domain}")

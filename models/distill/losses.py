@@ -1,0 +1,99 @@
+"""Distillation losses: layer alignment (stage I) and sparse top-k knowledge distillation (stage
+II) of arXiv 2603.15590.
+
+Sparse KD keeps, per position, only the teacher's ``k`` most likely tokens ``S`` with their
+log-probabilities ``log p_i`` (cached once, :func:`top_k_log_probs`). The paper states the loss
+as the KL divergence restricted to the teacher's top-k logits without giving the treatment of
+the rest of the vocabulary; we take the KL between the teacher's and the student's distributions
+*coarsened* to the ``k + 1`` outcomes ``S`` and "any other token":
+
+    KL_S(p || q) = sum_{i in S} p_i log(p_i / q_i) + p_rest log(p_rest / q_rest),
+    p_rest = 1 - sum_{i in S} p_i,   q_rest = 1 - sum_{i in S} q_i
+
+with ``q = softmax(student logits)`` over the full vocabulary. Being a KL divergence it is
+``>= 0``; it equals the full KL when ``k`` is the vocabulary size (``p_rest = 0``); and its
+gradient vanishes when the student equals the teacher (for every ``k``). Renormalising the
+teacher over ``S`` alone (dropping ``p_rest``) would have none of the last two properties.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["top_k_log_probs", "sparse_kd_loss", "full_kl", "alignment_loss"]
+
+# below this teacher tail mass the tail term is dropped: float32 cannot resolve 1 - sum(p_S)
+_TAIL_FLOOR = 1e-6
+
+
+def top_k_log_probs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The teacher's ``k`` largest log-probabilities and their token ids over the last axis:
+    ``(log_probs float32[..., k], ids int32[..., k])``, in decreasing order."""
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(f"k must be in [1, vocab_size={logits.shape[-1]}], got {k}")
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    values, ids = jax.lax.top_k(logp, k)
+    return values, ids.astype(jnp.int32)
+
+
+def _log1mexp(x):
+    """``log(1 - exp(x))`` for ``x <= 0`` (Maechler's two branches)."""
+    x = jnp.minimum(x, -1e-30)
+    far = jnp.minimum(x, -0.6931)  # keeps the untaken branch (and its gradient) finite
+    return jnp.where(x > -0.6931, jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(far)))
+
+
+def sparse_kd_loss(student_logits: jax.Array, teacher_log_probs: jax.Array,
+                   teacher_ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Mean over positions of ``KL_S(p || q)`` (module docstring), in nats.
+
+    Args:
+      student_logits: ``[..., V]``.
+      teacher_log_probs: ``[..., k]`` teacher log-probabilities of its top-k tokens.
+      teacher_ids: ``[..., k]`` their token ids (distinct per position).
+      mask: optional ``[...]`` weights (1 = position counts).
+    """
+    if teacher_log_probs.shape != teacher_ids.shape:
+        raise ValueError(
+            f"teacher_log_probs {teacher_log_probs.shape} and teacher_ids {teacher_ids.shape} "
+            "must have the same shape"
+        )
+    if student_logits.shape[:-1] != teacher_ids.shape[:-1]:
+        raise ValueError(
+            f"student_logits {student_logits.shape} and teacher_ids {teacher_ids.shape} must "
+            "agree on the leading axes"
+        )
+    logq_all = jax.nn.log_softmax(student_logits.astype(jnp.float32), axis=-1)
+    logq = jnp.take_along_axis(logq_all, teacher_ids, axis=-1)  # [..., k]
+    logp = teacher_log_probs.astype(jnp.float32)
+    p = jnp.exp(logp)
+    head = jnp.sum(p * (logp - logq), axis=-1)
+    p_rest = jnp.clip(1.0 - jnp.sum(p, axis=-1), 0.0, 1.0)
+    log_q_rest = _log1mexp(jax.nn.logsumexp(logq, axis=-1))
+    use = p_rest > _TAIL_FLOOR
+    safe_p = jnp.where(use, p_rest, 1.0)
+    tail = jnp.where(use, safe_p * (jnp.log(safe_p) - log_q_rest), 0.0)
+    kl = head + tail
+    if mask is None:
+        return jnp.mean(kl)
+    mask = mask.astype(jnp.float32)
+    return jnp.sum(kl * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def full_kl(student_logits: jax.Array, teacher_logits: jax.Array) -> jax.Array:
+    """Mean over positions of ``KL(softmax(teacher) || softmax(student))`` over the whole
+    vocabulary, in nats (the dense reference of :func:`sparse_kd_loss`)."""
+    logp = jax.nn.log_softmax(teacher_logits.astype(jnp.float32), axis=-1)
+    logq = jax.nn.log_softmax(student_logits.astype(jnp.float32), axis=-1)
+    return jnp.mean(jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1))
+
+
+def alignment_loss(student_out: jax.Array, teacher_out: jax.Array) -> jax.Array:
+    """Stage I layer alignment (arXiv 2603.15590): the MSE between the student mixer's and the
+    teacher attention's outputs, divided by the teacher output's mean square
+    (``||y_s - y_t||^2 / ||y_t||^2``) so that every layer trains at one learning rate whatever
+    its output scale; the divisor carries no gradient."""
+    ys, yt = student_out.astype(jnp.float32), teacher_out.astype(jnp.float32)
+    power = jax.lax.stop_gradient(jnp.mean(yt * yt))
+    return jnp.mean((ys - yt) ** 2) / jnp.maximum(power, 1e-12)

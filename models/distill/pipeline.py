@@ -1,0 +1,304 @@
+"""The distillation pipeline of arXiv 2603.15590 end to end: per domain, teacher cache, stage I
+(layer alignment) and stage II (sparse KD) from one initial student, then stage III (merging).
+
+Folder layout under ``DistillConfig.out_dir``::
+
+    config.json                      the run's DistillConfig
+    <domain>/teacher_cache/          teacher activations and top-k (teacher_cache module)
+    <domain>/stage1/, <domain>/stage2/   checkpoints and metrics.jsonl of each stage
+    merged/                          the merged student's parameters (Orbax) and its record
+
+Every part is resumable: a rerun of :func:`run_distillation` with the same configuration
+reuses finished caches and stages and continues unfinished ones from their newest checkpoint;
+stage III is cheap and redone on every run, so a rerun may change only the merge settings.
+The initial student is a pure function of the teacher, the student settings and the seed.
+
+The student is the teacher with the attention of blocks ``layers`` replaced: by default the
+hybrid mLSTM + sliding-window-attention mixer of :mod:`jaxlib_ext.models.xlstm`
+(:func:`~jaxlib_ext.models.xlstm.from_teacher`, settings ``DistillConfig.student``), or any
+``student_mixer(teacher_attention, rngs) -> mixer`` with the token-mixer interface of
+:mod:`jaxlib_ext.models.llama`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxlib_ext.checkpoint import Checkpointer
+from jaxlib_ext.data import ByteTokenizer
+from jaxlib_ext.models.distill.domains import check_domain, domain_corpus, domain_name
+from jaxlib_ext.models.distill.losses import sparse_kd_loss
+from jaxlib_ext.models.distill.merging import MERGE_METHODS, merge_models
+from jaxlib_ext.models.distill.stages import StageConfig, align_layers, distill_end_to_end
+from jaxlib_ext.models.distill.teacher_cache import (
+    build_teacher_cache,
+    make_windows,
+    tokenizer_fingerprint,
+)
+from jaxlib_ext.models.llama import Llama, LlamaConfig
+
+__all__ = [
+    "DistillConfig",
+    "DistillResult",
+    "Teacher",
+    "tiny_teacher",
+    "check_vocabularies",
+    "initial_student",
+    "run_distillation",
+    "held_out_windows",
+    "kd_and_perplexity",
+]
+
+
+class Teacher(NamedTuple):
+    """A teacher: its model, its tokenizer (``encode``, ``decode``, ``vocab_size``) and config
+    (:func:`~jaxlib_ext.models.llama.load_gguf` returns one)."""
+
+    model: Llama
+    tokenizer: object
+    config: LlamaConfig
+
+
+def tiny_teacher(seed: int = 0, *, n_layers: int = 2, dim: int = 64) -> Teacher:
+    """A small randomly initialised Llama over UTF-8 bytes (:class:`~jaxlib_ext.data.
+    ByteTokenizer`): a stand-in teacher for tests and quick runs where the real one is absent."""
+    cfg = LlamaConfig(vocab_size=256, dim=dim, n_layers=n_layers, n_heads=4, n_kv_heads=2,
+                      hidden_dim=2 * dim, max_position=1024)
+    model = Llama(cfg, rngs=nnx.Rngs(seed))
+    # a random model at dense_init is nearly uniform; larger weights give it sharper
+    # (more teacher-like) next-token distributions
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda p: p * 8.0 if p.ndim == 2 else p, params))
+    return Teacher(model, ByteTokenizer(), cfg)
+
+
+def check_vocabularies(teacher_tokenizer, student_tokenizer, *, teacher_vocab: int | None = None,
+                       student_vocab: int | None = None) -> None:
+    """Raises ``ValueError`` unless teacher and student share one vocabulary: the same size and,
+    when the tokenizers list their tokens, the same token strings (the first difference is
+    named). KD compares distributions token by token, so nothing else can be distilled."""
+    sizes = (teacher_vocab or teacher_tokenizer.vocab_size,
+             student_vocab or student_tokenizer.vocab_size)
+    if sizes[0] != sizes[1]:
+        raise ValueError(
+            f"tokenizer mismatch: the teacher has {sizes[0]} tokens, the student {sizes[1]}; "
+            "teacher and student must share one tokenizer"
+        )
+    if tokenizer_fingerprint(teacher_tokenizer) == tokenizer_fingerprint(student_tokenizer):
+        return
+    a = getattr(teacher_tokenizer, "token_strings", lambda: None)()
+    b = getattr(student_tokenizer, "token_strings", lambda: None)()
+    where = ""
+    if a is not None and b is not None:
+        i = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+        where = f" (first difference: token {i} is {a[i]!r} for the teacher, {b[i]!r})"
+    raise ValueError(f"tokenizer mismatch: teacher and student vocabularies differ{where}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    """A distillation run (module docstring).
+
+    Data: ``domains`` (``"docs"``, ``"python"`` or paths), ``max_chars`` read per domain, the
+    last ``eval_fraction`` held out; ``n_sequences`` cached windows of ``seq_len`` tokens per
+    domain; the teacher's ``top_k`` log-probabilities per position; activations stored in
+    ``cache_dtype``. Student: ``layers`` (default all) get a student mixer built with
+    ``student`` (:class:`~jaxlib_ext.models.xlstm.XLSTMConfig` fields). Stages: ``stage1``,
+    ``stage2`` (:class:`~jaxlib_ext.models.distill.stages.StageConfig`), ``lora_rank`` (0: no
+    LoRA on the MLPs); stage III ``merge`` (``"average"`` or ``"task_arithmetic"``),
+    ``merge_weights`` (one per domain, default uniform), ``merge_scale`` (task arithmetic).
+    """
+
+    out_dir: str = "runs/distill"
+    domains: tuple[str, ...] = ("docs", "python")
+    max_chars: int = 400_000
+    eval_fraction: float = 0.1
+    seq_len: int = 128
+    n_sequences: int = 32
+    top_k: int = 32
+    cache_dtype: str = "float32"
+    layers: tuple[int, ...] | None = None
+    student: dict = dataclasses.field(default_factory=dict)
+    stage1: StageConfig = StageConfig(steps=100, learning_rate=1e-3)
+    stage2: StageConfig = StageConfig(steps=50, learning_rate=3e-4, batch_size=2)
+    lora_rank: int = 0
+    merge: str = "average"
+    merge_weights: tuple[float, ...] | None = None
+    merge_scale: float = 1.0
+    seed: int = 0
+    shard_layers: bool = False
+
+    def __post_init__(self):
+        if not self.domains:
+            raise ValueError("DistillConfig.domains must name at least one domain")
+        for d in self.domains:
+            check_domain(d)
+        names = [domain_name(d) for d in self.domains]
+        if len(set(names)) != len(names):
+            raise ValueError(f"DistillConfig.domains: two domains share a name: {names}")
+        if self.merge not in MERGE_METHODS:
+            raise ValueError(f"DistillConfig.merge must be one of {MERGE_METHODS}, got "
+                             f"{self.merge!r}")
+        if self.merge_weights is not None and len(self.merge_weights) != len(self.domains):
+            raise ValueError(
+                f"DistillConfig.merge_weights: {len(self.merge_weights)} weights for "
+                f"{len(self.domains)} domains"
+            )
+        for name in ("seq_len", "n_sequences", "top_k", "max_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DistillConfig.{name} must be positive")
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["domains"] = list(self.domains)
+        return d
+
+
+# fields a rerun may change: stage III is redone on every run from the finished stages
+_REMERGE_FIELDS = ("merge", "merge_weights", "merge_scale", "out_dir")
+
+
+class DistillResult(NamedTuple):
+    """A finished run: the initial student, the per-domain students (after stage II), the merged
+    student, each stage's metrics rows by domain (``{"stage1": rows, "stage2": rows}``) and the
+    per-domain teacher caches."""
+
+    initial: Llama
+    students: dict
+    merged: Llama
+    metrics: dict
+    caches: dict
+
+
+def initial_student(teacher: Llama, layers=None, *, student: dict | None = None, seed: int = 0,
+                    student_mixer: Callable | None = None) -> Llama:
+    """The teacher with the attention of blocks ``layers`` (default all) replaced by student
+    mixers: ``student_mixer(attention, rngs)`` or the xLSTM hybrid mixer with the
+    ``student`` settings; everything else copied."""
+    layers = range(len(teacher.blocks)) if layers is None else layers
+    rngs = nnx.Rngs(seed)
+    if student_mixer is None:
+        from jaxlib_ext.models import xlstm
+
+        config = xlstm.XLSTMConfig(**(student or {}))
+
+        def student_mixer(attention, rngs):
+            return xlstm.from_teacher(attention, config, rngs)
+
+    model = nnx.clone(teacher)
+    for i in layers:
+        model.blocks[i].attention = student_mixer(teacher.blocks[i].attention, rngs)
+    return model
+
+
+def held_out_windows(corpus, seq_len: int, n: int) -> np.ndarray:
+    """Up to ``n`` windows of ``seq_len + 1`` tokens from the held-out split of ``corpus``."""
+    available = len(corpus.eval) // (seq_len + 1)
+    if available < 1:
+        raise ValueError(f"the held-out split ({len(corpus.eval)} tokens) is shorter than "
+                         f"seq_len + 1 = {seq_len + 1}")
+    return make_windows(corpus.eval, min(n, available), seq_len)
+
+
+def kd_and_perplexity(student: Llama, teacher: Llama, windows: np.ndarray, *, top_k: int,
+                      batch_size: int = 4) -> dict:
+    """On ``windows int32[N, T + 1]``: the student's sparse KD against the teacher (top
+    ``top_k``), and both models' perplexities of the next tokens."""
+    from jaxlib_ext.models.distill.losses import top_k_log_probs
+
+    @jax.jit
+    def one(s_state, t_state, tokens):
+        s, t = nnx.merge(s_graph, s_state), nnx.merge(t_graph, t_state)
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        ls, _ = s(inputs)
+        lt, _ = t(inputs)
+        lp, ids = top_k_log_probs(lt, top_k)
+
+        def nll(logits):
+            logp = jax.nn.log_softmax(logits, -1)
+            return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
+        return sparse_kd_loss(ls, lp, ids), nll(ls), nll(lt)
+
+    s_graph, s_state = nnx.split(student)
+    t_graph, t_state = nnx.split(teacher)
+    rows = [np.asarray(one(s_state, t_state, jnp.asarray(windows[i : i + batch_size])))
+            for i in range(0, len(windows), batch_size)]
+    weights = [min(batch_size, len(windows) - i) for i in range(0, len(windows), batch_size)]
+    kd, s_nll, t_nll = np.average(np.stack(rows), axis=0, weights=weights)
+    return {"kd": float(kd), "student_ppl": float(np.exp(s_nll)),
+            "teacher_ppl": float(np.exp(t_nll))}
+
+
+def _save_merged(directory: pathlib.Path, model: Llama, record: dict) -> None:
+    shutil.rmtree(directory, ignore_errors=True)  # stage III is redone on every run
+    with Checkpointer(directory, max_to_keep=1, async_save=False) as ckpt:
+        ckpt.save(0, nnx.state(model, nnx.Param), record)
+
+
+def run_distillation(teacher: Teacher, config: DistillConfig, *,
+                     student_mixer: Callable | None = None, student_tokenizer=None,
+                     progress: bool = True) -> DistillResult:
+    """Runs (or resumes) the whole pipeline for ``teacher`` (module docstring). The student
+    reads the teacher's tokenizer; a ``student_tokenizer`` given is checked to be the same
+    (:func:`check_vocabularies`)."""
+    model, tokenizer = teacher.model, teacher.tokenizer
+    if tokenizer.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"teacher: tokenizer of {tokenizer.vocab_size} tokens for a model of "
+                         f"{model.cfg.vocab_size}")
+    if student_tokenizer is not None:
+        check_vocabularies(tokenizer, student_tokenizer)
+    out = pathlib.Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    recorded = out / "config.json"
+    if recorded.exists():
+        have = json.loads(recorded.read_text())
+        want = json.loads(json.dumps(config.to_json()))
+        differ = sorted(k for k in set(have) | set(want)
+                        if k not in _REMERGE_FIELDS and have.get(k) != want.get(k))
+        if differ:
+            raise ValueError(
+                f"out_dir {str(out)!r} holds a run with another DistillConfig (fields "
+                f"{differ}); use another out_dir to start a new run"
+            )
+    recorded.write_text(json.dumps(config.to_json(), indent=1))
+    layers = list(range(model.cfg.n_layers)) if config.layers is None else list(config.layers)
+    init = initial_student(model, layers, student=config.student, seed=config.seed,
+                           student_mixer=student_mixer)
+    s1 = dataclasses.replace(config.stage1, progress=progress and config.stage1.progress)
+    s2 = dataclasses.replace(config.stage2, progress=progress and config.stage2.progress)
+    students, metrics, caches = {}, {}, {}
+    for domain in config.domains:
+        name = domain_name(domain)
+        corpus = domain_corpus(domain, tokenizer, max_chars=config.max_chars,
+                               eval_fraction=config.eval_fraction)
+        windows = make_windows(corpus.train, config.n_sequences, config.seq_len)
+        cache = build_teacher_cache(model, tokenizer, windows, out / name / "teacher_cache",
+                                    top_k=config.top_k, layers=layers, dtype=config.cache_dtype,
+                                    progress=progress, desc=f"{name}: teacher cache")
+        caches[name] = cache
+        stage1 = align_layers([init.blocks[i].attention for i in layers], cache, layers, s1,
+                              out / name / "stage1", shard_layers=config.shard_layers,
+                              desc=f"{name}: stage I")
+        aligned = nnx.clone(init)
+        for i, mixer in zip(layers, stage1.trained, strict=True):
+            aligned.blocks[i].attention = mixer
+        stage2 = distill_end_to_end(aligned, cache, s2, out / name / "stage2",
+                                    lora_rank=config.lora_rank, desc=f"{name}: stage II")
+        students[name] = stage2.trained
+        metrics[name] = {"stage1": stage1.metrics, "stage2": stage2.metrics}
+    merged = merge_models(list(students.values()), method=config.merge,
+                          weights=config.merge_weights, base=init, scale=config.merge_scale)
+    _save_merged(out / "merged", merged, {"domains": list(students), "merge": config.merge})
+    return DistillResult(init, students, merged, metrics, caches)
+

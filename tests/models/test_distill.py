@@ -1,0 +1,279 @@
+"""The distillation pipeline with a tiny random Llama as the teacher: losses, merging, the teacher
+cache, stages I and II (resume included), domains and bad inputs."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxlib_ext.models import distill as D
+from jaxlib_ext.models.distill import stages as stages_lib
+from jaxlib_ext.models.llama import LlamaAttention
+
+SEQ = 24
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    return D.tiny_teacher(0, n_layers=2, dim=32)
+
+
+@pytest.fixture(scope="module")
+def cache(teacher, tmp_path_factory):
+    corpus = D.domain_corpus("docs", teacher.tokenizer, max_chars=20_000)
+    windows = D.make_windows(corpus.train, 6, SEQ)
+    return D.build_teacher_cache(teacher.model, teacher.tokenizer, windows,
+                                 tmp_path_factory.mktemp("cache"), top_k=8, progress=False)
+
+
+def _stage(steps, **kw):
+    return D.StageConfig(steps=steps, batch_size=3, log_every=1, checkpoint_every=3,
+                         progress=False, **kw)
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def _logits(seed, shape):
+    return 3.0 * jax.random.normal(jax.random.key(seed), shape)
+
+
+def test_sparse_kd_equals_the_full_kl_when_k_is_the_vocabulary():
+    s, t = _logits(0, (2, 5, 37)), _logits(1, (2, 5, 37))
+    lp, ids = D.top_k_log_probs(t, 37)
+    np.testing.assert_allclose(D.sparse_kd_loss(s, lp, ids), D.full_kl(s, t), rtol=1e-5)
+    # an explicit float64 oracle of the full KL
+    p = jax.nn.softmax(np.asarray(t, np.float64), -1)
+    q = jax.nn.softmax(np.asarray(s, np.float64), -1)
+    np.testing.assert_allclose(D.full_kl(s, t), np.mean(np.sum(p * np.log(p / q), -1)),
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 4, 20])
+def test_sparse_kd_is_a_nonnegative_coarsened_kl_with_zero_gradient_at_the_teacher(k):
+    t = _logits(2, (3, 4, 29))
+    lp, ids = D.top_k_log_probs(t, k)
+    assert np.all(np.diff(np.asarray(lp), axis=-1) <= 0)
+    for seed in range(4):
+        assert float(D.sparse_kd_loss(_logits(10 + seed, t.shape), lp, ids)) >= 0.0
+    # the coarsened KL in float64: k top tokens + "any other token"
+    s = _logits(3, t.shape)
+    p = np.asarray(jax.nn.softmax(np.asarray(t, np.float64), -1))
+    q = np.asarray(jax.nn.softmax(np.asarray(s, np.float64), -1))
+    top = np.asarray(ids)
+    ps, qs = np.take_along_axis(p, top, -1), np.take_along_axis(q, top, -1)
+    pr, qr = 1 - ps.sum(-1), 1 - qs.sum(-1)
+    ref = np.mean(np.sum(ps * np.log(ps / qs), -1) + pr * np.log(pr / qr))
+    np.testing.assert_allclose(D.sparse_kd_loss(s, lp, ids), ref, rtol=1e-4)
+    # at student = teacher: zero loss and zero gradient
+    loss, grad = jax.value_and_grad(D.sparse_kd_loss)(t, lp, ids)
+    assert abs(float(loss)) < 1e-6
+    assert float(jnp.max(jnp.abs(grad))) < 1e-6
+
+
+def test_alignment_loss_is_a_relative_mse():
+    y = _logits(4, (2, 3, 8))
+    assert float(D.alignment_loss(y, y)) == 0.0
+    np.testing.assert_allclose(D.alignment_loss(jnp.zeros_like(y), y), 1.0, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def test_merging_identical_students_is_the_identity_and_merging_is_linear(teacher):
+    a = teacher.model
+    b = nnx.clone(a)
+    nnx.update(b, jax.tree.map(lambda p: p + 0.5, nnx.state(b, nnx.Param)))
+    c = nnx.clone(a)
+    nnx.update(c, jax.tree.map(lambda p: -p, nnx.state(c, nnx.Param)))
+    pa, pb, pc = (nnx.state(m, nnx.Param) for m in (a, b, c))
+
+    def leaves(tree):
+        return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+    for method in D.MERGE_METHODS:
+        merged = D.merge_models([a, a, a], method=method, weights=[0.2, 0.3, 0.5], base=a)
+        for x, y in zip(leaves(nnx.state(merged, nnx.Param)), leaves(pa), strict=True):
+            np.testing.assert_array_equal(x, y)
+    # linear in the weights: avg(w) = sum w_d theta_d
+    for w in (0.0, 0.25, 0.9):
+        got = D.weighted_average([pb, pc], [w, 1 - w])
+        for x, y, z in zip(leaves(got), leaves(pb), leaves(pc), strict=True):
+            np.testing.assert_allclose(x, w * y + (1 - w) * z, rtol=1e-6, atol=1e-6)
+    # task arithmetic: scale 1 is the average, and it is affine in the scale
+    ta = D.task_arithmetic(pa, [pb, pc], [0.5, 0.5], scale=1.0)
+    for x, y in zip(leaves(ta), leaves(D.weighted_average([pb, pc])), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+    t0, t2 = (D.task_arithmetic(pa, [pb, pc], scale=s) for s in (0.0, 2.0))
+    for x0, x1, x2 in zip(leaves(t0), leaves(ta), leaves(t2), strict=True):
+        np.testing.assert_allclose(x1, (x0 + x2) / 2, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="weights"):
+        D.weighted_average([pb, pc], [1.0])
+    with pytest.raises(ValueError, match="base"):
+        D.merge_models([a, b], method="task_arithmetic")
+
+
+def test_lora_starts_at_the_base_model_and_merges_exactly(teacher):
+    model = nnx.clone(teacher.model)
+    tokens = jnp.asarray([[1, 50, 200, 7, 9]], jnp.int32)
+    ref, _ = model(tokens)
+    D.add_lora_to_mlps(model, 3, rngs=nnx.Rngs(1))
+    np.testing.assert_allclose(model(tokens)[0], ref, rtol=1e-6, atol=1e-6)
+    for block in model.blocks:  # move B away from 0 so that the adapters matter
+        for lin in (block.mlp.gate, block.mlp.up, block.mlp.down):
+            lin.lora_b.set_value(jnp.full(lin.lora_b[...].shape, 0.05))
+    adapted, _ = model(tokens)
+    assert float(jnp.max(jnp.abs(adapted - ref))) > 1e-3
+    D.merge_lora(model)
+    assert isinstance(model.blocks[0].mlp.gate, nnx.Linear)
+    np.testing.assert_allclose(model(tokens)[0], adapted, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- cache and stages
+
+
+def test_teacher_cache_holds_the_teachers_outputs_and_is_built_once(teacher, cache):
+    tokens = jnp.asarray(cache.tokens[:2, :SEQ])
+    io, logits = teacher.model.mixer_io(tokens, with_logits=True)
+    lp, ids = D.top_k_log_probs(logits, 8)
+    np.testing.assert_allclose(cache.top_log_probs[:2], lp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(cache.top_ids[:2], ids)
+    for layer in (0, 1):
+        x, y = cache.layer_io(layer)
+        np.testing.assert_allclose(x[:2], io[layer][0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(y[:2], io[layer][1], rtol=1e-5, atol=1e-5)
+    stamp = (cache.directory / "tokens.npy").stat().st_mtime_ns
+    again = D.build_teacher_cache(teacher.model, teacher.tokenizer, np.asarray(cache.tokens),
+                                  cache.directory, top_k=8, progress=False)
+    assert (again.directory / "tokens.npy").stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="other settings"):
+        D.build_teacher_cache(teacher.model, teacher.tokenizer, np.asarray(cache.tokens),
+                              cache.directory, top_k=4, progress=False)
+
+
+def test_stage1_on_a_student_initialised_as_the_teacher_has_loss_zero(teacher, cache, tmp_path):
+    mixers = [nnx.clone(b.attention) for b in teacher.model.blocks]
+    result = D.align_layers(mixers, cache, [0, 1], _stage(2), tmp_path)
+    assert [r["step"] for r in result.metrics] == [0, 1]
+    for row in result.metrics:
+        assert max(row["loss"]) < 1e-10
+    # stage II on the teacher itself: zero sparse KD
+    result = D.distill_end_to_end(teacher.model, cache, _stage(1), tmp_path / "kd")
+    assert abs(result.metrics[0]["loss"]) < 1e-6
+
+
+def test_stage1_trains_and_resumes_exactly(teacher, cache, tmp_path, monkeypatch):
+    def fresh():
+        return [LlamaAttention(teacher.config, rngs=nnx.Rngs(10 + i)) for i in range(2)]
+
+    cfg = _stage(6, learning_rate=1e-2)
+    whole = D.align_layers(fresh(), cache, [0, 1], cfg, tmp_path / "whole")
+    losses = np.array([r["loss"] for r in whole.metrics])
+    assert np.all(losses[-1] < losses[0])
+
+    real = stages_lib._batch_indices
+
+    def interrupted(seed, step, *a):
+        if step == 4:
+            raise KeyboardInterrupt
+        return real(seed, step, *a)
+
+    monkeypatch.setattr(stages_lib, "_batch_indices", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        D.align_layers(fresh(), cache, [0, 1], cfg, tmp_path / "split")
+    monkeypatch.setattr(stages_lib, "_batch_indices", real)
+    resumed = D.align_layers(fresh(), cache, [0, 1], cfg, tmp_path / "split")
+    assert resumed.start_step == 3
+    assert resumed.metrics == whole.metrics
+    for a, b in zip(whole.trained, resumed.trained, strict=True):
+        for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b)),
+                        strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    # a finished stage is loaded, not trained again; other settings are refused
+    again = D.align_layers(fresh(), cache, [0, 1], cfg, tmp_path / "whole")
+    assert again.start_step == 6
+    with pytest.raises(ValueError, match="steps"):
+        D.align_layers(fresh(), cache, [0, 1], _stage(8), tmp_path / "whole")
+
+
+# --------------------------------------------------------------------------- domains, errors
+
+
+def test_domains(tmp_path):
+    docs = D.domain_text("docs", max_chars=5000)
+    code = D.domain_text("python", max_chars=5000)
+    assert len(docs) == 5000 and len(code) == 5000
+    assert "def " in D.domain_text("python", max_chars=50_000)
+    (tmp_path / "a.txt").write_text("first file")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.md").write_text("second file")
+    assert D.domain_text(str(tmp_path)) == "first file\n\nsecond file"
+    assert D.domain_name(str(tmp_path)) == tmp_path.name
+    with pytest.raises(ValueError, match="unknown domain 'klingon'"):
+        D.domain_text("klingon")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no"):
+        D.domain_text(str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="unknown domain 'klingon'"):
+        D.DistillConfig(domains=("docs", "klingon"))
+
+
+class _Vocab:
+    def __init__(self, tokens):
+        self.tokens, self.vocab_size = tokens, len(tokens)
+
+    def token_strings(self):
+        return list(self.tokens)
+
+
+def test_tokenizer_mismatch_is_refused(teacher, cache, tmp_path):
+    with pytest.raises(ValueError, match="teacher has 3 tokens, the student 2"):
+        D.check_vocabularies(_Vocab(["a", "b", "c"]), _Vocab(["a", "b"]))
+    with pytest.raises(ValueError, match="token 1 is 'b' for the teacher, 'x'"):
+        D.check_vocabularies(_Vocab(["a", "b", "c"]), _Vocab(["a", "x", "c"]))
+    D.check_vocabularies(_Vocab(["a", "b"]), _Vocab(["a", "b"]))
+    other = D.tiny_teacher(1, n_layers=2, dim=32).model
+    other = dataclasses.replace(other.cfg, vocab_size=300)
+    from jaxlib_ext.models.llama import Llama
+
+    student = Llama(other, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="share one tokenizer"):
+        D.distill_end_to_end(student, cache, _stage(1), tmp_path)
+    with pytest.raises(ValueError, match="tokenizer"):
+        D.build_teacher_cache(student, teacher.tokenizer, np.asarray(cache.tokens), tmp_path,
+                              top_k=8, progress=False)
+    with pytest.raises(ValueError, match="tokenizer mismatch"):
+        D.run_distillation(teacher, D.DistillConfig(out_dir=str(tmp_path / "run")),
+                           student_tokenizer=_Vocab(["a"]))
+
+
+def test_pipeline_runs_and_resumes(teacher, tmp_path):
+    def student_mixer(attention, rngs):  # any mixer with the attention signature
+        mixer = LlamaAttention(attention.cfg, rngs=rngs)
+        return mixer
+
+    cfg = D.DistillConfig(
+        out_dir=str(tmp_path), domains=("docs", "python"), max_chars=8000, seq_len=SEQ,
+        n_sequences=4, top_k=8, stage1=_stage(2), stage2=_stage(2), lora_rank=2)
+    result = D.run_distillation(teacher, cfg, student_mixer=student_mixer, progress=False)
+    assert set(result.students) == {"docs", "python"}
+    assert json.loads((tmp_path / "config.json").read_text())["domains"] == ["docs", "python"]
+    merged = D.merge_models(list(result.students.values()))
+    for x, y in zip(jax.tree.leaves(nnx.state(merged, nnx.Param)),
+                    jax.tree.leaves(nnx.state(result.merged, nnx.Param)), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6)
+    windows = D.held_out_windows(
+        D.domain_corpus("docs", teacher.tokenizer, max_chars=8000), SEQ, 2)
+    report = D.kd_and_perplexity(result.merged, teacher.model, windows, top_k=8)
+    assert report["kd"] > 0 and report["teacher_ppl"] > 1
+    # a rerun loads every finished part; another configuration is refused
+    again = D.run_distillation(teacher, dataclasses.replace(cfg, merge="task_arithmetic"),
+                               student_mixer=student_mixer, progress=False)
+    assert again.metrics == result.metrics
+    with pytest.raises(ValueError, match="another DistillConfig"):
+        D.run_distillation(teacher, dataclasses.replace(cfg, top_k=4),
+                           student_mixer=student_mixer, progress=False)
