@@ -64,6 +64,7 @@ from jaxlib_ext.models.transformer import (
     build_transformer,
     causal_attention,
 )
+from jaxlib_ext.models.unet import UNet
 from jaxlib_ext.models.xlstm import XLSTMConfig, XLSTMMixer, student_from_teacher
 
 __all__ = [
@@ -121,4 +122,6 @@ __all__ = [
     "swiglu_hidden_size",
     "SparseLinear",
     "regrow_sparse_indices",
+    # image models
+    "UNet",
 ]
