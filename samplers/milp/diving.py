@@ -10,10 +10,12 @@ sub-MILP is infeasible or gives no solution in time, the coverage halves and the
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
 import numpy as np
+from flax import nnx
 
 from jaxlib_ext.samplers.milp.energy import energy_data
 from jaxlib_ext.samplers.milp.gnn import BipartiteGNN
@@ -25,12 +27,18 @@ from jaxlib_ext.samplers.milp.solve import MILPResult, _no_solution, certified_r
 __all__ = ["neural_diving", "predict_assignment"]
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _predict(graphdef, params, data):
+    _, _, _, g = _terms_and_grad(data, data.lower, 0.0, 0.0, 1.0, 1)
+    return jax.nn.sigmoid(nnx.merge(graphdef, params)(data, data.lower, g, 0.0, 1.0))
+
+
 def predict_assignment(problem: MILP, model: BipartiteGNN):
     """``(z_hat, confidence)`` over the integer columns: the rounded prediction in the box and
     ``|p - 1/2|``."""
     data = energy_data(problem)
-    _, _, _, g = _terms_and_grad(data, data.lower, 0.0, 0.0, 1.0, 1)
-    p = np.asarray(jax.nn.sigmoid(model(data, data.lower, g, 0.0, 1.0)), np.float64)
+    graphdef, params = nnx.split(model)
+    p = np.asarray(_predict(graphdef, params, data), np.float64)
     lo, up = np.asarray(data.lower, np.float64), np.asarray(data.upper, np.float64)
     return np.round(lo + p * (up - lo)), np.abs(p - 0.5)
 

@@ -18,14 +18,19 @@ and ``y`` the elastic LP completion (``lp_completion.complete(..., penalty=lam)`
 gradient in ``z`` at fixed ``y`` is a valid subgradient of the LP value function (Danskin).
 
 Inside the sampler (``solve``) the rows that hold continuous columns are handed to the LP
-instead (``energy_data(..., lp_rows=True)`` frees them in (E.1)), and the LP value enters as
-its linearisation at the last completed ``z0`` of each chain (a cut of the LP value function)::
+instead (``energy_data(..., lp_rows=True)`` frees them in (E.1)), and the LP value enters
+through a pool of cuts. The elastic LP value ``v(z)`` of (L.2) (``lp_completion``) is convex in
+``z`` (the value of an LP as a function of its right-hand side), and every completed ``z_k`` gives
+a cut ``v(z) >= v(z_k) + h_k^T (z - z_k)`` with ``h_k = -A_z^T pi_k`` from the LP duals
+``pi_k``. The energy uses the cut model, exact at every completed point and a lower bound
+elsewhere (Benders' master problem, with the sampler as the heuristic master solver)::
 
-    E(z) = (c_z^T z + v(z0) + h^T (z - z0)) / S + lam * sum_{i integer-only} w_i psi(v_i)    (E.2)
+    E(z) = (c_z^T z + max_k (a_k + h_k^T z)) / S + lam * sum_{i integer-only} w_i psi(v_i)  (E.2)
 
-with ``v`` the elastic LP value (L.2) and ``h = -A_z^T pi`` its subgradient from the LP duals
-``pi``; it is passed as per-chain costs ``c_z + h`` and constant ``v(z0) - (c_z + h)^T z0``
-(``langevin.run_langevin(cost=..., const=...)``) and refreshed every round.
+``a_k = v(z_k) - h_k^T z_k``. The cuts live in ``EnergyData.cut_h`` (C, n) / ``cut_a`` (C,)
+(unused slots have ``cut_a = -inf``; ``C = 0`` means no continuous part). This is our choice:
+the paper says the continuous variables are solved by an exact LP solver, but not how the LP
+value reaches the sampler.
 
 ``z`` is treated as real-valued for the gradient (the relaxation), which is what the discrete
 Langevin proposal of Zhang et al. (arXiv 2206.09914, eq. 3) needs.
@@ -41,8 +46,8 @@ import numpy as np
 
 from jaxlib_ext.samplers.milp.problem import MILP
 
-__all__ = ["EnergyData", "continuous_shift", "energy", "energy_data", "energy_terms",
-           "pad_energy_data", "violation"]
+__all__ = ["EnergyData", "continuous_shift", "cut_value", "energy", "energy_data",
+           "energy_terms", "pad_energy_data", "violation", "with_cuts"]
 
 
 class EnergyData(NamedTuple):
@@ -51,7 +56,8 @@ class EnergyData(NamedTuple):
     ``c`` (n,) integer-block costs (minimisation form), ``A`` (m, n) dense integer block,
     ``row_lower``/``row_upper`` (m,) (may be infinite), ``row_weight`` (m,) ``w_i``,
     ``obj_scale`` () ``S``, ``lower``/``upper`` (n,) finite integer bounds, ``var_mask`` (n,) 1 for
-    real columns, 0 for padding (padded columns are fixed at 0).
+    real columns, 0 for padding (padded columns are fixed at 0), ``cut_h`` (C, n) and ``cut_a``
+    (C,) the LP-value cuts of (E.2) (``C = 0`` by default).
     """
 
     c: jax.Array
@@ -63,6 +69,8 @@ class EnergyData(NamedTuple):
     lower: jax.Array
     upper: jax.Array
     var_mask: jax.Array
+    cut_h: jax.Array
+    cut_a: jax.Array
 
 
 def energy_data(problem: MILP, *, normalize: bool = True, lp_rows: bool = False,
@@ -95,7 +103,29 @@ def energy_data(problem: MILP, *, normalize: bool = True, lp_rows: bool = False,
         row_upper = np.where(mixed, np.inf, row_upper)
     f = lambda a: jnp.asarray(a, dtype)  # noqa: E731
     return EnergyData(f(cmin[iz]), f(A[:, iz]), f(row_lower), f(row_upper), f(w),
-                      f(s), f(lo), f(up), f(np.ones(iz.size)))
+                      f(s), f(lo), f(up), f(np.ones(iz.size)), f(np.zeros((0, iz.size))),
+                      f(np.zeros(0)))
+
+
+def with_cuts(data: EnergyData, cut_h, cut_a) -> EnergyData:
+    """``data`` with the cut pool of (E.2): ``cut_h`` (C, n_int) subgradients and ``cut_a`` (C,)
+    intercepts (raw objective units, minimisation form; ``-inf`` marks an empty slot), padded to
+    ``data``'s column count."""
+    cut_h = jnp.asarray(cut_h, data.c.dtype)
+    cut_a = jnp.asarray(cut_a, data.c.dtype)
+    n = data.c.shape[0]
+    if cut_h.ndim != 2 or cut_h.shape[1] > n or cut_a.shape != cut_h.shape[:1]:
+        raise ValueError(f"cut_h, cut_a: expected shapes (C, <= {n}) and (C,), got "
+                         f"{cut_h.shape} and {cut_a.shape}")
+    cut_h = jnp.pad(cut_h, ((0, 0), (0, n - cut_h.shape[1])))
+    return data._replace(cut_h=cut_h, cut_a=cut_a)
+
+
+def cut_value(data: EnergyData, z):
+    """``max_k (a_k + h_k^T z)`` of (E.2) (0 without cuts)."""
+    if data.cut_a.shape[0] == 0:
+        return jnp.zeros((), data.c.dtype)
+    return jnp.max(data.cut_a + data.cut_h @ z)
 
 
 def continuous_shift(problem: MILP, y) -> tuple[np.ndarray, np.ndarray]:
@@ -122,7 +152,8 @@ def pad_energy_data(data: EnergyData, n: int, m: int) -> EnergyData:
         jnp.pad(data.row_lower, (0, pm), constant_values=-jnp.inf),
         jnp.pad(data.row_upper, (0, pm), constant_values=jnp.inf),
         jnp.pad(data.row_weight, (0, pm), constant_values=1.0), data.obj_scale,
-        jnp.pad(data.lower, (0, pn)), jnp.pad(data.upper, (0, pn)), jnp.pad(data.var_mask, (0, pn)))
+        jnp.pad(data.lower, (0, pn)), jnp.pad(data.upper, (0, pn)), jnp.pad(data.var_mask, (0, pn)),
+        jnp.pad(data.cut_h, ((0, 0), (0, pn))), data.cut_a)
 
 
 def violation(data: EnergyData, z, shift=0.0):
@@ -132,8 +163,9 @@ def violation(data: EnergyData, z, shift=0.0):
 
 
 def energy_terms(data: EnergyData, z, shift=0.0, const=0.0, power: int = 1):
-    """``(objective / S, sum_i w_i psi(v_i))``, the two terms of (E.1)."""
-    obj = (jnp.dot(data.c, z) + const) / data.obj_scale
+    """``(objective / S, sum_i w_i psi(v_i))``, the two terms of (E.1) (with the cut model of
+    (E.2) in the objective when ``data`` holds cuts)."""
+    obj = (jnp.dot(data.c, z) + const + cut_value(data, z)) / data.obj_scale
     v = data.row_weight * violation(data, z, shift)
     return obj, jnp.sum(v if power == 1 else v * v)
 

@@ -135,6 +135,11 @@ def coordinate_gains(data: EnergyData, z, shift=0.0, const=0.0, penalty=1.0, pow
     base = pen(r[:, None])[0]
     up = (-data.c / data.obj_scale) + penalty * (base - pen(r[:, None] + data.A))
     down = (data.c / data.obj_scale) + penalty * (base - pen(r[:, None] - data.A))
+    if data.cut_a.shape[0]:  # the cut model of (E.2): max_k (a_k + h_k^T z) after each move
+        lin = data.cut_a + data.cut_h @ z
+        cur = jnp.max(lin)
+        up = up + (cur - jnp.max(lin[:, None] + data.cut_h, axis=0)) / data.obj_scale
+        down = down + (cur - jnp.max(lin[:, None] - data.cut_h, axis=0)) / data.obj_scale
     return up, down
 
 

@@ -10,9 +10,10 @@ reconstructed, our choices marked):
    are returned as ``feasible=False`` with the reason in ``status``/``message``.
 3. Rounds until ``time_limit``: ``num_chains`` chains run ``steps_per_round`` steps of the
    annealed sampler of :mod:`langevin` (``method``; with ``model`` the learned flip logits of
-   :mod:`gnn` are added). For problems with continuous columns each chain carries the
-   linearisation (E.2) of :mod:`energy` of the elastic LP value (L.2) of :mod:`lp_completion` at
-   its state, refreshed every round: our choice, since the LP cannot run inside ``jit``.
+   :mod:`gnn` are added). For problems with continuous columns the energy is (E.2) of
+   :mod:`energy`: the elastic LP value (L.2) of :mod:`lp_completion` enters as a pool of
+   ``num_cuts`` cuts, one per distinct completed assignment, grown every round (our choice,
+   since the LP cannot run inside ``jit``).
 4. After each round the chains' best row-feasible states and their final states go to the host,
    are de-duplicated and completed by the exact LP (L.1); every completed ``x`` is measured in
    float64 (all rows and bounds to ``1e-6``, integer columns exactly integral) and only then may
@@ -32,7 +33,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from jaxlib_ext.samplers.milp.energy import energy_data, pad_energy_data
+from jaxlib_ext.samplers.milp.energy import energy_data, pad_energy_data, with_cuts
 from jaxlib_ext.samplers.milp.gnn import BipartiteGNN, gnn_bias_fn
 from jaxlib_ext.samplers.milp.highs import solve_highs
 from jaxlib_ext.samplers.milp.langevin import METHODS, annealing_schedule, run_langevin
@@ -106,8 +107,9 @@ def _round_up(v, k):
 
 def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
           model: BipartiteGNN | None = None, seed: int = 0, method: str = "rld",
-          steps_per_round: int = 200, num_flips: int = 4, temperature=(0.5, 0.005),
-          penalty=(1.0, 10.0), step_size: float = 0.1, max_rounds: int | None = None,
+          steps_per_round: int = 1000, num_flips: int = 4, temperature=(0.5, 0.005),
+          penalty=(1.0, 10.0), step_size: float = 0.1, num_cuts: int = 64,
+          max_rounds: int | None = None,
           progress: bool = False) -> MILPResult:
     """Solve ``problem`` by annealed discrete Langevin sampling + exact LP completion.
 
@@ -116,10 +118,13 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
     ``method="rld"``) or None (the plain sampler); ``method`` one of "rld" (regularised flip rule,
     the default), "dlp" or "dmala" (discrete Langevin proposal without/with MH);
     ``steps_per_round``, ``num_flips``, ``temperature``/``penalty`` (start, end of each round's
-    geometric schedule) and ``step_size`` (DLP's alpha) configure the sampler; ``max_rounds``
-    stops early; ``progress`` shows a bar of the best objective. The limit is checked between
-    rounds: a round starts only if half a round's time is left, so a run ends within about half a
-    round of ``time_limit`` (the first call on a new shape also pays the ``jit`` compilation).
+    geometric schedule; the end penalty also prices the elastic LP), ``step_size`` (DLP's alpha)
+    and ``num_cuts`` (the LP-value cut pool of (E.2)) configure the sampler; ``max_rounds``
+    stops early; ``progress`` shows a bar of the best objective. A round runs as compiled chunks
+    of up to 100 steps and the limit is checked between chunks (a chunk starts only if half a
+    chunk's time is left), so a run ends within about one chunk of ``time_limit``, plus the LP
+    completions of the last round (the first call on a new shape also pays the ``jit``
+    compilation).
     """
     t0 = time.perf_counter()
     if not isinstance(problem, MILP):
@@ -154,7 +159,6 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
     n0, m0 = data0.c.shape[0], data0.A.shape[0]
     data = pad_energy_data(data0, _round_up(n0, 8), _round_up(m0, 16))
     n = data.c.shape[0]
-    temps, pens = annealing_schedule(steps_per_round, temperature, penalty)
     bias_fn = bias_params = None
     if model is not None:
         graphdef, bias_params = nnx.split(model)
@@ -169,35 +173,64 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
     rounds = 0
     bar = tqdm(total=None, desc="best objective", disable=not progress)
 
+    cut_h = np.zeros((num_cuts if ic.size else 0, n0))
+    cut_a = np.full(num_cuts if ic.size else 0, -np.inf)
+    cut_z = {}  # assignment bytes -> slot: one cut per distinct completed z
+    slot_key = [None] * cut_a.shape[0]
     cz = problem.sense * problem.c[iz]
 
-    def costs_for(z):  # (E.2): per-chain costs c_z + h and constants v(z0) - (c_z + h)^T z0
-        cost = np.zeros((num_chains, n), np.float32)
-        cost[:, :n0] = cz
-        const = np.zeros(num_chains, np.float32)
-        if ic.size:
-            comp = complete(problem, z, penalty=float(penalty[-1]))
-            ok = np.isfinite(comp.value)
-            lin = cz + comp.value_grad
-            cost[ok, :n0] = lin[ok]
-            const[ok] = comp.value[ok] - np.sum(lin[ok] * z[ok], axis=1)
-        return cost, const
+    def add_cuts(Z):  # (E.2): cuts of the elastic LP value at the assignments Z
+        if not ic.size:
+            return None
+        comp = complete(problem, Z, penalty=float(penalty[-1]))
+        for k in range(Z.shape[0]):
+            key_z = np.round(Z[k]).tobytes()
+            if key_z in cut_z or not np.isfinite(comp.value[k]):
+                continue
+            slot = add_cuts.count % num_cuts  # a ring: the oldest cut makes room
+            add_cuts.count += 1
+            cut_z.pop(slot_key[slot], None)
+            cut_z[key_z], slot_key[slot] = slot, key_z
+            h = comp.value_grad[k]
+            cut_h[slot] = h
+            cut_a[slot] = comp.value[k] - cz @ Z[k] - h @ Z[k]
+        return comp
 
-    round_time = 0.0
-    while (time.perf_counter() - t0 + 0.5 * round_time < time_limit
+    add_cuts.count = 0
+    chunk = min(steps_per_round, 100)
+    steps_per_round = -(-steps_per_round // chunk) * chunk
+    temps, pens = annealing_schedule(steps_per_round, temperature, penalty)
+    chunk_time = 0.0
+    add_cuts(z)
+    while (time.perf_counter() - t0 + 0.5 * chunk_time < time_limit
            and (max_rounds is None or rounds < max_rounds)):
-        t_round = time.perf_counter()
-        cost, const = costs_for(z)
-        zpad = np.zeros((num_chains, n), np.float32)
-        zpad[:, :n0] = z
-        key, sub = jax.random.split(key)
-        state, _ = run_langevin(sub, data, zpad, temperatures=temps, penalties=pens, cost=cost,
-                                const=const, method=method, step_size=step_size,
-                                num_flips=num_flips, bias_fn=bias_fn, bias_params=bias_params)
-        final = np.asarray(state.z)[:, :n0].astype(np.float64)
-        bz = np.asarray(state.best_z)[:, :n0].astype(np.float64)
-        found = np.isfinite(np.asarray(state.best_objective))
+        data_round = with_cuts(data, cut_h, cut_a) if ic.size else data
+        bz = np.zeros((num_chains, n0))
+        bobj = np.full(num_chains, np.inf)
+        for c0 in range(0, steps_per_round, chunk):
+            if c0 and time.perf_counter() - t0 + 0.5 * chunk_time >= time_limit:
+                break
+            t_chunk = time.perf_counter()
+            zpad = np.zeros((num_chains, n), np.float32)
+            zpad[:, :n0] = z
+            key, sub = jax.random.split(key)
+            state, _ = run_langevin(sub, data_round, zpad, temperatures=temps[c0:c0 + chunk],
+                                    penalties=pens[c0:c0 + chunk], method=method,
+                                    step_size=step_size, num_flips=num_flips, bias_fn=bias_fn,
+                                    bias_params=bias_params)
+            z = np.asarray(state.z)[:, :n0].astype(np.float64)
+            obj = np.asarray(state.best_objective)
+            better = obj < bobj
+            bobj = np.where(better, obj, bobj)
+            bz[better] = np.asarray(state.best_z)[better, :n0]
+            chunk_time = time.perf_counter() - t_chunk
+        final = z
+        found = np.isfinite(bobj)
         cand = np.concatenate([bz[found], final]) if ic.size else bz[found]
+        if cand.shape[0]:
+            elastic = add_cuts(cand)
+            if elastic is not None:  # exact completion only where the elastic LP is feasible
+                cand = cand[elastic.feasible]
         if cand.shape[0]:
             comp = complete(problem, cand)
             vals = np.where(comp.feasible, problem.sense * comp.objective, np.inf)
@@ -207,7 +240,6 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
                 trace.append((time.perf_counter() - t0, problem.sense * best_val))
                 bar.set_postfix(best=f"{problem.sense * best_val:.6g}")
         rounds += 1
-        round_time = time.perf_counter() - t_round
         bar.update(1)
         z = final
         if best_x is not None:  # intensify: a quarter of the chains restart at the incumbent
