@@ -156,7 +156,11 @@ def test_teacher_cache_holds_the_teachers_outputs_and_is_built_once(teacher, cac
 
 
 def test_stage1_on_a_student_initialised_as_the_teacher_has_loss_zero(teacher, cache, tmp_path):
-    mixers = [nnx.clone(b.attention) for b in teacher.model.blocks]
+    """The xLSTM student with its gate fixed to attention and a window covering the sequence is
+    its teacher layer (weights copied): stage I starts, and stays, at loss 0."""
+    student = D.initial_student(teacher.model, student=dict(gate="attention", window=SEQ,
+                                                            n_sinks=0, chunk_size=16))
+    mixers = [b.attention for b in student.blocks]
     result = D.align_layers(mixers, cache, [0, 1], _stage(2), tmp_path)
     assert [r["step"] for r in result.metrics] == [0, 1]
     for row in result.metrics:
@@ -253,8 +257,7 @@ def test_tokenizer_mismatch_is_refused(teacher, cache, tmp_path):
 
 def test_pipeline_runs_and_resumes(teacher, tmp_path):
     def student_mixer(attention, rngs):  # any mixer with the attention signature
-        mixer = LlamaAttention(attention.cfg, rngs=rngs)
-        return mixer
+        return LlamaAttention(attention.cfg, rngs=rngs)
 
     cfg = D.DistillConfig(
         out_dir=str(tmp_path), domains=("docs", "python"), max_chars=8000, seq_len=SEQ,
@@ -277,3 +280,32 @@ def test_pipeline_runs_and_resumes(teacher, tmp_path):
     with pytest.raises(ValueError, match="another DistillConfig"):
         D.run_distillation(teacher, dataclasses.replace(cfg, top_k=4),
                            student_mixer=student_mixer, progress=False)
+
+
+def test_cli(tmp_path, capsys):
+    from jaxlib_ext import cli_distill
+
+    assert cli_distill.main(["--tiny-teacher", "--domains", "klingon"]) == 2
+    assert "unknown domain 'klingon'" in capsys.readouterr().err
+    assert cli_distill.main(["--tiny-teacher", "--student", "bogus=1"]) == 2
+    assert "unknown key 'bogus'" in capsys.readouterr().err
+    assert cli_distill.main(["--tiny-teacher", "--student", "window=0"]) == 2
+    assert "XLSTMConfig.window" in capsys.readouterr().err
+    assert cli_distill.main(["--teacher", str(tmp_path / "absent.gguf")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli_distill.parse_student(["window=64", "gate=static", "mlstm_rope=false"]) == {
+        "window": 64, "gate": "static", "mlstm_rope": False}
+
+
+@pytest.mark.slow
+def test_cli_runs_a_tiny_distillation_with_the_xlstm_student(tmp_path, capsys):
+    from jaxlib_ext import cli_distill
+
+    argv = ["--tiny-teacher", "--out-dir", str(tmp_path), "--max-chars", "20000", "--seq-len",
+            "32", "--n-sequences", "4", "--top-k", "8", "--student", "window=8", "--student",
+            "n_sinks=2", "--student", "chunk_size=16", "--stage1-steps", "3", "--stage2-steps",
+            "2", "--no-progress", "--evaluate", "--eval-windows", "2"]
+    assert cli_distill.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| merged | docs |" in out and "C_alpha, absolute" in out
+    assert json.loads((tmp_path / "evaluation.json").read_text())["rows"]
