@@ -120,11 +120,12 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
     ``steps_per_round``, ``num_flips``, ``temperature``/``penalty`` (start, end of each round's
     geometric schedule; the end penalty also prices the elastic LP), ``step_size`` (DLP's alpha)
     and ``num_cuts`` (the LP-value cut pool of (E.2)) configure the sampler; ``max_rounds``
-    stops early; ``progress`` shows a bar of the best objective. A round runs as compiled chunks
-    of up to 100 steps and the limit is checked between chunks (a chunk starts only if half a
-    chunk's time is left), so a run ends within about one chunk of ``time_limit``, plus the LP
-    completions of the last round (the first call on a new shape also pays the ``jit``
-    compilation).
+    stops early; ``progress`` shows a bar of the best objective. The first round always runs its
+    whole annealing schedule (so that every call gets one complete anneal, even past a short
+    limit); later rounds run as compiled chunks of up to 100 steps and the limit is checked
+    between chunks (a chunk starts only if half a chunk's time is left), so a run ends within
+    about one chunk of ``time_limit`` or at the end of the first round, plus the LP completions of
+    the last round. The first call on a new shape also pays the ``jit`` compilation.
     """
     t0 = time.perf_counter()
     if not isinstance(problem, MILP):
@@ -208,7 +209,7 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
         bz = np.zeros((num_chains, n0))
         bobj = np.full(num_chains, np.inf)
         for c0 in range(0, steps_per_round, chunk):
-            if c0 and time.perf_counter() - t0 + 0.5 * chunk_time >= time_limit:
+            if rounds and time.perf_counter() - t0 + 0.5 * chunk_time >= time_limit:
                 break
             t_chunk = time.perf_counter()
             zpad = np.zeros((num_chains, n), np.float32)
