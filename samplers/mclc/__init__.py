@@ -5,7 +5,8 @@ measurement-consistent Langevin corrector (arXiv 2601.04791).
 residual and its linearisation), :mod:`solvers` (latent DPS and PSLD over DDIM, with a
 ``corrector=`` hook), :mod:`corrector` (``mclc_correct`` and its constraint forms: tangent
 projection, first-order compensation, none), :mod:`gaussian` (the linear-Gaussian latent model
-with its closed-form posterior, the oracle of the tests).
+with its closed-form posterior, the oracle of the tests; a Gaussian prior on principal
+components of images, an untrained latent model with an exact denoiser).
 """
 
 from jaxlib_ext.samplers.mclc import corrector, gaussian, problem, solvers
@@ -21,8 +22,10 @@ from jaxlib_ext.samplers.mclc.corrector import (
 )
 from jaxlib_ext.samplers.mclc.gaussian import (
     LinearGaussianLatentModel,
+    PCALatentPrior,
     gaussian_kl,
     linear_gaussian_model,
+    pca_latent_prior,
 )
 from jaxlib_ext.samplers.mclc.problem import (
     LatentInverseProblem,
@@ -46,6 +49,7 @@ __all__ = [
     "LatentInverseProblem",
     "LinearGaussianLatentModel",
     "LinearOperator",
+    "PCALatentPrior",
     "ResidualLinearization",
     "SolverInfo",
     "SolverResult",
@@ -65,6 +69,7 @@ __all__ = [
     "mclc_correct",
     "measurement_residual",
     "no_constraint",
+    "pca_latent_prior",
     "problem",
     "psld",
     "residual_linearization",

@@ -36,7 +36,8 @@ from jaxlib_ext.samplers.mclc.problem import (
     vp_alpha_bars,
 )
 
-__all__ = ["LinearGaussianLatentModel", "gaussian_kl", "linear_gaussian_model"]
+__all__ = ["LinearGaussianLatentModel", "PCALatentPrior", "gaussian_kl", "linear_gaussian_model",
+           "pca_latent_prior"]
 
 
 class LinearGaussianLatentModel(NamedTuple):
@@ -165,3 +166,48 @@ def gaussian_kl(mean0, cov0, mean1, cov1):
     _, ld0 = np.linalg.slogdet(s0)
     _, ld1 = np.linalg.slogdet(s1)
     return 0.5 * float(np.trace(s1_inv @ s0) + diff @ s1_inv @ diff - m0.shape[0] + ld1 - ld0)
+
+
+class PCALatentPrior(NamedTuple):
+    """A Gaussian latent prior on the leading principal components of a set of images: latent
+    ``z`` of shape ``(dim,)``, ``x = mean + V z`` (``V`` orthonormal columns), ``z ~ N(0,
+    diag(variances))``; its exact denoiser is (G.1) with a diagonal ``S``. A latent diffusion
+    model that needs no training, for quick experiments on real images."""
+
+    mean: jax.Array  # (H, W, C)
+    basis: jax.Array  # (H*W*C, dim)
+    variances: jax.Array  # (dim,)
+    alpha_bars: jax.Array  # (T,)
+
+    @property
+    def latent_shape(self) -> tuple:
+        return (self.variances.shape[0],)
+
+    def eps_model(self, z, t):
+        """(G.1) for one latent."""
+        ab = self.alpha_bars[t]
+        return jnp.sqrt(1.0 - ab) * z / (ab * self.variances + 1.0 - ab)
+
+    def decoder(self, z):
+        return self.mean + (self.basis @ z).reshape(self.mean.shape)
+
+    def encoder(self, x):
+        return self.basis.T @ (x - self.mean).reshape(-1)
+
+
+def pca_latent_prior(images, dim: int, num_train_steps: int = 1000) -> PCALatentPrior:
+    """Fit :class:`PCALatentPrior` to ``images [N, H, W, C]`` (``1 <= dim < N``)."""
+    images = np.asarray(images, np.float64)
+    if images.ndim != 4:
+        raise ValueError(f"images: expected [N, H, W, C], got shape {images.shape}")
+    n = images.shape[0]
+    if not 1 <= dim < min(n, images[0].size):
+        raise ValueError(f"dim: expected 1 <= dim < min(N, H*W*C) = "
+                         f"{min(n, images[0].size)}, got {dim}")
+    x = images.reshape(n, -1)
+    mean = x.mean(0)
+    _, s, vt = np.linalg.svd(x - mean, full_matrices=False)
+    f = jnp.float32
+    return PCALatentPrior(jnp.asarray(mean.reshape(images.shape[1:]), f),
+                          jnp.asarray(vt[:dim].T, f), jnp.asarray(s[:dim] ** 2 / (n - 1), f),
+                          vp_alpha_bars(num_train_steps))

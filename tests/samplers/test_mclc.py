@@ -266,3 +266,22 @@ def test_bad_problem_and_solver_arguments(gauss):
         M.latent_dps(jax.random.key(0), prob, corrector="mclc")
     with pytest.raises(TypeError, match="problem"):
         M.latent_dps(jax.random.key(0), (prob,))
+
+
+def test_pca_latent_prior_denoiser_is_exact_and_round_trips():
+    """On digits: the decoder inverts the encoder on the span; the denoiser is the exact
+    ``E[eps | z_t]`` (checked against (G.1) with the diagonal prior covariance); bad ``dim``."""
+    ims = np.asarray(jax.random.uniform(jax.random.key(0), (40, 6, 6, 1)))
+    p = M.pca_latent_prior(ims, 5, 100)
+    z = jnp.arange(5.0) / 5
+    np.testing.assert_allclose(p.encoder(p.decoder(z)), z, atol=1e-5)
+    model = M.LinearGaussianLatentModel(
+        jnp.zeros(5), jnp.diag(p.variances), p.basis, p.mean.reshape(-1), jnp.eye(36)[:2],
+        0.1, p.alpha_bars, p.variances, jnp.eye(5))
+    for t in (0, 50, 99):
+        np.testing.assert_allclose(p.eps_model(z, t), model.eps_model(z, t), rtol=1e-5,
+                                   atol=1e-6)
+    with pytest.raises(ValueError, match="dim"):
+        M.pca_latent_prior(ims, 40)
+    with pytest.raises(ValueError, match="images"):
+        M.pca_latent_prior(ims[..., 0], 3)

@@ -1,0 +1,271 @@
+"""MCLC (arXiv 2601.04791) as a plug-in for latent DPS and PSLD on held-out MNIST digits.
+
+Tasks (``jaxlib_ext.samplers.degradations``, images in [0, 1]): box inpainting (a centred
+12x12 box missing), random inpainting (70% of the pixels missing) and Gaussian deblurring
+(sigma 1.5 px), each at two measurement-noise levels. Solvers: latent DPS and PSLD
+(``jaxlib_ext.samplers.mclc``) on the latent diffusion model of
+``jaxlib_ext.models.latent_diffusion`` (``--model ldm``, the default), or on the exact
+Gaussian prior of the digits' leading PCA coefficients (``--model pca``: a linear decoder and a
+closed-form denoiser, for a quick run).
+
+Equal network evaluations: the base solver runs ``2 N - 1`` DDIM steps; with MCLC it runs
+``N`` steps and one corrector step after each but the last (``N + (N - 1)`` evaluations).
+The corrector is used as specified (SNR 0.16, tangent constraint), not tuned.
+
+The comparison rule (``benchmarks/_comparison.py``): for each task, noise level and solver,
+the two methods (without, with MCLC) get the same guidance-weight grid (factor 3 apart;
+PSLD's gluing weight is 0.1 times it), 3 seeds (the solver's PRNG key), the weight picked by
+the mean validation PSNR (``--val`` digits), the test metrics reported at that weight (the
+next ``--test`` held-out digits). The whole grid is printed.
+
+Failure (per reconstruction): non-finite pixels, or a PSNR below that of the blank image
+(``x = 0``) for the same digit, or a measurement residual ``||y - A x||`` above half of
+``||y||``. The failure rate is over test digits and seeds at the chosen weight.
+
+    python benchmarks/samplers_mclc.py                 # about 15 min on 2 busy CPU cores
+    python benchmarks/samplers_mclc.py --fast          # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _comparison import Comparison, cache_compilations, format_pm, run_comparison
+
+from jaxlib_ext import images
+from jaxlib_ext.samplers import degradations
+from jaxlib_ext.samplers import mclc as M
+
+TASKS = ("box", "random", "blur")
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def psnr(x, ref):
+    """PSNR in dB for images in [0, 1] (``x`` clipped to [0, 1])."""
+    mse = jnp.mean((jnp.clip(x, 0.0, 1.0) - ref) ** 2, axis=(-3, -2, -1))
+    return 10.0 * jnp.log10(1.0 / jnp.maximum(mse, 1e-12))
+
+
+def _gauss_window(size=11, sigma=1.5):
+    g = np.exp(-0.5 * ((np.arange(size) - size // 2) / sigma) ** 2)
+    return jnp.asarray(g / g.sum(), jnp.float32)
+
+
+def ssim(x, ref):
+    """SSIM (Wang et al. 2004: 11x11 Gaussian window, sigma 1.5, data range 1, valid
+    windows) of images ``[..., H, W, 1]`` in [0, 1]."""
+    k = jnp.outer(_gauss_window(), _gauss_window())
+
+    def filt(a):
+        h, w = a.shape[-3:-1]
+        flat = a[..., 0].reshape(-1, h, w)
+        out = jax.vmap(lambda im: jax.scipy.signal.convolve2d(im, k, mode="valid"))(flat)
+        return out.reshape(a.shape[:-3] + out.shape[1:])
+
+    x = jnp.clip(x, 0.0, 1.0)
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    mx, my = filt(x), filt(ref)
+    sxx = filt(x * x) - mx ** 2
+    syy = filt(ref * ref) - my ** 2
+    sxy = filt(x * ref) - mx * my
+    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx ** 2 + my ** 2 + c1) * (sxx + syy + c2))
+    return jnp.mean(s, axis=(-2, -1))
+
+
+# --------------------------------------------------------------------------- models
+
+
+class LatentModel:
+    """``eps_model(z, t)``, ``decoder``, ``encoder`` on single latents, ``alpha_bars``,
+    ``latent_shape``."""
+
+    def __init__(self, eps_model, decoder, encoder, alpha_bars, latent_shape, name):
+        self.eps_model, self.decoder, self.encoder = eps_model, decoder, encoder
+        self.alpha_bars, self.latent_shape, self.name = alpha_bars, tuple(latent_shape), name
+
+
+def pca_model(train, dim=32):
+    """``mclc.pca_latent_prior``: the exact Gaussian prior of the leading ``dim`` PCA
+    coefficients of the training digits (linear decoder, closed-form denoiser)."""
+    p = M.pca_latent_prior(train, dim)
+    return LatentModel(p.eps_model, p.decoder, p.encoder, p.alpha_bars, p.latent_shape,
+                       f"pca-{dim}")
+
+
+def ldm_model(path):
+    """The latent diffusion model of ``jaxlib_ext.models.latent_diffusion`` (trained or loaded
+    at ``path``), wrapped for single latents."""
+    from jaxlib_ext.models import latent_diffusion as ldm
+
+    model = ldm.load_or_train(path)
+    ab = jnp.asarray(model.alpha_bars, jnp.float32)
+
+    def eps_model(z, t):
+        return model.eps_model(z[None], jnp.full((1,), t, jnp.int32))[0]
+
+    return LatentModel(eps_model, lambda z: model.decode(z[None])[0],
+                       lambda x: model.encode(x[None])[0], ab, model.latent_shape, "ldm")
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def operator(task, shape, key):
+    """The task's operator; both inpaintings share one pytree structure (one compile)."""
+    if task == "box":
+        mask = np.ones(shape[:2], np.float32)
+        mask[8:20, 8:20] = 0.0
+        return degradations.inpainting(mask, shape, name="inpainting")
+    if task == "random":
+        mask = jax.random.bernoulli(key, 0.3, shape[:2]).astype(jnp.float32)
+        return degradations.inpainting(mask, shape, name="inpainting")
+    return degradations.gaussian_blur(shape, 1.5)
+
+
+class Runner:
+    """Runs one (solver, with/without MCLC) program over digits x seeds x weights."""
+
+    def __init__(self, model, n_steps):
+        self.model, self.n_steps, self.programs = model, n_steps, {}
+
+    def program(self, solver, corrected):
+        key = (solver, corrected)
+        if key not in self.programs:
+            mdl = self.model
+            steps = self.n_steps if corrected else 2 * self.n_steps - 1
+            corr = M.mclc(1) if corrected else None
+            fn = M.latent_dps if solver == "dps" else M.psld
+
+            def one(op, y, k, w):
+                prob = M.latent_inverse_problem(
+                    mdl.eps_model, mdl.decoder, op, y, mdl.alpha_bars,
+                    latent_shape=mdl.latent_shape, encoder=mdl.encoder, check_operator=False)
+                kw = {} if solver == "dps" else {"gluing_weight": 0.1 * w}
+                out = fn(k, prob, num_steps=steps, step_size=w, corrector=corr, **kw)
+                return out.x0, out.info.final_residual, out.info.nfe
+
+            # weights x seeds x digits
+            f = jax.vmap(one, in_axes=(None, 0, None, None))
+            f = jax.vmap(f, in_axes=(None, None, 0, None))
+            f = jax.vmap(f, in_axes=(None, None, None, 0))
+            self.programs[key] = jax.jit(f)
+        return self.programs[key]
+
+
+def evaluate(x_hat, x, y, res):
+    """Per reconstruction: PSNR, SSIM, failure (module docstring)."""
+    p, s = psnr(x_hat, x), ssim(x_hat, x)
+    blank = psnr(jnp.zeros_like(x), x)
+    ynorm = jnp.sqrt(jnp.sum(y ** 2, axis=tuple(range(1, y.ndim))))
+    finite = jnp.all(jnp.isfinite(x_hat), axis=(-3, -2, -1))
+    fail = ~finite | (p < blank) | (res > 0.5 * ynorm)
+    return np.asarray(jnp.where(finite, p, jnp.nan)), np.asarray(s), np.asarray(fail)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=("ldm", "pca"), default="ldm")
+    ap.add_argument("--ckpt", default=os.environ.get("LDM_CKPT", "/work/cache/ldm_mnist"))
+    ap.add_argument("--steps", type=int, default=10, help="N: MCLC's solver steps")
+    ap.add_argument("--val", type=int, default=8)
+    ap.add_argument("--test", type=int, default=8)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--noise", default="0.01,0.1")
+    ap.add_argument("--weights", default="0.3,1,3", help="guidance-weight grid")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--solvers", default="dps,psld")
+    ap.add_argument("--fast", action="store_true")
+    a = ap.parse_args()
+    if a.fast:
+        a.steps, a.val, a.test = 4, 2, 2
+    cache_compilations()
+    t_start = time.time()
+    data = images.load_mnist("test")
+    x_all = jnp.asarray(data.images[: a.val + a.test])
+    model = (pca_model(images.load_mnist("train").images) if a.model == "pca"
+             else ldm_model(a.ckpt))
+    weights = tuple(float(w) for w in a.weights.split(","))
+    seeds = tuple(range(a.seeds))
+    noises = tuple(float(s) for s in a.noise.split(","))
+    print(f"# MCLC benchmark: model {model.name} (latent {model.latent_shape}), "
+          f"{a.val} validation + {a.test} test held-out MNIST digits, seeds {seeds}, "
+          f"weights {weights}, N = {a.steps} (base: {2 * a.steps - 1} DDIM steps; "
+          f"+MCLC: {a.steps} steps + 1 corrector step each), DDIM eta 1")
+    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    runner = Runner(model, a.steps)
+    rows = []
+    for task in a.tasks.split(","):
+        op = operator(task, x_all.shape[1:], jax.random.key(1234))
+        for sig in noises:
+            y = jax.vmap(degradations.measure, in_axes=(0, None, 0, None))(
+                jax.random.split(jax.random.key(99), x_all.shape[0]), op, x_all, sig)
+            for solver in a.solvers.split(","):
+                cache = {}
+
+                def run(method, w, seed, solver=solver, y=y, op=op, cache=cache):
+                    corrected = method.endswith("+mclc")
+                    if method not in cache:
+                        t0 = time.time()
+                        keys = jnp.stack([jax.random.key(1000 + s) for s in seeds])
+                        xh, res, nfe = runner.program(solver, corrected)(
+                            op, y, keys, jnp.asarray(weights, jnp.float32))
+                        xh = jax.block_until_ready(xh)
+                        m = [evaluate(xh[i, j], x_all, y, res[i, j])
+                             for i in range(len(weights)) for j in range(len(seeds))]
+                        cache[method] = (m, int(nfe.ravel()[0]), time.time() - t0)
+                    m, nfe, sec = cache[method]
+                    p, s, f = m[weights.index(w) * len(seeds) + seeds.index(seed)]
+                    v, te = slice(0, a.val), slice(a.val, None)
+                    return {"val": float(np.nanmean(p[v])) if np.isfinite(p[v]).any() else
+                            float("nan"), "test": float(np.nanmean(p[te])),
+                            "ssim": float(np.mean(s[te])), "fail": float(np.mean(f[te])),
+                            "fail_val": float(np.mean(f[v])), "nfe": nfe, "sec": sec}
+
+                spec = Comparison(methods=(solver, f"{solver}+mclc"), lrs=weights, seeds=seeds,
+                                  budget=f"{2 * a.steps - 1} network evaluations per "
+                                         f"reconstruction")
+                print(f"## {task}, noise {sig:g}, {solver}\n")
+                res = run_comparison(spec, run, higher_is_better=True, metric="PSNR",
+                                     log=lambda line: None)
+                print(res.grid_table(fmt=".2f"))
+                print(res.summary_table(baseline=solver, fmt=".2f",
+                                        extras=(("SSIM", "ssim", ".3f"),
+                                                ("failure rate", "fail", ".3f"),
+                                                ("NFE", "nfe", ".0f"))))
+                print(res.verdict(f"{solver}+mclc", solver, fmt=".2f") + "\n")
+                rec = {}
+                for meth in spec.methods:
+                    w = res.best_lr(meth)
+                    recs = [run(meth, w, s) for s in seeds]
+                    rec[meth] = (np.array([r["test"] for r in recs]),
+                                 np.array([r["ssim"] for r in recs]),
+                                 np.array([r["fail"] for r in recs]))
+                rows.append((task, sig, solver, rec))
+    print("## Summary (test digits, each method at its best weight by validation PSNR)\n")
+    print("| task | noise | solver | PSNR base | PSNR +MCLC | SSIM base | SSIM +MCLC | "
+          "failure base | failure +MCLC |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    fewer, as_good = 0, 0
+    for task, sig, solver, rec in rows:
+        b, c = rec[solver], rec[f"{solver}+mclc"]
+        print(f"| {task} | {sig:g} | {solver} | {format_pm(b[0], '.2f')} | "
+              f"{format_pm(c[0], '.2f')} | {format_pm(b[1], '.3f')} | {format_pm(c[1], '.3f')} | "
+              f"{np.mean(b[2]):.3f} | {np.mean(c[2]):.3f} |")
+        fewer += np.mean(c[2]) <= np.mean(b[2])
+        as_good += np.mean(c[0]) >= np.mean(b[0]) - np.std(b[0], ddof=1)
+    print(f"\nMCLC fails no more often in {fewer}/{len(rows)} settings; its mean PSNR is at "
+          f"least the base's mean minus one std in {as_good}/{len(rows)}.")
+    print(f"\ntotal {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
