@@ -49,8 +49,8 @@ latent prior); there the residual is non-increasing step by step up to round-off
 model says no ``zeta`` reaches the level set, the step is rejected (``z`` unchanged,
 ``CorrectorInfo.rejected``).
 
-Cost: one ``eps_model`` evaluation (linearised, with its transpose and two tangents) per
-corrector step.
+Cost per corrector step: one ``eps_model`` evaluation, linearised: two Jacobian-vector
+products and two transposed ones (``J^T rho`` and ``J^T p``) of the map ``z -> rho``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def _retract(p_shift, lin: ResidualLinearization):
     (the Gauss-Newton gradient of ``||p||^2 / 2``), so ``p -> p - zeta J v``. With
     ``qa = ||J v||^2``, ``qb = <p, J v> = ||v||^2`` and ``dq = ||p||^2 - r^2 = ||a||^2 +
     2 <rho, a>`` the level is reached at the smaller root of
-    ``qa zeta^2 - 2 qb zeta + dq = 0``, in its stable form. Returns ``(v, zeta, reachable)``.
+    ``qa zeta^2 - 2 qb zeta + dq = 0``, in its stable form. Returns ``(v, zeta, reachable,
+    dq)``.
     """
     p = lin.residual + p_shift
     v = lin.vjp(p)
@@ -116,7 +117,7 @@ def _retract(p_shift, lin: ResidualLinearization):
     denom = qb + jnp.sqrt(jnp.maximum(disc, 0.0))
     zeta = dq / jnp.where(denom > 0, denom, 1.0)
     reachable = (disc >= 0) & (denom > 0)
-    return v, zeta, reachable
+    return v, zeta, reachable, dq
 
 
 def tangent_constraint(delta, lin: ResidualLinearization):
@@ -125,25 +126,25 @@ def tangent_constraint(delta, lin: ResidualLinearization):
     gg = _dot(lin.grad, lin.grad)
     active = gg > 0
     tangent = delta - (_dot(delta, lin.grad) / jnp.where(active, gg, 1.0)) * lin.grad
-    v, zeta, reachable = _retract(lin.jvp(tangent), lin)
+    v, zeta, reachable, dq = _retract(lin.jvp(tangent), lin)
     reject = active & ~reachable
     out = jnp.where(active, tangent - zeta * v, delta)
     out = jnp.where(reject, jnp.zeros_like(delta), out)
-    pred = lin.residual + lin.jvp(out)
-    return out, jnp.sqrt(_dot(pred, pred)), reject
+    # on the level set when active; otherwise (g = 0) the unconstrained prediction
+    pred = jnp.where(active, lin.norm, jnp.sqrt(jnp.maximum(lin.norm ** 2 + dq, 0.0)))
+    return out, pred, reject
 
 
 def compensation_constraint(delta, lin: ResidualLinearization):
     """First-order compensation, one-sided (module docstring):
     ``(increment, predicted residual, rejected)``."""
-    a = lin.jvp(delta)
-    increases = _dot(a, a) + 2.0 * _dot(lin.residual, a) > 0
-    v, zeta, reachable = _retract(a, lin)
+    v, zeta, reachable, dq = _retract(lin.jvp(delta), lin)
+    increases = dq > 0
     reject = increases & ~reachable
     out = jnp.where(increases, delta - zeta * v, delta)
     out = jnp.where(reject, jnp.zeros_like(delta), out)
-    pred = lin.residual + lin.jvp(out)
-    return out, jnp.sqrt(_dot(pred, pred)), reject
+    pred = jnp.where(increases, lin.norm, jnp.sqrt(jnp.maximum(lin.norm ** 2 + dq, 0.0)))
+    return out, pred, reject
 
 
 def no_constraint(delta, lin: ResidualLinearization):
