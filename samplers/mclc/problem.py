@@ -191,14 +191,23 @@ def latent_inverse_problem(eps_model: Callable, decoder: Callable, operator, mea
                                 latent_shape)
 
 
-def ddim_timesteps(num_train_steps: int, num_steps: int) -> np.ndarray:
-    """``num_steps`` distinct training indices from ``T - 1`` down to ``0``, evenly spaced
-    (int32, descending)."""
-    if not 1 <= num_steps <= num_train_steps:
-        raise ValueError(f"num_steps: expected 1 <= num_steps <= {num_train_steps} (the "
-                         f"schedule's length), got {num_steps}")
-    ts = np.round(np.linspace(num_train_steps - 1, 0, num_steps)).astype(np.int32)
-    return ts
+def ddim_timesteps(num_train_steps: int, num_steps: int, t_max: int | None = None) -> np.ndarray:
+    """``num_steps`` distinct training indices from ``t_max`` (default ``T - 1``) down to ``0``,
+    evenly spaced (int32, descending).
+
+    A schedule whose last ``abar`` is close to 0 (the cosine schedule's is about 1e-9) makes
+    ``zhat_0`` of (P.3), and any gradient through it, blow up at ``T - 1``; start lower there.
+    """
+    if t_max is None:
+        t_max = num_train_steps - 1
+    if isinstance(t_max, bool) or not isinstance(t_max, int | np.integer) or not (
+            0 <= t_max < num_train_steps):
+        raise ValueError(f"t_max: expected an int in [0, {num_train_steps - 1}], got {t_max!r}")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer) or not (
+            1 <= num_steps <= t_max + 1):
+        raise ValueError(f"num_steps: expected an int in [1, {t_max + 1}] (t_max + 1), got "
+                         f"{num_steps!r}")
+    return np.round(np.linspace(t_max, 0, num_steps)).astype(np.int32)
 
 
 def vp_alpha_bars(num_train_steps: int = 1000, beta_min: float = 1e-4,

@@ -91,13 +91,13 @@ def _check_positive(name, value, allow_zero=False):
         raise ValueError(f"{name}: expected a finite number {bound}, got {value!r}")
 
 
-def _check_common(problem, num_steps, ddim_eta, corrector, z_init):
+def _check_common(problem, num_steps, ddim_eta, corrector, z_init, t_max):
     if not isinstance(problem, LatentInverseProblem):
         raise TypeError(f"problem: expected a LatentInverseProblem (see "
                         f"latent_inverse_problem), got {type(problem).__name__}")
     if isinstance(num_steps, bool) or not isinstance(num_steps, int):
         raise TypeError(f"num_steps: expected an int, got {num_steps!r}")
-    ddim_timesteps(problem.alpha_bars.shape[0], num_steps)  # range check
+    ddim_timesteps(problem.alpha_bars.shape[0], num_steps, t_max)  # range checks
     _check_positive("ddim_eta", ddim_eta, allow_zero=True)
     if not isinstance(ddim_eta, jax.core.Tracer) and float(ddim_eta) > 1:
         raise ValueError(f"ddim_eta: expected a value in [0, 1], got {ddim_eta!r}")
@@ -116,8 +116,8 @@ def _check_common(problem, num_steps, ddim_eta, corrector, z_init):
 
 
 def _run(key, problem: LatentInverseProblem, guided_step: Callable, num_steps: int,
-         corrector, z_init) -> SolverResult:
-    ts = ddim_timesteps(problem.alpha_bars.shape[0], num_steps)
+         corrector, z_init, t_max) -> SolverResult:
+    ts = ddim_timesteps(problem.alpha_bars.shape[0], num_steps, t_max)
     k_init, k_steps, k_last = jax.random.split(key, 3)
     z = (jax.random.normal(k_init, problem.latent_shape, jnp.float32) if z_init is None
          else jnp.asarray(z_init, jnp.float32))
@@ -146,15 +146,16 @@ def _run(key, problem: LatentInverseProblem, guided_step: Callable, num_steps: i
 
 def latent_dps(key, problem: LatentInverseProblem, *, num_steps: int = 50,
                step_size: float = 1.0, ddim_eta: float = 1.0, corrector: Callable | None = None,
-               z_init=None) -> SolverResult:
+               z_init=None, t_max: int | None = None) -> SolverResult:
     """Latent DPS, (S.1)-(S.2): ``SolverResult(z0, x0, info)`` for one chain.
 
     key: PRNG key. num_steps: solver steps ``N``. step_size: the guidance weight of (S.2).
     ddim_eta: 0 (deterministic DDIM) to 1 (ancestral). corrector: ``None`` or
     ``(key, z, t, problem) -> (z, info)``. z_init: the starting ``z_{t_0}`` (default
-    ``N(0, I)`` from ``key``).
+    ``N(0, I)`` from ``key``). t_max: the first step's training index (default ``T - 1``; see
+    :func:`~jaxlib_ext.samplers.mclc.ddim_timesteps`).
     """
-    _check_common(problem, num_steps, ddim_eta, corrector, z_init)
+    _check_common(problem, num_steps, ddim_eta, corrector, z_init, t_max)
     _check_positive("step_size", step_size)
 
     def step(k, z, t, ab, ab_prev):
@@ -162,16 +163,16 @@ def latent_dps(key, problem: LatentInverseProblem, *, num_steps: int = 50,
         z_next = ddim_step(k, z0, eps, ab, ab_prev, ddim_eta)  # (S.1)
         return z_next - step_size * g, r  # (S.2)
 
-    return _run(key, problem, step, num_steps, corrector, z_init)
+    return _run(key, problem, step, num_steps, corrector, z_init, t_max)
 
 
 def psld(key, problem: LatentInverseProblem, *, num_steps: int = 50, step_size: float = 1.0,
          gluing_weight: float = 0.1, ddim_eta: float = 1.0, corrector: Callable | None = None,
-         z_init=None) -> SolverResult:
+         z_init=None, t_max: int | None = None) -> SolverResult:
     """PSLD, (S.1) and (S.3): ``SolverResult(z0, x0, info)`` for one chain; needs
     ``problem.encoder``. Arguments as :func:`latent_dps`; gluing_weight: the weight of the
     gluing term (``>= 0``)."""
-    _check_common(problem, num_steps, ddim_eta, corrector, z_init)
+    _check_common(problem, num_steps, ddim_eta, corrector, z_init, t_max)
     _check_positive("step_size", step_size)
     _check_positive("gluing_weight", gluing_weight, allow_zero=True)
     if problem.encoder is None:
@@ -193,5 +194,5 @@ def psld(key, problem: LatentInverseProblem, *, num_steps: int = 50, step_size: 
         z_next = ddim_step(k, z0, eps, ab, ab_prev, ddim_eta)  # (S.1)
         return z_next - g, r  # (S.3)
 
-    return _run(key, problem, step, num_steps, corrector, z_init)
+    return _run(key, problem, step, num_steps, corrector, z_init, t_max)
 

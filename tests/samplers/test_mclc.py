@@ -165,6 +165,8 @@ def test_solver_z_init_and_deterministic_ddim(gauss):
     a = M.latent_dps(jax.random.key(0), prob, num_steps=5, ddim_eta=0.0, z_init=z_init)
     b = M.latent_dps(jax.random.key(1), prob, num_steps=5, ddim_eta=0.0, z_init=z_init)
     np.testing.assert_allclose(a.z0, b.z0, rtol=1e-6)
+    c = M.latent_dps(jax.random.key(0), prob, num_steps=5, t_max=600)
+    np.testing.assert_array_equal(c.info.timesteps, [600, 450, 300, 150, 0])
 
 
 def test_image_latents_with_degradation_operators():
@@ -258,6 +260,10 @@ def test_bad_problem_and_solver_arguments(gauss):
         M.latent_dps(jax.random.key(0), prob, num_steps=10_000)
     with pytest.raises(ValueError, match="step_size"):
         M.latent_dps(jax.random.key(0), prob, step_size=0.0)
+    with pytest.raises(ValueError, match="t_max"):
+        M.psld(jax.random.key(0), prob, t_max=1000)
+    with pytest.raises(ValueError, match="num_steps"):
+        M.psld(jax.random.key(0), prob, num_steps=20, t_max=10)
     with pytest.raises(ValueError, match="ddim_eta"):
         M.psld(jax.random.key(0), prob, ddim_eta=1.5)
     with pytest.raises(ValueError, match="z_init"):
