@@ -176,6 +176,14 @@ def _run(args) -> None:
         texts = {n: D.domain_text(d, max_chars=args.max_chars)
                  for n, d in zip(corpora, config.domains, strict=True)}
         held_text = {n: t[int(len(t) * (1 - config.eval_fraction)):] for n, t in texts.items()}
+        for n in list(held_text):  # a domain whose text yields no cloze item has no cloze row
+            try:
+                E.cloze_items(held_text[n], teacher.tokenizer, n_items=suite.cloze_items,
+                              context_chars=suite.cloze_context_chars,
+                              max_tokens=suite.cloze_max_tokens)
+            except ValueError as e:
+                print(f"{n}: no cloze task ({e})")
+                del held_text[n]
         rep = E.evaluate_suite(E.logits_fn(teacher.model), E.logits_fn(result.merged),
                                {n: c.eval for n, c in corpora.items()},
                                held_out_text=held_text, tokenizer=teacher.tokenizer,
