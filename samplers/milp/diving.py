@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext.samplers.milp.energy import energy_data
+from jaxlib_ext.samplers.milp.energy import energy_data, pad_energy_data
 from jaxlib_ext.samplers.milp.gnn import BipartiteGNN
 from jaxlib_ext.samplers.milp.highs import solve_highs
 from jaxlib_ext.samplers.milp.langevin import _terms_and_grad
@@ -33,26 +33,33 @@ def _predict(graphdef, params, data):
     return jax.nn.sigmoid(nnx.merge(graphdef, params)(data, data.lower, g, 0.0, 1.0))
 
 
-def predict_assignment(problem: MILP, model: BipartiteGNN):
+def predict_assignment(problem: MILP, model: BipartiteGNN, *,
+                       pad_to: tuple[int, int] | None = None):
     """``(z_hat, confidence)`` over the integer columns: the rounded prediction in the box and
-    ``|p - 1/2|``."""
+    ``|p - 1/2|``. ``pad_to`` ``(n_int, m)`` pads the arrays (one compiled program per family)."""
     data = energy_data(problem)
+    n0, m0 = data.c.shape[0], data.A.shape[0]
+    pn, pm = pad_to if pad_to is not None else (0, 0)
+    data = pad_energy_data(data, -(-max(n0, pn) // 8) * 8, -(-max(m0, pm) // 16) * 16)
     graphdef, params = nnx.split(model)
-    p = np.asarray(_predict(graphdef, params, data), np.float64)
-    lo, up = np.asarray(data.lower, np.float64), np.asarray(data.upper, np.float64)
+    p = np.asarray(_predict(graphdef, params, data), np.float64)[:n0]
+    lo = np.asarray(data.lower, np.float64)[:n0]
+    up = np.asarray(data.upper, np.float64)[:n0]
     return np.round(lo + p * (up - lo)), np.abs(p - 0.5)
 
 
 def neural_diving(problem: MILP, model: BipartiteGNN, *, time_limit: float = 60.0,
-                  coverage: float = 0.7, min_coverage: float = 0.05) -> MILPResult:
-    """Predict, fix the ``coverage`` most confident integer columns, complete with HiGHS."""
+                  coverage: float = 0.7, min_coverage: float = 0.05,
+                  pad_to: tuple[int, int] | None = None) -> MILPResult:
+    """Predict, fix the ``coverage`` most confident integer columns, complete with HiGHS
+    (``pad_to`` as in :func:`predict_assignment`)."""
     t0 = time.perf_counter()
     if not 0 <= coverage <= 1:
         raise ValueError(f"coverage: expected in [0, 1], got {coverage}")
     if not problem.integrality.any():
         raise ValueError("problem: no integer columns to dive on")
     iz = problem.integer_index
-    z_hat, conf = predict_assignment(problem, model)
+    z_hat, conf = predict_assignment(problem, model, pad_to=pad_to)
     order = np.argsort(-conf, kind="stable")
     trace = []
     cov = coverage
