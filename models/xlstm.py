@@ -88,6 +88,10 @@ class XLSTMConfig:
     ``input_gate_bias_init``; ``forget_gate_bias_init``: ``(first, last)`` of a linspace over
     heads. ``method``, ``chunk_size``: the mLSTM op's path on full sequences; cached calls of at
     most ``decode_recurrent_max_len`` tokens run its recurrent path.
+
+    On sequences of at most ``window`` tokens the SWA branch alone is the teacher's attention,
+    so a hybrid can match the teacher there by closing its gate; distillation has to see
+    sequences longer than the window for the mLSTM to learn anything.
     """
 
     mode: str = "hybrid"
@@ -130,15 +134,15 @@ class XLSTMConfig:
                 "XLSTMConfig.forget_gate_bias_init must be (first, last), got "
                 f"{self.forget_gate_bias_init!r}"
             )
+        # a tuple of floats whatever came (a JSON list): the config stays hashable
+        bias = tuple(float(b) for b in self.forget_gate_bias_init)
+        object.__setattr__(self, "forget_gate_bias_init", bias)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d) -> XLSTMConfig:
-        d = dict(d)
-        if "forget_gate_bias_init" in d:
-            d["forget_gate_bias_init"] = tuple(d["forget_gate_bias_init"])
         return cls(**d)
 
 
