@@ -237,9 +237,12 @@ class XLSTMMixer(nnx.Module):
         state = zero_state(batch_size, cfg.n_heads, d, d, jnp.float32)
         if c.mode == "mlstm":
             return XLSTMCache(state, None, None, None, None, jnp.zeros((), jnp.int32))
-        sink = jnp.zeros((batch_size, c.n_sinks, cfg.n_kv_heads, d), dtype)
-        ring = jnp.zeros((batch_size, c.window, cfg.n_kv_heads, d), dtype)
-        return XLSTMCache(state, sink, sink, ring, ring, jnp.zeros((), jnp.int32))
+        sink, ring = (batch_size, c.n_sinks, cfg.n_kv_heads, d), (batch_size, c.window,
+                                                                    cfg.n_kv_heads, d)
+        # four distinct buffers, so that a jitted step may donate the cache
+        return XLSTMCache(state, jnp.zeros(sink, dtype), jnp.zeros(sink, dtype),
+                          jnp.zeros(ring, dtype), jnp.zeros(ring, dtype),
+                          jnp.zeros((), jnp.int32))
 
     # -- forward
     def __call__(self, x: jax.Array, positions: jax.Array, cache: XLSTMCache | None = None):
