@@ -1,0 +1,102 @@
+"""The noise levels of posterior sampling: ``Sigma_k = min(Sigma_y, sigma_k^2)`` and its target.
+
+For a :class:`~.problem.DiagonalProblem` ``(z, Sigma_y)`` and a level ``sigma_k`` (one per
+chain), coefficient by coefficient in the basis (arXiv 2605.15487, the task-shaped covariance)::
+
+    Sigma_k = min(Sigma_y, sigma_k^2)                                                       (V.1)
+
+With ``x_k = x + Sigma_k^{1/2} eps`` the chain ``x -> x_{k+1} -> x_k -> z`` only adds noise
+(``z = x_k + (Sigma_y - Sigma_k)^{1/2} eps'``), so
+
+* at ``sigma_0 = sigma_max`` every coefficient has ``Sigma_0 = Sigma_y``: ``x_0 = z`` on the
+  observed coefficients, ``z + sigma_max xi`` on the missing ones;
+* ``p(x_{k+1} | x_k, z) = p(x_{k+1} | x_k)``: the predictor needs the prior score only,
+  ``x_{k+1} = x_k - D_k grad U(x_k, Sigma_k) + D_k^{1/2} xi`` with ``D_k = Sigma_k - Sigma_{k+1}``;
+* the level's posterior, the corrector's target, is ``p(x_k | z) ∝ exp(-E_k(x_k))`` with::
+
+      E_k(x) = U(x, Sigma_k) + 1/2 <x - z, W_k (x - z)>,
+      W_k = 1 / (Sigma_y - Sigma_k)   on free observed coefficients (sigma_k^2 < Sigma_y),
+            0                         on missing and on clamped ones                        (V.2)
+
+  Clamped coefficients (``Sigma_k = Sigma_y``) equal ``z`` and do not move: the corrector's
+  preconditioner is ``p_k = (1/Sigma_k + W_k)^{-1} / sigma_k^2`` on free coefficients (1 on the
+  missing ones, the conditional variance scale on the observed ones) and 0 on clamped ones.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxlib_ext.samplers.energy.covariance import Covariance
+from jaxlib_ext.samplers.energy.energy import EnergyFn, energy_and_grads
+from jaxlib_ext.samplers.energy.problem import DiagonalProblem
+
+__all__ = ["Level", "Evaluation", "evaluate", "geometric_sigmas", "initial_position", "level"]
+
+
+class Level(NamedTuple):
+    """One level: ``cov`` = Sigma_k (V.1), ``weight`` = W_k (V.2), ``precond`` = p_k,
+    ``free`` (bool, basis)."""
+
+    cov: Covariance
+    weight: jax.Array
+    precond: Covariance
+    free: jax.Array
+
+
+class Evaluation(NamedTuple):
+    """``E_k``, ``grad E_k``, the prior score ``grad_y U`` and the noise score ``dU/d diag``."""
+
+    energy: jax.Array
+    grad: jax.Array
+    prior_grad: jax.Array
+    noise_score: jax.Array
+
+
+def _b(v, x):
+    return jnp.reshape(v, jnp.shape(v) + (1,) * (x.ndim - jnp.ndim(v)))
+
+
+def geometric_sigmas(sigma_begin: float, sigma_end: float, num: int):
+    """``num`` levels from ``sigma_begin`` down to ``sigma_end``, geometrically spaced."""
+    if num < 2:
+        raise ValueError(f"num_levels: expected >= 2, got {num}")
+    if not sigma_begin > sigma_end > 0:
+        raise ValueError(f"sigma_begin, sigma_end: expected begin > end > 0, got {sigma_begin}, "
+                         f"{sigma_end}")
+    return jnp.geomspace(sigma_begin, sigma_end, num)
+
+
+def level(problem: DiagonalProblem, sigma2) -> Level:
+    """(V.1), (V.2) for per-chain ``sigma2`` ``[B]`` (or a scalar)."""
+    sy = problem.cov.diag
+    s2 = jnp.broadcast_to(_b(jnp.asarray(sigma2, sy.dtype), sy), sy.shape)
+    cov_k = jnp.minimum(sy, s2)
+    free = s2 < sy
+    obs_free = free & problem.observed
+    gap = jnp.where(obs_free, sy - cov_k, 1.0)
+    weight = jnp.where(obs_free, 1.0 / gap, 0.0)
+    p = jnp.where(free, 1.0 / (1.0 / cov_k + weight) / s2, 0.0)
+    basis = problem.cov.basis
+    return Level(Covariance(cov_k, basis), weight, Covariance(p, basis), free)
+
+
+def evaluate(energy_fn: EnergyFn, problem: DiagonalProblem, lev: Level, x) -> Evaluation:
+    """``E_k(x)`` (V.2) with its gradient, from one reverse pass through ``U``."""
+    u, gu, gs = energy_and_grads(energy_fn, x, lev.cov)
+    r = x - problem.z
+    e = u + 0.5 * lev.cov.quad(r, lev.weight)
+    g = gu + lev.cov.apply_diag(r, lev.weight)
+    return Evaluation(e, g, gu, gs)
+
+
+def initial_position(key, problem: DiagonalProblem):
+    """``x_0``: ``z`` plus ``sigma_max`` noise on the missing coefficients."""
+    z = problem.z
+    cov = problem.cov
+    xi = jax.random.normal(key, z.shape, z.dtype)
+    noise = cov.apply_diag(xi, jnp.where(problem.observed, 0.0, problem.sigma_max))
+    return z + noise
