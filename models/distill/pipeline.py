@@ -23,6 +23,7 @@ hybrid mLSTM + sliding-window-attention mixer of :mod:`jaxlib_ext.models.xlstm`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 import shutil
@@ -210,32 +211,41 @@ def held_out_windows(corpus, seq_len: int, n: int) -> np.ndarray:
     return make_windows(corpus.eval, min(n, available), seq_len)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 4))
+def _kd_and_nll(s_graph, t_graph, s_state, t_state, top_k, tokens):
+    from jaxlib_ext.models.distill.losses import top_k_log_probs
+
+    s, t = nnx.merge(s_graph, s_state), nnx.merge(t_graph, t_state)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    ls, _ = s(inputs)
+    lt, _ = t(inputs)
+    lp, ids = top_k_log_probs(lt, top_k)
+
+    def nll(logits):  # per sequence
+        logp = jax.nn.log_softmax(logits, -1)
+        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1)[..., 0], axis=-1)
+
+    return jnp.stack([jax.vmap(sparse_kd_loss)(ls, lp, ids), nll(ls), nll(lt)], axis=-1)
+
+
 def kd_and_perplexity(student: Llama, teacher: Llama, windows: np.ndarray, *, top_k: int,
                       batch_size: int = 4) -> dict:
     """On ``windows int32[N, T + 1]``: the student's sparse KD against the teacher (top
-    ``top_k``), and both models' perplexities of the next tokens."""
-    from jaxlib_ext.models.distill.losses import top_k_log_probs
-
-    @jax.jit
-    def one(s_state, t_state, tokens):
-        s, t = nnx.merge(s_graph, s_state), nnx.merge(t_graph, t_state)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        ls, _ = s(inputs)
-        lt, _ = t(inputs)
-        lp, ids = top_k_log_probs(lt, top_k)
-
-        def nll(logits):
-            logp = jax.nn.log_softmax(logits, -1)
-            return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
-
-        return sparse_kd_loss(ls, lp, ids), nll(ls), nll(lt)
-
+    ``top_k``), and both models' perplexities of the next tokens. Compiled once per pair of
+    architectures, so students of one architecture share the compilation."""
     s_graph, s_state = nnx.split(student)
     t_graph, t_state = nnx.split(teacher)
-    rows = [np.asarray(one(s_state, t_state, jnp.asarray(windows[i : i + batch_size])))
-            for i in range(0, len(windows), batch_size)]
-    weights = [min(batch_size, len(windows) - i) for i in range(0, len(windows), batch_size)]
-    kd, s_nll, t_nll = np.average(np.stack(rows), axis=0, weights=weights)
+    windows = np.asarray(windows)
+    rows = []
+    for i in range(0, len(windows), batch_size):
+        batch = windows[i : i + batch_size]
+        n = len(batch)
+        if n < batch_size:  # one shape for every batch: pad by repeating, then drop
+            batch = np.concatenate([batch, np.repeat(batch[-1:], batch_size - n, 0)])
+        out = _kd_and_nll(s_graph, t_graph, s_state, t_state, top_k,
+                          jnp.asarray(batch, jnp.int32))
+        rows.append(np.asarray(out)[:n])
+    kd, s_nll, t_nll = np.concatenate(rows).mean(axis=0)
     return {"kd": float(kd), "student_ppl": float(np.exp(s_nll)),
             "teacher_ppl": float(np.exp(t_nll))}
 

@@ -13,7 +13,8 @@
   adapters on the MLPs when ``lora_rank > 0`` (folded into the weights at the end).
 
 Each stage writes Orbax checkpoints (:class:`jaxlib_ext.checkpoint.Checkpointer`) and a
-``metrics.jsonl`` into its folder; a rerun resumes from the newest checkpoint, and a finished
+``metrics.jsonl`` into its folder (rows ``{"step", "loss", "seconds"}``, ``seconds`` of wall
+time since the stage (re)started); a rerun resumes from the newest checkpoint, and a finished
 stage (its last checkpoint marked done) is loaded without training. Batches are a pure function
 of ``(seed, step)``, so a resumed stage ends where an uninterrupted one would.
 """
@@ -24,6 +25,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -80,13 +82,18 @@ class StageConfig:
             )
 
     def optimizer(self) -> optax.GradientTransformation:
-        warmup = max(1, int(self.warmup_fraction * self.steps))
-        schedule = optax.warmup_cosine_decay_schedule(
-            0.0, self.learning_rate, warmup, max(self.steps, warmup + 1),
-            end_value=self.learning_rate / 10,
-        )
-        return optax.chain(optax.clip_by_global_norm(self.clip_norm),
-                           optax.adamw(schedule, weight_decay=0.0))
+        """The stage's optax transformation; one object per setting, so that the compiled
+        steps (which take it as a static argument) are reused across calls."""
+        return _optimizer(self.steps, self.learning_rate, self.warmup_fraction, self.clip_norm)
+
+
+@functools.lru_cache(maxsize=64)
+def _optimizer(steps, learning_rate, warmup_fraction, clip_norm):
+    warmup = max(1, int(warmup_fraction * steps))
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, warmup, max(steps, warmup + 1), end_value=learning_rate / 10)
+    return optax.chain(optax.clip_by_global_norm(clip_norm),
+                       optax.adamw(schedule, weight_decay=0.0))
 
 
 class StageResult(NamedTuple):
@@ -143,6 +150,7 @@ class _Run:
         return state, step, bool(meta.get("done"))
 
     def start(self, start):
+        self.t0 = time.perf_counter()
         if self.cfg.progress:
             from tqdm.auto import tqdm
 
@@ -150,7 +158,8 @@ class _Run:
 
     def log(self, step, row: dict, show: str):
         with open(self.directory / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **row}) + "\n")
+            seconds = round(time.perf_counter() - self.t0, 3)
+            f.write(json.dumps({"step": step, **row, "seconds": seconds}) + "\n")
         if self.bar is not None:
             self.bar.set_postfix_str(show)
 
