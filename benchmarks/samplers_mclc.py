@@ -84,11 +84,11 @@ def ssim(x, ref):
 
 
 class LatentModel:
-    """``eps_model(z, t)``, ``decoder``, ``encoder`` on single latents, ``alpha_bars``,
-    ``latent_shape``."""
+    """``build(params) -> (eps_model, decoder, encoder)`` on single latents and images in
+    [0, 1]; ``params`` travels into the compiled programs as an argument."""
 
-    def __init__(self, eps_model, decoder, encoder, alpha_bars, latent_shape, name):
-        self.eps_model, self.decoder, self.encoder = eps_model, decoder, encoder
+    def __init__(self, build, params, alpha_bars, latent_shape, name):
+        self.build, self.params = build, params
         self.alpha_bars, self.latent_shape, self.name = alpha_bars, tuple(latent_shape), name
 
 
@@ -96,23 +96,45 @@ def pca_model(train, dim=32):
     """``mclc.pca_latent_prior``: the exact Gaussian prior of the leading ``dim`` PCA
     coefficients of the training digits (linear decoder, closed-form denoiser)."""
     p = M.pca_latent_prior(train, dim)
-    return LatentModel(p.eps_model, p.decoder, p.encoder, p.alpha_bars, p.latent_shape,
-                       f"pca-{dim}")
+
+    def build(q):
+        return q.eps_model, q.decoder, q.encoder
+
+    return LatentModel(build, p, p.alpha_bars, p.latent_shape, f"pca-{dim}")
 
 
-def ldm_model(path):
-    """The latent diffusion model of ``jaxlib_ext.models.latent_diffusion`` (trained or loaded
-    at ``path``), wrapped for single latents."""
+def ldm_model(path, ae_steps, diffusion_steps):
+    """The latent diffusion model of ``jaxlib_ext.models.latent_diffusion`` at ``path``
+    (loaded, or trained there with the given steps when the folder is empty), wrapped for
+    single latents and images in [0, 1] (the model's images are in [-1, 1])."""
+    from flax import nnx
+
     from jaxlib_ext.models import latent_diffusion as ldm
 
-    model = ldm.load_or_train(path)
-    ab = jnp.asarray(model.alpha_bars, jnp.float32)
+    if os.path.isdir(path) and os.listdir(path):
+        model, meta = ldm.load(path)
+    else:
+        model, meta = ldm.load_or_train(path, ae_steps=ae_steps, diffusion_steps=diffusion_steps)
+    graphdef, state = nnx.split(model)
 
-    def eps_model(z, t):
-        return model.eps_model(z[None], jnp.full((1,), t, jnp.int32))[0]
+    def build(st):
+        m = nnx.merge(graphdef, st)
 
-    return LatentModel(eps_model, lambda z: model.decode(z[None])[0],
-                       lambda x: model.encode(x[None])[0], ab, model.latent_shape, "ldm")
+        def eps_model(z, t):
+            return ldm.eps_model(m, z[None], jnp.reshape(t, (1,)).astype(jnp.int32))[0]
+
+        def decoder(z):
+            return 0.5 * (ldm.decode(m, z[None])[0] + 1.0)
+
+        def encoder(x):
+            return ldm.encode(m, (2.0 * x - 1.0)[None])[0]
+
+        return eps_model, decoder, encoder
+
+    name = (f"ldm (AE {meta.get('ae_steps')} + diffusion {meta.get('diffusion_steps')} steps, "
+            f"{meta.get('config', {}).get('schedule')} schedule)")
+    return LatentModel(build, state, model.schedule.alphas_cumprod, model.config.latent_shape,
+                       name)
 
 
 # --------------------------------------------------------------------------- tasks
@@ -131,10 +153,12 @@ def operator(task, shape, key):
 
 
 class Runner:
-    """Runs one (solver, with/without MCLC) program over digits x seeds x weights."""
+    """One compiled program per (solver, with/without MCLC), over weights x seeds x digits;
+    the model's parameters, the operator (a pytree) and the measurements are its arguments."""
 
-    def __init__(self, model, n_steps):
-        self.model, self.n_steps, self.programs = model, n_steps, {}
+    def __init__(self, model, n_steps, t_max, ddim_eta=1.0):
+        self.model, self.n_steps, self.t_max, self.programs = model, n_steps, t_max, {}
+        self.ddim_eta = ddim_eta
 
     def program(self, solver, corrected):
         key = (solver, corrected)
@@ -144,18 +168,19 @@ class Runner:
             corr = M.mclc(1) if corrected else None
             fn = M.latent_dps if solver == "dps" else M.psld
 
-            def one(op, y, k, w):
+            def one(params, op, y, k, w):
+                eps_model, decoder, encoder = mdl.build(params)
                 prob = M.latent_inverse_problem(
-                    mdl.eps_model, mdl.decoder, op, y, mdl.alpha_bars,
-                    latent_shape=mdl.latent_shape, encoder=mdl.encoder, check_operator=False)
+                    eps_model, decoder, op, y, mdl.alpha_bars, latent_shape=mdl.latent_shape,
+                    encoder=encoder, check_operator=False)
                 kw = {} if solver == "dps" else {"gluing_weight": 0.1 * w}
-                out = fn(k, prob, num_steps=steps, step_size=w, corrector=corr, **kw)
+                out = fn(k, prob, num_steps=steps, step_size=w, corrector=corr,
+                         t_max=self.t_max, ddim_eta=self.ddim_eta, **kw)
                 return out.x0, out.info.final_residual, out.info.nfe
 
-            # weights x seeds x digits
-            f = jax.vmap(one, in_axes=(None, 0, None, None))
-            f = jax.vmap(f, in_axes=(None, None, 0, None))
-            f = jax.vmap(f, in_axes=(None, None, None, 0))
+            f = jax.vmap(one, in_axes=(None, None, 0, None, None))  # digits
+            f = jax.vmap(f, in_axes=(None, None, None, 0, None))  # seeds
+            f = jax.vmap(f, in_axes=(None, None, None, None, 0))  # weights
             self.programs[key] = jax.jit(f)
         return self.programs[key]
 
@@ -174,6 +199,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=("ldm", "pca"), default="ldm")
     ap.add_argument("--ckpt", default=os.environ.get("LDM_CKPT", "/work/cache/ldm_mnist"))
+    ap.add_argument("--ae-steps", type=int, default=2000, help="when training into --ckpt")
+    ap.add_argument("--diffusion-steps", type=int, default=4000)
+    ap.add_argument("--abar-min", type=float, default=0.02,
+                    help="the first solver step is the last training index with abar >= this")
     ap.add_argument("--steps", type=int, default=10, help="N: MCLC's solver steps")
     ap.add_argument("--val", type=int, default=8)
     ap.add_argument("--test", type=int, default=8)
@@ -191,17 +220,19 @@ def main():
     data = images.load_mnist("test")
     x_all = jnp.asarray(data.images[: a.val + a.test])
     model = (pca_model(images.load_mnist("train").images) if a.model == "pca"
-             else ldm_model(a.ckpt))
+             else ldm_model(a.ckpt, a.ae_steps, a.diffusion_steps))
+    t_max = int(np.nonzero(np.asarray(model.alpha_bars) >= a.abar_min)[0].max())
     weights = tuple(float(w) for w in a.weights.split(","))
     seeds = tuple(range(a.seeds))
     noises = tuple(float(s) for s in a.noise.split(","))
     print(f"# MCLC benchmark: model {model.name} (latent {model.latent_shape}), "
           f"{a.val} validation + {a.test} test held-out MNIST digits, seeds {seeds}, "
           f"weights {weights}, N = {a.steps} (base: {2 * a.steps - 1} DDIM steps; "
-          f"+MCLC: {a.steps} steps + 1 corrector step each), DDIM eta 1")
+          f"+MCLC: {a.steps} steps + 1 corrector step each), DDIM eta 1, first step "
+          f"t = {t_max} (abar {float(model.alpha_bars[t_max]):.3g})")
     print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    runner = Runner(model, a.steps)
+    runner = Runner(model, a.steps, t_max)
     rows = []
     for task in a.tasks.split(","):
         op = operator(task, x_all.shape[1:], jax.random.key(1234))
@@ -217,7 +248,7 @@ def main():
                         t0 = time.time()
                         keys = jnp.stack([jax.random.key(1000 + s) for s in seeds])
                         xh, res, nfe = runner.program(solver, corrected)(
-                            op, y, keys, jnp.asarray(weights, jnp.float32))
+                            model.params, op, y, keys, jnp.asarray(weights, jnp.float32))
                         xh = jax.block_until_ready(xh)
                         m = [evaluate(xh[i, j], x_all, y, res[i, j])
                              for i in range(len(weights)) for j in range(len(seeds))]
