@@ -25,21 +25,26 @@ not increase; the form is swappable (``constraint=`` takes a name or a function,
 :data:`CONSTRAINTS`):
 
 * ``"tangent"`` (default): project ``Delta`` onto the tangent space of the level set
-  ``{r = r(z)}`` (remove its component along ``g = grad_z r``), then move along ``g`` back onto
-  the level set: ``z + Delta - zeta g`` with ``zeta`` solving ``||rho + J (Delta - zeta g)|| =
-  r`` (the root nearest to the projection's ``zeta = <Delta, g> / ||g||^2``), ``J`` the
-  residual's Jacobian. This is the constrained overdamped Langevin scheme of Lelievre,
-  Rousset and Stoltz (Math. Comp. 81, 2012) on the level set: it preserves ``p_t`` restricted to
-  ``{r = c}`` up to ``O(eta)``. Where the likelihood is a function of ``r`` only (the DPS
-  surrogate ``N(y; A D(zhat_0), sigma_y^2 I)``) the posterior restricted to a level set equals
-  the prior restricted to it, so the corrector leaves the posterior invariant up to the
-  discretisation and the co-area factor ``|grad r|`` (constant on level sets when the
-  linearised residual map has orthogonal rows of equal norm).
+  ``{r = r(z)}`` (remove its component along ``g = grad_z r``), then return to the level set
+  along ``v = J^T (rho + J Delta_tan)``, ``J`` the residual's Jacobian:
+  ``z + Delta_tan - zeta v`` with ``zeta`` the smallest root of
+  ``||rho + J (Delta_tan - zeta v)|| = r``. ``v`` is the Gauss-Newton gradient at the
+  predicted residual (``r g`` plus a term of the step's size); along ``g`` itself the line
+  misses the level set whenever the step is long against ``r``, along ``v`` the predicted
+  residual moves toward the origin. This is a constrained overdamped Langevin scheme in the
+  manner of Lelievre, Rousset and Stoltz (Math. Comp. 81, 2012): it preserves ``p_t``
+  restricted to ``{r = c}`` up to ``O(eta)``. Where the likelihood is a function of ``r`` only
+  (the DPS surrogate ``N(y; A D(zhat_0), sigma_y^2 I)``) the posterior restricted to a level
+  set equals the prior restricted to it, so the corrector leaves the posterior invariant up to
+  the discretisation and the co-area factor ``|grad r|`` (constant on level sets when the
+  linearised residual map has orthogonal rows of equal norm). It cannot change the residual's
+  distribution over chains: that is the solver's guidance's job.
 * ``"compensate"``: first-order compensation: keep the isotropic increment and add
-  ``-zeta g`` with the smallest ``zeta >= 0`` for which the predicted residual does not exceed
-  ``r`` (``zeta = 0`` when ``Delta`` already lowers it). Steps that lower the residual are
-  kept, so this form drifts toward lower residuals (by ``O(sqrt(eta))`` per step) and does not
-  leave the posterior invariant; it trades exactness for measurement consistency.
+  ``-zeta v``, ``v = J^T (rho + J Delta)``, with the smallest ``zeta >= 0`` for which the
+  predicted residual does not exceed ``r`` (``zeta = 0`` when ``Delta`` already lowers it).
+  Steps that lower the residual are kept, so this form drifts toward lower residuals (by
+  ``O(sqrt(eta))`` per step) and does not leave the posterior invariant; it trades exactness
+  for measurement consistency.
 * ``"none"``: plain Langevin on ``p_t`` (an ablation; not measurement-consistent).
 
 Both constrained forms predict the residual with the Gauss-Newton model
