@@ -5,7 +5,7 @@
   output (:func:`~jaxlib_ext.models.distill.losses.alignment_loss`). Layers do not interact, so
   the mixers (one architecture) are stacked on a leading layer axis and trained together by one
   ``jax.vmap``-ed step, each with its own optimizer state; with ``shard_layers`` the layer axis
-  is split over the devices.
+  is split over the devices (the most that divide the number of layers).
 * :func:`distill_end_to_end` (stage II, sparse knowledge distillation): the whole student
   produces next-token logits and is trained on
   :func:`~jaxlib_ext.models.distill.losses.sparse_kd_loss` against the teacher's cached top-k.
@@ -214,10 +214,12 @@ def _unstack(tree, n):
 
 
 def _shard_layer_axis(tree, n_layers):
+    """``tree`` with its leading (layer) axis split over the most devices that divide it."""
     devices = jax.devices()
-    if len(devices) < 2 or n_layers % len(devices):
+    n = max(d for d in range(1, len(devices) + 1) if n_layers % d == 0)
+    if n < 2:
         return tree
-    mesh = jax.sharding.Mesh(np.array(devices), ("layers",))
+    mesh = jax.sharding.Mesh(np.array(devices[:n]), ("layers",))
     spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("layers"))
     return jax.device_put(tree, spec)
 

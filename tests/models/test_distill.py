@@ -202,6 +202,14 @@ def test_stage1_trains_and_resumes_exactly(teacher, cache, tmp_path, monkeypatch
         for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b)),
                         strict=True):
             np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    # the layer axis sharded over devices: the same training
+    sharded = D.align_layers(fresh(), cache, [0, 1], cfg, tmp_path / "sharded", shard_layers=True)
+    placed = stages_lib._shard_layer_axis(jnp.zeros((2, 3)), 2)  # 2 layers on 2 of 8 devices
+    assert len(placed.devices()) == 2 and placed.sharding.spec[0] == "layers"
+    for a, b in zip(whole.trained, sharded.trained, strict=True):
+        for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b)),
+                        strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     # a finished stage is loaded, not trained again; other settings are refused
     again = D.align_layers(fresh(), cache, [0, 1], cfg, tmp_path / "whole")
     assert again.start_step == 6
