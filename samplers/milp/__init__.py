@@ -23,11 +23,13 @@ from jaxlib_ext.samplers.milp.diving import neural_diving, predict_assignment
 from jaxlib_ext.samplers.milp.energy import (
     EnergyData,
     continuous_shift,
+    cut_value,
     energy,
     energy_data,
     energy_terms,
     pad_energy_data,
     violation,
+    with_cuts,
 )
 from jaxlib_ext.samplers.milp.generators import (
     FAMILIES,
@@ -77,6 +79,7 @@ __all__ = [
     "complete",
     "continuous_shift",
     "coordinate_gains",
+    "cut_value",
     "dlp_logits",
     "energy",
     "energy_data",
@@ -102,6 +105,7 @@ __all__ = [
     "train_supervised",
     "train_unsupervised",
     "violation",
+    "with_cuts",
 ]
 
 

@@ -59,11 +59,17 @@ def node_features(data: EnergyData, z, g, shift=0.0, penalty=1.0):
 
 
 class BipartiteGNN(nnx.Module):
-    """Bipartite GNN: ``model(data, z, g, shift) -> (n,)`` logits (zero on padded columns)."""
+    """Bipartite GNN: ``model(data, z, g, shift, penalty) -> (n,)`` logits in
+    ``(-max_logit, max_logit)`` (``max_logit * tanh(head / max_logit)``; zero on padded
+    columns)."""
 
-    def __init__(self, hidden: int = 32, num_layers: int = 2, *, rngs: nnx.Rngs):
+    def __init__(self, hidden: int = 32, num_layers: int = 2, *, max_logit: float = 2.0,
+                 rngs: nnx.Rngs):
         if hidden < 1 or num_layers < 1:
             raise ValueError(f"hidden, num_layers: expected >= 1, got {hidden}, {num_layers}")
+        if not max_logit > 0:
+            raise ValueError(f"max_logit: expected > 0, got {max_logit}")
+        self.max_logit = float(max_logit)
         self.var_embed = nnx.Linear(VAR_FEATURES, hidden, rngs=rngs)
         self.con_embed = nnx.Linear(CON_FEATURES, hidden, rngs=rngs)
         self.con_layers = nnx.List([nnx.Linear(2 * hidden, hidden, rngs=rngs)
@@ -83,7 +89,9 @@ class BipartiteGNN(nnx.Module):
         for con_layer, var_layer in zip(self.con_layers, self.var_layers):
             hc = jax.nn.relu(con_layer(jnp.concatenate([hc, edges @ hv / deg_c], -1)))
             hv = jax.nn.relu(var_layer(jnp.concatenate([hv, edges.T @ hc / deg_v], -1)))
-        return self.head(hv)[:, 0] * data.var_mask
+        # bounded: the learned logit reshapes the flip rule's moves but cannot override (D.3)
+        # once the temperature is low and the gains dominate
+        return self.max_logit * jnp.tanh(self.head(hv)[:, 0] / self.max_logit) * data.var_mask
 
 
 @functools.cache

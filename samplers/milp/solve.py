@@ -109,7 +109,7 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
           model: BipartiteGNN | None = None, seed: int = 0, method: str = "rld",
           steps_per_round: int = 1000, num_flips: int = 4, temperature=(0.5, 0.005),
           penalty=(1.0, 10.0), step_size: float = 0.1, num_cuts: int = 64,
-          max_rounds: int | None = None,
+          max_rounds: int | None = None, pad_to: tuple[int, int] | None = None,
           progress: bool = False) -> MILPResult:
     """Solve ``problem`` by annealed discrete Langevin sampling + exact LP completion.
 
@@ -119,7 +119,9 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
     the default), "dlp" or "dmala" (discrete Langevin proposal without/with MH);
     ``steps_per_round``, ``num_flips``, ``temperature``/``penalty`` (start, end of each round's
     geometric schedule; the end penalty also prices the elastic LP), ``step_size`` (DLP's alpha)
-    and ``num_cuts`` (the LP-value cut pool of (E.2)) configure the sampler; ``max_rounds``
+    and ``num_cuts`` (the LP-value cut pool of (E.2)) configure the sampler; ``pad_to``
+    ``(n_int, m)`` pads the device arrays to at least that size, so that instances of one family
+    share one compiled program; ``max_rounds``
     stops early; ``progress`` shows a bar of the best objective. The first round always runs its
     whole annealing schedule (so that every call gets one complete anneal, even past a short
     limit); later rounds run as compiled chunks of up to 100 steps and the limit is checked
@@ -158,7 +160,8 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
     iz, ic = problem.integer_index, problem.continuous_index
     data0 = energy_data(problem, lp_rows=True)
     n0, m0 = data0.c.shape[0], data0.A.shape[0]
-    data = pad_energy_data(data0, _round_up(n0, 8), _round_up(m0, 16))
+    pn, pm = pad_to if pad_to is not None else (0, 0)
+    data = pad_energy_data(data0, _round_up(max(n0, pn), 8), _round_up(max(m0, pm), 16))
     n = data.c.shape[0]
     bias_fn = bias_params = None
     if model is not None:

@@ -10,7 +10,24 @@ of Feng and Yang, ICML 2025) plus a move-count regulariser::
 
     L(theta) = E_{z} [ E_lam(z + p * dir) + mu (sum_i p_i - k)^2 / n ]                   (T.1)
 
-No optimal solution enters (T.1). The paper's exact loss is not public; (T.1) is our choice.
+The relaxation can be gamed: fractional expected states lower the penalty of packing rows
+without any integer move doing so. ``objective="reinforce"`` (the default) therefore fits the
+one-step proposal ``q_theta(z'|z)`` (independent moves with probabilities ``p``) to the annealed
+target itself, minimising ``KL(q_theta || pi_tau) = E_q[E_lam(z')] / tau - H(q_theta) + const``
+with the score-function estimator for the energy term (the REINFORCE variant of Feng and Yang's
+learned sampler; ``S`` sampled moves per state, their mean as baseline) and the exact entropy of
+the product of Bernoullis::
+
+    L(theta) = E_z [ E_{z' ~ q_theta} E_lam(z') / tau - H(q_theta(.|z))
+                     + mu (sum_i p_i - k)^2 / n ]                                            (T.2)
+
+Unlike a purely greedy one-step objective, (T.2) keeps the proposal spread at hot states
+(the entropy term) and sharp at cold ones, and it cannot learn to freeze the chain. The
+network's logits are bounded (``gnn.BipartiteGNN(max_logit=...)``), so at low temperature the
+exact gains of (D.3) decide.
+
+No optimal solution enters (T.1) or (T.2). The paper's exact loss is not public; both are our
+choice.
 
 **Supervised** (:func:`train_supervised`; Neural Diving, Nair et al., arXiv 2012.13349, sec. 4):
 the same network, evaluated at the all-lower-bound state, is trained by binary cross-entropy to
@@ -112,11 +129,16 @@ def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layer
                        steps: int = 300, batch_size: int = 32, learning_rate: float = 1e-3,
                        num_chains: int = 8, num_steps: int = 400, snapshots: int = 8,
                        num_flips: int = 4, temperature=(0.5, 0.005), penalty=(1.0, 10.0),
-                       move_weight: float = 0.1, progress: bool = False):
-    """Train a :class:`~jaxlib_ext.samplers.milp.gnn.BipartiteGNN` by (T.1) on ``problems``
-    (no labels). Returns ``(model, losses)``."""
+                       move_weight: float = 0.1, objective: str = "reinforce",
+                       num_samples: int = 8, progress: bool = False):
+    """Train a :class:`~jaxlib_ext.samplers.milp.gnn.BipartiteGNN` without labels on
+    ``problems``: ``objective="reinforce"`` (T.2, ``num_samples`` moves per state) or
+    ``"relaxed"`` (T.1, ``move_weight`` is its ``mu``). Returns ``(model, losses)``; the losses of
+    (T.2) are the mean energies of the sampled next states."""
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps, batch_size: expected >= 1, got {steps}, {batch_size}")
+    if objective not in ("reinforce", "relaxed"):
+        raise ValueError(f"objective: expected 'reinforce' or 'relaxed', got {objective!r}")
     stacked = stack_problems(problems)
     k_model, k_states, k_batch = jax.random.split(key, 3)
     idx, states, taus, lams = _collect_states(k_states, stacked, num_chains, num_steps, snapshots,
@@ -126,12 +148,35 @@ def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layer
 
     def batches(t):
         b = rng.integers(len(idx), size=batch_size)
-        return idx[b], states[b], taus[b], lams[b]
+        return idx[b], states[b], taus[b], lams[b], rng.integers(2**31 - 1, size=batch_size)
 
     def loss_fn(m, batch):
-        pi, z, tau, lam = batch
+        pi, z, tau, lam, seeds = batch
 
-        def one(pi, z, tau, lam):
+        def one_reinforce(pi, z, tau, lam, seed):  # (T.2)
+            data = jax.tree.map(lambda a: a[pi], stacked)
+            _, _, _, g = _terms_and_grad(data, z, 0.0, 0.0, lam, 1)
+            gains = coordinate_gains(data, z, 0.0, 0.0, lam)
+            base, direction = flip_logits(data, z, g, tau, num_flips, gains)
+            movable = jnp.isfinite(base)
+            logits = jnp.where(movable, base + m(data, z, g, 0.0, lam), 0.0)
+            p = jnp.where(movable, jax.nn.sigmoid(logits), 0.0)
+            flips = jax.random.bernoulli(jax.random.key(seed), jax.lax.stop_gradient(p),
+                                         (num_samples,) + p.shape)
+            z_new = z + flips * direction
+            e = jax.vmap(lambda zz: energy(data, zz, penalty=lam))(z_new)
+            logq = jnp.sum(jnp.where(movable, jnp.where(flips, jax.nn.log_sigmoid(logits),
+                                                        jax.nn.log_sigmoid(-logits)), 0.0), -1)
+            adv = jax.lax.stop_gradient((e - e.mean()) / tau)
+            ent = jnp.sum(jnp.where(movable, -p * jax.nn.log_sigmoid(logits)
+                                    - (1 - p) * jax.nn.log_sigmoid(-logits), 0.0))
+            n = jnp.maximum(data.var_mask.sum(), 1.0)
+            keep_moving = move_weight * (p.sum() - num_flips) ** 2 / n
+            # value: KL(q || pi_tau) up to log Z; gradient: score function + exact entropy
+            return (jnp.mean(adv * logq) - jax.lax.stop_gradient(jnp.mean(adv * logq))
+                    + jax.lax.stop_gradient(e.mean() / tau) - ent + keep_moving)
+
+        def one(pi, z, tau, lam, seed):  # (T.1)
             data = jax.tree.map(lambda a: a[pi], stacked)
             _, _, _, g = _terms_and_grad(data, z, 0.0, 0.0, lam, 1)
             gains = coordinate_gains(data, z, 0.0, 0.0, lam)
@@ -142,7 +187,8 @@ def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layer
             n = jnp.maximum(data.var_mask.sum(), 1.0)
             return energy(data, z_exp, penalty=lam) + move_weight * (p.sum() - num_flips) ** 2 / n
 
-        return jnp.mean(jax.vmap(one)(pi, z, tau, lam))
+        fn = one_reinforce if objective == "reinforce" else one
+        return jnp.mean(jax.vmap(fn)(pi, z, tau, lam, seeds))
 
     return _train_loop(model, loss_fn, batches, steps, learning_rate, progress,
                        "unsupervised GNN")

@@ -62,10 +62,16 @@ def test_energy_gradient_matches_finite_differences(power):
             np.testing.assert_allclose(g, np.asarray(fd), rtol=1e-6, atol=1e-6)
 
 
-def test_coordinate_gains_are_exact_differences():
+@pytest.mark.parametrize("with_cuts", [False, True])
+def test_coordinate_gains_are_exact_differences(with_cuts):
     with jax.enable_x64(True):
         p = milp.read_mps(milp.miplib_path("p0033"))
         d = milp.energy_data(p, dtype=jnp.float64)
+        if with_cuts:  # the cut model of (E.2): max_k (a_k + h_k^T z)
+            rng = np.random.default_rng(5)
+            d = milp.with_cuts(d, rng.normal(size=(6, 33)) * 50, rng.normal(size=6) * 100)
+            assert float(milp.cut_value(d, jnp.zeros(33))) == pytest.approx(
+                float(jnp.max(d.cut_a)))
         z = jnp.asarray((np.random.default_rng(2).random(33) < 0.5).astype(float))
         up, down = milp.coordinate_gains(d, z, penalty=3.0)
         e0 = milp.energy(d, z, penalty=3.0)
@@ -117,3 +123,6 @@ def test_energy_data_rejects_unbounded_integers_and_pure_lp():
     unb = milp.make_milp([1.0], [[1.0]], row_lower=[1.0], integrality=[True])
     with pytest.raises(ValueError, match="finite bounds"):
         milp.energy_data(unb)
+    d = milp.energy_data(milp.set_cover(0, n_rows=5, n_cols=8))
+    with pytest.raises(ValueError, match="cut_h"):
+        milp.with_cuts(d, np.zeros((2, 9)), np.zeros(2))

@@ -20,13 +20,15 @@ def test_gnn_shapes_zero_head_and_padding(family):
     model = milp.BipartiteGNN(hidden=8, num_layers=2, rngs=nnx.Rngs(0))
     z = jnp.zeros(32)
     g = jax.grad(lambda z: milp.energy(d, z))(z)
-    out = model(d, z, g)
+    out = nnx.jit(lambda m, d, z, g: m(d, z, g))(model, d, z, g)
     assert out.shape == (32,) and np.all(np.asarray(out) == 0.0)  # zero-initialised head
-    var_x, con_x = milp.node_features(d, z, g)
+    var_x, con_x = jax.jit(milp.node_features)(d, z, g)
     assert var_x.shape == (32, 7) and con_x.shape == (32, 5)
     assert np.all(np.asarray(var_x[30:]) == 0.0)  # padded columns carry nothing
     with pytest.raises(ValueError, match="hidden"):
         milp.BipartiteGNN(hidden=0, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="max_logit"):
+        milp.BipartiteGNN(max_logit=0.0, rngs=nnx.Rngs(0))
 
 
 def test_gnn_bias_inside_jitted_sampler(family):
@@ -35,7 +37,7 @@ def test_gnn_bias_inside_jitted_sampler(family):
     graphdef, params = nnx.split(model)
     fn = milp.gnn_bias_fn(graphdef)
     assert milp.gnn_bias_fn(graphdef) is fn  # cached: one compilation per graphdef
-    t, pn = milp.annealing_schedule(20)
+    t, pn = milp.annealing_schedule(10)
     state, _ = milp.run_langevin(jax.random.key(0), d, jnp.zeros((3, 30)), temperatures=t,
                                  penalties=pn, bias_fn=fn, bias_params=params)
     plain, _ = milp.run_langevin(jax.random.key(0), d, jnp.zeros((3, 30)), temperatures=t,
@@ -45,21 +47,24 @@ def test_gnn_bias_inside_jitted_sampler(family):
 
 
 def test_unsupervised_training_and_learned_solve(family):
-    model, losses = milp.train_unsupervised(jax.random.key(0), family, hidden=8, steps=30,
-                                            batch_size=8, num_chains=4, num_steps=100,
-                                            snapshots=2)
-    assert losses.shape == (30,) and np.isfinite(losses).all()
+    model, losses = milp.train_unsupervised(jax.random.key(0), family, hidden=8, steps=10,
+                                            batch_size=8, num_chains=4, num_steps=40,
+                                            snapshots=2, num_samples=4)
+    assert losses.shape == (10,) and np.isfinite(losses).all()
     assert np.abs(np.asarray(nnx.state(model.head)["kernel"][...])).max() > 0  # it trained
     p = milp.set_cover(9, n_rows=15, n_cols=30)
-    r = milp.solve(p, time_limit=60.0, num_chains=4, max_rounds=2, model=model)
+    r = milp.solve(p, time_limit=60.0, num_chains=4, max_rounds=1, model=model,
+                   steps_per_round=100)
     assert r.feasible and milp.check_solution(p, r.x).feasible
     assert r.method == "langevin-rld+gnn"
     with pytest.raises(ValueError, match="model"):
         milp.solve(p, model=model, method="dmala")
+    with pytest.raises(ValueError, match="objective"):
+        milp.train_unsupervised(jax.random.key(0), family, objective="mse")
 
 
 def test_supervised_training_fits_labels_and_dives(family):
-    model, losses = milp.train_supervised(jax.random.key(0), family, hidden=16, steps=80,
+    model, losses = milp.train_supervised(jax.random.key(0), family, hidden=16, steps=60,
                                           batch_size=4, learning_rate=3e-3)
     assert losses[:5].mean() > losses[-5:].mean() + 0.05  # the BCE falls on the training set
     p = family[0]

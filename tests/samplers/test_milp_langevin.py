@@ -18,7 +18,8 @@ def _small_binary(n=7, seed=0):
                           integrality=np.ones(n, bool))
 
 
-@pytest.mark.parametrize("n, window, bounds", [(7, 1, (0, 1)), (4, 2, (0, 2))])
+@pytest.mark.parametrize("n, window, bounds", [
+    (7, 1, (0, 1)), pytest.param(4, 2, (0, 2), marks=pytest.mark.slow)])
 def test_dmala_leaves_target_invariant(n, window, bounds):
     """pi K = pi for the full transition matrix of DLP + MH (D.1, D.2), to 1e-10."""
     with jax.enable_x64(True):

@@ -54,9 +54,10 @@ CERTIFY = {
 }
 
 
-@pytest.mark.parametrize("method, name", [("rld", "p0033"), ("rld", "facility"),
-                                          ("rld", "setcover"), ("dlp", "facility"),
-                                          ("dmala", "setcover")])
+@pytest.mark.parametrize("method, name", [
+    ("rld", "p0033"), ("rld", "facility"), ("rld", "setcover"),
+    pytest.param("dlp", "facility", marks=pytest.mark.slow),
+    pytest.param("dmala", "setcover", marks=pytest.mark.slow)])
 def test_every_returned_solution_is_certified(method, name):
     for p in [CERTIFY[name]()]:
         r = milp.solve(p, time_limit=60.0, num_chains=4, max_rounds=2, method=method,
