@@ -8,8 +8,8 @@ first element is taken, so a :class:`~jaxlib_ext.models.llama.Llama` is accepted
 * ``perplexity``: ``exp`` of the mean next-token negative log-likelihood on the same windows
   (lower is better);
 * ``cloze``: last-word cloze (LAMBADA-style): a passage cut right after a word of at least
-  three letters; the item is solved when every token of that last word is the argmax
-  prediction given the passage before it (:func:`cloze_items`);
+  three letters that follows a single space; the item is solved when every token of the space
+  and the word is the argmax prediction given the passage before them (:func:`cloze_items`);
 * ``greedy_agreement``: greedy continuations of held-out prompts by each model; the score is
   the mean fraction of the continuation's tokens before the first token that differs from the
   teacher's continuation (the teacher scores 1 by definition).
@@ -140,19 +140,20 @@ class ClozeItems:
         return len(self.tokens)
 
 
-_WORD = re.compile(r"(?<=\s)[A-Za-z]{3,}\b")
+_WORD = re.compile(r"(?<=\S )[A-Za-z]{3,}\b")  # after one space that follows a non-space
 
 
 def cloze_items(text: str, tokenizer, *, n_items: int = 32, context_chars: int = 400,
                 max_tokens: int = 128) -> ClozeItems:
     """Up to ``n_items`` last-word cloze items cut from ``text``.
 
-    Candidate last words are words of at least three ASCII letters after whitespace, each with
-    ``context_chars`` characters of text before it; ``n_items`` of them are taken evenly spaced
-    through the text. An item is kept when the tokenisation of the passage starts with the
-    tokenisation of the passage without its last word (so the word's tokens are well defined);
-    the context is cut from the left to fit ``max_tokens``. ``tokenizer`` has ``encode(str) ->
-    ids``. Raises ValueError when no item can be made.
+    Candidate last words are words of at least three ASCII letters after a single space, each
+    with ``context_chars`` characters of text before it; ``n_items`` of them are taken evenly
+    spaced through the text. The target is the space and the word (byte-level BPE tokenisers
+    attach a word's leading space to it); an item is kept when the tokenisation of the passage
+    starts with the tokenisation of the passage without them (so the target's tokens are well
+    defined); the context is cut from the left to fit ``max_tokens``. ``tokenizer`` has
+    ``encode(str) -> ids``. Raises ValueError when no item can be made.
     """
     if n_items < 1 or max_tokens < 2 or context_chars < 1:
         raise ValueError(
@@ -166,9 +167,9 @@ def cloze_items(text: str, tokenizer, *, n_items: int = 32, context_chars: int =
     rows = []
     for i in picks:
         m = starts[i]
-        context = text[m.start() - context_chars : m.start()]
+        context = text[m.start() - context_chars : m.start() - 1]  # without the space
         ids_ctx = list(np.asarray(tokenizer.encode(context)).tolist())
-        ids_full = list(np.asarray(tokenizer.encode(context + m.group())).tolist())
+        ids_full = list(np.asarray(tokenizer.encode(context + " " + m.group())).tolist())
         if ids_full[: len(ids_ctx)] != ids_ctx or len(ids_full) == len(ids_ctx):
             continue
         word = ids_full[len(ids_ctx) :]
