@@ -186,7 +186,7 @@ SMALL = SuiteConfig(seq_len=32, n_windows=4, batch_size=4, cloze_items=4,
 
 def _held_out():
     tok = ByteTokenizer()
-    text = {"docs": embedded_text()[:3000], "code": "def f(x):\n    return x + 1\n" * 60}
+    text = {"docs": embedded_text()[:3000], "code": "def f(x):\n    return x + offset\n" * 60}
     return {d: tok.encode(t) for d, t in text.items()}, text, tok
 
 
