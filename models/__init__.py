@@ -8,7 +8,8 @@ with any FFN of :data:`FFNS` (``"swiglu"``, ``"moe"``, ``"latent_moe"``), e.g.
 GDN builders are its ``+ swiglu`` presets. Submodules: :mod:`~jaxlib_ext.models.latent_moe`
 (the LatentMoE layer, arXiv 2601.18089), :mod:`~jaxlib_ext.models.accounting` (parameters and
 FLOPs per token), :mod:`~jaxlib_ext.models.growth` (orthogonal growth of MoE checkpoints, arXiv
-2510.08008).
+2510.08008), :mod:`~jaxlib_ext.models.xlstm` (xLSTM students of a Llama teacher: mLSTM and
+sliding-window attention mixers, arXiv 2603.15590).
 
 Every model has a builder ``build_<model>(preset="tiny", *, vocab_size=None, rngs, **overrides)``
 whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESETS`:
