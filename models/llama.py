@@ -333,6 +333,10 @@ class Llama(nnx.Module):
             raise ValueError(f"{name}: tokens must be [B, T], got {shape}")
         if not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise TypeError(f"{name}: tokens must be integer, got dtype {tokens.dtype}")
+        if tokens.shape[1] > self.cfg.max_position:
+            raise ValueError(
+                f"{name}: {tokens.shape[1]} tokens exceed max_position {self.cfg.max_position}"
+            )
         if positions is None:
             start = 0 if cache is None else cache.length
             positions = start + jnp.arange(tokens.shape[1], dtype=jnp.int32)

@@ -235,6 +235,8 @@ def test_bad_inputs(tiny_model):
         tiny_model(jnp.zeros((1, 5), jnp.int32), jnp.zeros((1, 4), jnp.int32))
     with pytest.raises(ValueError, match="max_position"):
         L.generate(tiny_model, np.zeros(60, np.int32), 10)
+    with pytest.raises(ValueError, match="max_position"):
+        tiny_model(jnp.zeros((1, 65), jnp.int32))
     with pytest.raises(ValueError, match="max_new_tokens"):
         L.generate(tiny_model, np.zeros(3, np.int32), 0)
 
