@@ -7,11 +7,14 @@ A tiny shape, forward only (the gradients of each path are checked in the op's o
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 import pytest
 
-from jaxlib_ext.pallas_kernels import gated_delta, mdn
+from jaxlib_ext.pallas_kernels import gated_delta, mdn, mlstm
 from jaxlib_ext.pallas_kernels.gated_delta.reference import gated_delta_rule_recurrent
 from jaxlib_ext.pallas_kernels.mdn.reference import momentum_delta_rule_recurrent
+from jaxlib_ext.pallas_kernels.mlstm.reference import mlstm_recurrent
 from tests.pallas_kernels._helpers import gdn_inputs, mdn_inputs, rel_rmse
 
 TOL = 1e-4  # float32, as in the op tests
@@ -30,7 +33,21 @@ def _gdn_case():
     return gated_delta.gated_delta_rule, args, kw, gated_delta_rule_recurrent(*args, **kw)
 
 
-OPS = {"momentum_delta_rule": (mdn, _mdn_case), "gated_delta_rule": (gated_delta, _gdn_case)}
+def _mlstm_case():
+    rng = np.random.default_rng(72)
+    q, k = (rng.standard_normal((1, 20, 1, 16), np.float32) for _ in range(2))
+    v = rng.standard_normal((1, 20, 1, 16), np.float32)
+    i_gate, f_gate = (rng.standard_normal((1, 20, 1), np.float32) for _ in range(2))
+    args = (q, k, v, i_gate, f_gate)
+    kw = dict(output_final_state=True)
+    return mlstm.mlstm, args, kw, mlstm_recurrent(*args, **kw)
+
+
+OPS = {
+    "momentum_delta_rule": (mdn, _mdn_case),
+    "gated_delta_rule": (gated_delta, _gdn_case),
+    "mlstm": (mlstm, _mlstm_case),
+}
 CASES = [(op, method) for op, (pkg, _) in OPS.items() for method in pkg.METHODS]
 
 
@@ -44,9 +61,11 @@ def test_every_advertised_method_runs_and_matches(op, method, cases):
     fn, args, kw, (o_ref, fin_ref) = cases[op]
     o, fin = fn(*args, **kw, method=method, chunk_size=16)
     assert o.shape == o_ref.shape and o.dtype == o_ref.dtype
-    assert fin.shape == fin_ref.shape
     assert rel_rmse(o, o_ref) < TOL, rel_rmse(o, o_ref)
-    assert rel_rmse(fin, fin_ref) < TOL, rel_rmse(fin, fin_ref)
+    # the final state is one array (delta rules) or a tuple of arrays (mLSTM's C, n, m)
+    for part, ref in zip(jax.tree.leaves(fin), jax.tree.leaves(fin_ref), strict=True):
+        assert part.shape == ref.shape
+        assert rel_rmse(part, ref) < TOL, rel_rmse(part, ref)
 
 
 @pytest.mark.parametrize("pkg", [mdn, gated_delta], ids=["mdn", "gated_delta"])
