@@ -252,8 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default=None,
                    help=f"one of {sorted(MODELS)} (default: transformer); transformer, mdn and "
                         "gdn are the attention, mdn and gdn mixers with a swiglu FFN")
-    t.add_argument("--mixer", default=None, choices=("attention", "mdn", "gdn"),
-                   help="token mixer of every block (composable model)")
+    t.add_argument("--mixer", default=None, choices=("attention", "mdn", "gdn", "mlstm"),
+                   help="token mixer of every block (composable model); mlstm is the xLSTM "
+                        "paper's mLSTM layer")
     t.add_argument("--ffn", default=None, choices=("swiglu", "moe", "latent_moe"),
                    help="feed-forward part of every block (composable model)")
     t.add_argument("--arch", action="append", default=[], metavar="KEY=VALUE",
