@@ -7,7 +7,8 @@ top-k knowledge distillation (:func:`distill_end_to_end`, :func:`sparse_kd_loss`
 with LoRA on the MLPs; stage III, merging of students distilled per domain (:func:`merge_models`:
 weighted average or task arithmetic). :func:`run_distillation` runs them all for the domains of
 :func:`domain_text` (CPython's documentation and source, or the user's files); the CLI is
-``python -m jaxlib_ext distill``.
+``python -m jaxlib_ext distill``. The task suite and the Win-and-Tie rate that judge a student
+against its teacher are in :mod:`jaxlib_ext.models.distill.evaluation`.
 """
 
 from jaxlib_ext.models.distill.domains import (
