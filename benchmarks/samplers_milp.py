@@ -20,6 +20,11 @@ The learned-vs-supervised comparison uses one learning rate and one training see
 short training budget on 2 CPU cores), so it is indicative, not a verdict under the
 ``_comparison`` rule.
 
+``--rule FAMILY``: instead, the learned-vs-supervised comparison under the ``_comparison`` rule
+on the family's smaller size: both networks on the same learning-rate grid and seeds, the same
+training instances and steps, each method's rate picked by the mean validation gap (8
+validation instances), the test gap reported at that rate.
+
 Scaling: time per sampler step (flip rule with exact gains, and DMALA) vs number of integer
 variables (set cover, rows = columns / 2) and chains.
 
@@ -177,6 +182,54 @@ def bench_scaling(args):
                 print(f"| {method} | {n} | {k} | {ms:.3f} | {ms / k:.4f} |", flush=True)
 
 
+def rule_comparison(args):
+    from _comparison import Comparison, run_comparison
+
+    gen, kw = milp.FAMILIES[args.rule], SIZES[args.rule][0]
+    train = [gen(TRAIN_SEED0 + i, **kw) for i in range(args.train)]
+    val = [gen(20_000 + i, **kw) for i in range(8)]
+    test = [gen(i, **kw) for i in range(args.instances)]
+    labels = [milp.solve_highs(p, time_limit=30.0).x for p in train]
+    refs = {id(p): milp.solve_highs(p, time_limit=120.0).objective for p in val + test}
+    n = max(int(p.integrality.sum()) for p in val + test)
+    m = max(p.num_rows for p in val + test)
+    spec = Comparison(methods=("neural-diving", "unsup-gnn"), lrs=(3e-4, 1e-3, 3e-3),
+                      seeds=(0, 1, 2), budget=f"{args.train_steps} Adam steps on {len(train)} "
+                      f"{args.rule} {size_name(kw)} instances; {args.time_limit}s per instance")
+    print(spec.describe())
+
+    def mean_gap(solver, problems):
+        gaps = []
+        for p in problems:
+            r = solver(p)
+            gaps.append(gap(r.objective, refs[id(p)]) if r.feasible else 100.0)
+        return float(np.mean(gaps))
+
+    def run(method, lr, seed):
+        key = jax.random.key(seed)
+        if method == "unsup-gnn":
+            model, _ = milp.train_unsupervised(key, train, steps=args.train_steps,
+                                               num_steps=args.train_sampler_steps, snapshots=4,
+                                               learning_rate=lr)
+            milp.solve(val[0], time_limit=60.0, model=model, pad_to=(n, m), max_rounds=1,
+                       num_chains=args.chains, steps_per_round=args.steps_per_round)
+            solver = lambda p: milp.solve(  # noqa: E731
+                p, time_limit=args.time_limit, model=model, pad_to=(n, m), seed=seed,
+                num_chains=args.chains, steps_per_round=args.steps_per_round)
+        else:
+            model, _ = milp.train_supervised(key, train, solutions=labels,
+                                             steps=args.train_steps, learning_rate=lr)
+            milp.neural_diving(val[0], model, time_limit=5.0, pad_to=(n, m))
+            solver = lambda p: milp.neural_diving(  # noqa: E731
+                p, model, time_limit=args.time_limit, pad_to=(n, m))
+        return {"val": mean_gap(solver, val), "test": mean_gap(solver, test)}
+
+    result = run_comparison(spec, run, metric="gap %")
+    print("\n" + result.grid_table(fmt=".3f"))
+    print("\n" + result.summary_table(baseline="neural-diving", fmt=".3f"))
+    print("\n" + result.verdict("unsup-gnn", "neural-diving", fmt=".3f"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fast", action="store_true", help="smoke run")
@@ -191,6 +244,8 @@ def main():
     ap.add_argument("--steps-per-round", type=int, default=200)
     ap.add_argument("--miplib-seeds", type=int, default=5)
     ap.add_argument("--families", default=",".join(SIZES))
+    ap.add_argument("--rule", default=None, choices=tuple(SIZES),
+                    help="only the learned-vs-supervised comparison under the _comparison rule")
     args = ap.parse_args()
     args.scaling_n = (100, 200, 400, 800)
     args.scaling_chains = (1, 4, 16, 64)
@@ -205,6 +260,10 @@ def main():
           f"{args.steps_per_round} steps per annealing round; GNN: {args.train} training "
           f"instances per size, {args.train_steps} Adam steps at lr {args.lr}")
     t0 = time.perf_counter()
+    if args.rule:
+        rule_comparison(args)
+        print(f"\ntotal {time.perf_counter() - t0:.0f}s")
+        return
     results, models = [], {}
     for family in args.families.split(","):
         bench_family(family, args, results, models)
