@@ -6,16 +6,18 @@ reconstructed, our choices marked):
 
 1. No integer columns: the problem is an LP and goes to HiGHS directly.
 2. The LP relaxation is solved once (HiGHS): an infeasible relaxation proves the MILP infeasible;
-   an unbounded one (with the integer columns boxed) means the MILP has no finite optimum. Both
-   are returned as ``feasible=False`` with the reason in ``status``/``message``.
+   an unbounded one (with the integer columns boxed) means the MILP is unbounded or infeasible,
+   with no finite optimum either way. Both are returned as ``feasible=False`` with the reason in
+   ``status``/``message``.
 3. Rounds until ``time_limit``: ``num_chains`` chains run ``steps_per_round`` steps of the
    annealed sampler of :mod:`langevin` (``method``; with ``model`` the learned flip logits of
    :mod:`gnn` are added). For problems with continuous columns the energy is (E.2) of
    :mod:`energy`: the elastic LP value (L.2) of :mod:`lp_completion` enters as a pool of
    ``num_cuts`` cuts, one per distinct completed assignment, grown every round (our choice,
    since the LP cannot run inside ``jit``).
-4. After each round the chains' best row-feasible states and their final states go to the host,
-   are de-duplicated and completed by the exact LP (L.1); every completed ``x`` is measured in
+4. After each round the chains' best row-feasible states (and, with continuous columns, their
+   final states, whose elastic LP is feasible) go to the host, are de-duplicated and completed
+   by the exact LP (L.1); every completed ``x`` is measured in
    float64 (all rows and bounds to ``1e-6``, integer columns exactly integral) and only then may
    become the incumbent. A quarter of the chains restart from the incumbent (our choice).
 
