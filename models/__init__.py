@@ -2,8 +2,9 @@
 arXiv 2605.05838), Gated DeltaNet (GDN, arXiv 2412.06464) and SMET's block-sparse ``SparseLinear``.
 
 Every language model is a :class:`LanguageModel` of blocks ``token mixer + feed-forward``;
-:func:`build_lm` composes any mixer of :data:`MIXERS` (``"attention"``, ``"mdn"``, ``"gdn"``)
-with any FFN of :data:`FFNS` (``"swiglu"``, ``"moe"``, ``"latent_moe"``), e.g.
+:func:`build_lm` composes any mixer of :data:`MIXERS` (``"attention"``, ``"mdn"``, ``"gdn"``,
+``"mlstm"``: xLSTM's mLSTM layer, arXiv 2405.04517) with any FFN of :data:`FFNS`
+(``"swiglu"``, ``"moe"``, ``"latent_moe"``), e.g.
 ``build_lm("tiny", mixer="mdn", ffn="latent_moe", rngs=nnx.Rngs(0))``; the Transformer, MDN and
 GDN builders are its ``+ swiglu`` presets. Submodules: :mod:`~jaxlib_ext.models.latent_moe`
 (the LatentMoE layer, arXiv 2601.18089), :mod:`~jaxlib_ext.models.accounting` (parameters and
@@ -55,6 +56,7 @@ from jaxlib_ext.models.mdn import (
     momentum_eigenvalues,
     momentum_transition_matrix,
 )
+from jaxlib_ext.models.mlstm import MLSTMCache, MLSTMConfig, MLSTMLayer
 from jaxlib_ext.models.presets import param_count, preset_param_count
 from jaxlib_ext.models.short_conv import ShortConvolution, causal_depthwise_conv
 from jaxlib_ext.models.sparse_linear import SparseLinear, regrow_sparse_indices
@@ -81,6 +83,7 @@ __all__ = [
     "FFNS",
     "TransformerConfig",
     "DeltaNetConfig",
+    "MLSTMConfig",
     "TRANSFORMER_PRESETS",
     "DELTANET_PRESETS",
     "param_count",
@@ -99,10 +102,12 @@ __all__ = [
     "GDNLanguageModel",
     "LayerCache",
     "LMCache",
+    "MLSTMCache",
     # token mixers and their pure pieces
     "causal_attention",
     "MomentumDeltaNet",
     "GatedDeltaNet",
+    "MLSTMLayer",
     "MDNGates",
     "mdn_gates",
     "gdn_gates",
