@@ -7,7 +7,8 @@ embedding, ``n_layers`` blocks, a final RMSNorm and an untied head (LLaMA-style,
 * mixers (:data:`MIXERS`): ``"attention"`` (causal softmax attention with RoPE,
   :class:`~jaxlib_ext.models.transformer.Attention`), ``"mdn"``
   (:class:`~jaxlib_ext.models.MomentumDeltaNet`, arXiv 2605.05838), ``"gdn"``
-  (:class:`~jaxlib_ext.models.GatedDeltaNet`, arXiv 2412.06464);
+  (:class:`~jaxlib_ext.models.GatedDeltaNet`, arXiv 2412.06464), ``"mlstm"``
+  (:class:`~jaxlib_ext.models.MLSTMLayer`, the mLSTM layer of xLSTM, arXiv 2405.04517);
 * FFNs (:data:`FFNS`): ``"swiglu"`` (:class:`~jaxlib_ext.models.SwiGLU`), ``"moe"`` (a standard
   mixture of experts) and ``"latent_moe"`` (LatentMoE, arXiv 2601.18089), both the
   :class:`~jaxlib_ext.models.latent_moe.LatentMoE` layer (``latent_dim=None`` for ``"moe"``).
@@ -51,7 +52,7 @@ __all__ = [
     "lm_config",
 ]
 
-MIXERS = ("attention", "mdn", "gdn")
+MIXERS = ("attention", "mdn", "gdn", "mlstm")
 FFNS = ("swiglu", "moe", "latent_moe")
 MOE_METHODS = ("ragged", "pallas", "dense")
 
@@ -62,7 +63,9 @@ class LMConfig:
 
     Mixer fields: ``n_heads``, ``head_dim`` (every mixer); ``rope_theta`` (attention);
     ``expand_v`` ... ``decode_recurrent_max_len`` (mdn, gdn; see
-    :class:`~jaxlib_ext.models.DeltaNetConfig`). FFN fields: ``mlp_hidden``, ``mlp_multiple_of``
+    :class:`~jaxlib_ext.models.DeltaNetConfig`; mlstm reads ``expand_v``, ``conv_size``,
+    ``method``, ``chunk_size``, ``decode_recurrent_max_len``, see
+    :class:`~jaxlib_ext.models.MLSTMConfig`). FFN fields: ``mlp_hidden``, ``mlp_multiple_of``
     (swiglu: width ``mlp_hidden`` or ``swiglu_hidden_size(d, 4, mlp_multiple_of)``);
     ``num_experts`` ... ``moe_method`` (moe, latent_moe: the arguments of
     :class:`~jaxlib_ext.models.latent_moe.LatentMoE`, ``router_bias_rate`` its
@@ -146,9 +149,19 @@ class LMConfig:
         return self.ffn in ("moe", "latent_moe")
 
     def mixer_config(self):
-        """The mixer's config: a :class:`TransformerConfig` (attention) or a
-        :class:`DeltaNetConfig` (mdn, gdn) with this model's sizes."""
+        """The mixer's config: a :class:`TransformerConfig` (attention), a
+        :class:`DeltaNetConfig` (mdn, gdn) or an :class:`MLSTMConfig` (mlstm) with this model's
+        sizes."""
+        from jaxlib_ext.models.mlstm import MLSTMConfig
         from jaxlib_ext.models.transformer import TransformerConfig
+
+        if self.mixer == "mlstm":
+            return MLSTMConfig(
+                d_model=self.d_model, n_heads=self.n_heads, head_dim=self.head_dim,
+                expand_v=self.expand_v, conv_size=self.conv_size, norm_eps=self.norm_eps,
+                method=self.method, chunk_size=self.chunk_size,
+                decode_recurrent_max_len=self.decode_recurrent_max_len,
+            )
 
         common = dict(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
                       n_heads=self.n_heads, head_dim=self.head_dim, mlp_hidden=self.hidden,
@@ -190,9 +203,11 @@ def make_mixer(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
     """The token mixer ``cfg.mixer`` of one block."""
     from jaxlib_ext.models.gdn import GatedDeltaNet
     from jaxlib_ext.models.mdn import MomentumDeltaNet
+    from jaxlib_ext.models.mlstm import MLSTMLayer
     from jaxlib_ext.models.transformer import Attention
 
-    cls = {"attention": Attention, "mdn": MomentumDeltaNet, "gdn": GatedDeltaNet}[cfg.mixer]
+    cls = {"attention": Attention, "mdn": MomentumDeltaNet, "gdn": GatedDeltaNet,
+           "mlstm": MLSTMLayer}[cfg.mixer]
     return cls(cfg.mixer_config(), rngs=rngs)
 
 
@@ -239,7 +254,7 @@ class LanguageModel(nnx.Module):
 
     ``__call__(tokens int32[B, T]) -> logits float32[B, T, vocab]``;
     :meth:`logits_and_metrics` also returns the FFNs' metrics; decoding with
-    :meth:`init_cache` and :meth:`decode_step` when the mixer keeps a cache (mdn, gdn).
+    :meth:`init_cache` and :meth:`decode_step` when the mixer keeps a cache (mdn, gdn, mlstm).
 
     Args:
       cfg: any config with ``vocab_size, d_model, n_layers, max_seq_len, norm_eps``
@@ -364,7 +379,7 @@ def lm_config(mixer: str, ffn: str = "swiglu", preset: str = "tiny", *,
     ``preset`` is a name of :data:`LM_PRESETS` (which fixes mixer and FFN; ``mixer``/``ffn``
     then must agree or be ``None``) or a size of the mixer's table
     (:data:`~jaxlib_ext.models.TRANSFORMER_PRESETS` for attention,
-    :data:`~jaxlib_ext.models.DELTANET_PRESETS` for mdn and gdn) whose FFN fields come from
+    :data:`~jaxlib_ext.models.DELTANET_PRESETS` for mdn, gdn and mlstm) whose FFN fields come from
     :data:`MOE_SIZES` for a mixture of experts (``latent_dim = d_model // 4`` for latent_moe,
     with the experts and top-k multiplied by 4, arXiv 2601.18089's reinvestment of the saving).
     """
