@@ -31,7 +31,7 @@ PRESET_MODELS = {
 }
 
 
-@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("mixer", PRESET_MODELS)
 def test_preset_models_are_the_composed_swiglu_models(mixer):
     build, presets = PRESET_MODELS[mixer]
     for preset in presets:  # the same tree and shapes at every size, without allocation
@@ -72,7 +72,8 @@ def _small(mixer, ffn, **kw) -> LMConfig:
 
 
 # Each mixer and each FFN once in the default run; the other pairs in the slow run.
-DEFAULT_PAIRS = {("attention", "moe"), ("gdn", "latent_moe"), ("mdn", "swiglu")}
+DEFAULT_PAIRS = {("attention", "moe"), ("gdn", "latent_moe"), ("mdn", "swiglu"),
+                 ("mlstm", "moe")}
 
 
 @pytest.mark.parametrize(
@@ -93,7 +94,7 @@ def test_every_mixer_goes_with_every_ffn(mixer, ffn):
     assert leaves and all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
     block = model.blocks[0]
     assert type(block.attn).__name__ == {"attention": "Attention", "mdn": "MomentumDeltaNet",
-                                         "gdn": "GatedDeltaNet"}[mixer]
+                                         "gdn": "GatedDeltaNet", "mlstm": "MLSTMLayer"}[mixer]
     if ffn == "swiglu":
         assert metrics == {}
     else:
