@@ -208,7 +208,7 @@ def main():
     ap.add_argument("--test", type=int, default=6)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--noise", default="0.01,0.1")
-    ap.add_argument("--weights", default="3,10,30", help="guidance-weight grid")
+    ap.add_argument("--weights", default="1,3,10", help="guidance-weight grid")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--solvers", default="dps,psld")
     ap.add_argument("--fast", action="store_true")
