@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", default=None,
                    help="comma-separated blocks given a student mixer (default: all)")
     p.add_argument("--student", action="append", default=[], metavar="KEY=VALUE",
-                   help="an XLSTMConfig field of the student mixer, e.g. --student window=64 "
+                   help="an XLSTMConfig field of the student mixer (pipeline default: "
+                        "gate_bias_init=-3), e.g. --student window=64 "
                         "--student gate=static --student mode=mlstm (repeatable)")
     p.add_argument("--stage1-steps", type=int, default=100)
     p.add_argument("--stage1-lr", type=float, default=1e-3)

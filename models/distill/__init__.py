@@ -32,6 +32,7 @@ from jaxlib_ext.models.distill.merging import (
     weighted_average,
 )
 from jaxlib_ext.models.distill.pipeline import (
+    STUDENT_DEFAULTS,
     DistillConfig,
     DistillResult,
     Teacher,
@@ -63,6 +64,7 @@ __all__ = [
     # pipeline
     "DistillConfig",
     "DistillResult",
+    "STUDENT_DEFAULTS",
     "Teacher",
     "run_distillation",
     "initial_student",

@@ -51,6 +51,7 @@ from jaxlib_ext.models.llama import Llama, LlamaConfig
 __all__ = [
     "DistillConfig",
     "DistillResult",
+    "STUDENT_DEFAULTS",
     "Teacher",
     "tiny_teacher",
     "check_vocabularies",
@@ -114,7 +115,8 @@ class DistillConfig:
     last ``eval_fraction`` held out; ``n_sequences`` cached windows of ``seq_len`` tokens per
     domain; the teacher's ``top_k`` log-probabilities per position; activations stored in
     ``cache_dtype``. Student: ``layers`` (default all) get a student mixer built with
-    ``student`` (:class:`~jaxlib_ext.models.xlstm.XLSTMConfig` fields). Stages: ``stage1``,
+    :data:`STUDENT_DEFAULTS` updated by ``student`` (:class:`~jaxlib_ext.models.xlstm.XLSTMConfig`
+    fields). Stages: ``stage1``,
     ``stage2`` (:class:`~jaxlib_ext.models.distill.stages.StageConfig`), ``lora_rank`` (0: no
     LoRA on the MLPs); stage III ``merge`` (``"average"`` or ``"task_arithmetic"``),
     ``merge_weights`` (one per domain, default uniform), ``merge_scale`` (task arithmetic).
@@ -181,17 +183,24 @@ class DistillResult(NamedTuple):
     caches: dict
 
 
+#: Settings of the xLSTM student mixer that the pipeline changes from the mixer's own defaults:
+#: the mixing gate starts at ``sigmoid(-3)``, about 5 % mLSTM and 95 % sliding-window attention,
+#: so that the initial student (teacher projections, fresh mLSTM) stays close to the teacher and
+#: the untrained mLSTM branch does not swamp the copied attention; stage I then moves the gate.
+STUDENT_DEFAULTS = {"gate_bias_init": -3.0}
+
+
 def initial_student(teacher: Llama, layers=None, *, student: dict | None = None, seed: int = 0,
                     student_mixer: Callable | None = None) -> Llama:
     """The teacher with the attention of blocks ``layers`` (default all) replaced by student
-    mixers: ``student_mixer(attention, rngs)`` or the xLSTM hybrid mixer with the
-    ``student`` settings; everything else copied."""
+    mixers: ``student_mixer(attention, rngs)`` or the xLSTM hybrid mixer with the settings
+    :data:`STUDENT_DEFAULTS` updated by ``student``; everything else copied."""
     layers = range(len(teacher.blocks)) if layers is None else layers
     rngs = nnx.Rngs(seed)
     if student_mixer is None:
         from jaxlib_ext.models import xlstm
 
-        config = xlstm.XLSTMConfig(**(student or {}))
+        config = xlstm.XLSTMConfig(**{**STUDENT_DEFAULTS, **(student or {})})
 
         def student_mixer(attention, rngs):
             return xlstm.from_teacher(attention, config, rngs)
