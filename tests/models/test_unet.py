@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlib_ext.models.unet import UNet, sinusoidal_embedding
+from jaxlib_ext.models import UNet
+from jaxlib_ext.models.unet import sinusoidal_embedding
 
 
 def _x(shape, seed=0):

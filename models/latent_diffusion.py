@@ -1,0 +1,696 @@
+"""A small latent diffusion model for 28x28 digits: a KL-regularised convolutional autoencoder
+and a noise-prediction U-Net in its latent space, with a variance-preserving schedule and DDIM /
+ancestral sampling (Rombach et al., arXiv 2112.10752).
+
+Conventions (everything a latent inverse solver needs):
+
+* **Images** ``x [B, H, W, 1]``, float32, pixel values in ``[-1, 1]`` (``load_mnist(...,
+  value_range=(-1, 1))``); :func:`decode` returns unclipped values of the same range.
+* **Latents** ``z [B, H/f, W/f, latent_channels]`` with ``f = 2^(len(ae_channels) - 1)``
+  (``[B, 7, 7, 4]`` for MNIST with the defaults). :func:`encode` returns the posterior mean of
+  the encoder times ``latent_scale``, a constant fixed after the autoencoder is trained so that
+  the training latents have unit standard deviation (Rombach et al., Sec. 4.3.2); the diffusion
+  model lives in these scaled latents and :func:`decode` expects them.
+* **Schedule** (:class:`Schedule`, :func:`make_schedule`): ``T`` discrete steps indexed
+  ``t = 0, ..., T - 1``; ``alphas_cumprod[t]`` is the ``alpha-bar`` of step ``t`` (decreasing,
+  ``alphas_cumprod[0] = 1 - betas[0]`` is one step of noise, not the clean latent). The forward
+  process (Ho et al., arXiv 2006.11239, Eq. 4) is
+  ``z_t = sqrt(alphas_cumprod[t]) z_0 + sqrt(1 - alphas_cumprod[t]) eps``, ``eps ~ N(0, I)``.
+  ``"cosine"`` is Nichol & Dhariwal's (arXiv 2102.09672, Eq. 17, ``s = 0.008``, betas clipped at
+  0.999); ``"linear"`` is Ho et al.'s betas from ``1e-4`` to ``0.02`` (scaled by ``1000 / T``).
+* **Noise model** :func:`eps_model` ``(model, z_t [B, ...], t int [B]) -> eps-hat [B, ...]``:
+  the U-Net's prediction of the ``eps`` that made ``z_t`` at step ``t``. The score is
+  ``grad log p_t(z_t) = -eps-hat / sqrt(1 - alphas_cumprod[t])`` and Tweedie's clean estimate
+  :func:`predict_z0` is ``(z_t - sqrt(1 - abar_t) eps-hat) / sqrt(abar_t)``.
+* **Samplers**: :func:`ddim_step` (Song et al., arXiv 2010.02502, Eq. 12, with ``eta``;
+  ``t_prev = -1`` means the clean latent, ``alpha-bar = 1``) and :func:`ancestral_step` (Ho et al.,
+  Eq. 11 with the posterior variance ``beta-tilde``); DDIM with ``eta = 1`` over every step is
+  ancestral sampling. :func:`ddim_sample` and :func:`ancestral_sample` run them from
+  ``z_{T-1} ~ N(0, I)`` to ``z_0`` (latents); :func:`sample_images` decodes.
+
+Training: :func:`train` fits the autoencoder (MSE + ``kl_weight`` KL), fixes ``latent_scale``,
+then the noise model (Ho et al.'s simple loss, Eq. 14, uniform ``t``) with an exponential moving
+average of its parameters, which is what is kept. Both stages show a progress bar and write Orbax
+checkpoints (:class:`jaxlib_ext.checkpoint.Checkpointer`); :func:`load_or_train` reuses a
+finished checkpoint of the same configuration. From the command line::
+
+    python -m jaxlib_ext.models.latent_diffusion --out DIR --ae-steps N --diffusion-steps M
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import pathlib
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxlib_ext.models.unet import ResBlock, UNet
+
+__all__ = [
+    "LDMConfig",
+    "Schedule",
+    "Autoencoder",
+    "LatentDiffusion",
+    "make_schedule",
+    "encode",
+    "decode",
+    "eps_model",
+    "predict_z0",
+    "q_sample",
+    "ddim_step",
+    "ancestral_step",
+    "ddim_timesteps",
+    "ddim_sample",
+    "ancestral_sample",
+    "sample_images",
+    "autoencoder_loss",
+    "diffusion_loss",
+    "train",
+    "load_or_train",
+    "load",
+    "main",
+]
+
+SCHEDULES = ("cosine", "linear")
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class LDMConfig:
+    """Sizes of the autoencoder, the latent U-Net and the schedule.
+
+    Attributes:
+      image_size: side of the square images (divisible by ``2^(len(ae_channels) - 1)``).
+      image_channels: channels of the images.
+      latent_channels: channels of the latent.
+      ae_channels: autoencoder widths per resolution, full resolution first; one downsampling
+        between consecutive entries.
+      kl_weight: weight of the KL term (per latent dimension) against the per-pixel MSE.
+      unet_channels: ``base_channels`` of the latent U-Net.
+      unet_mults: ``channel_mults`` of the latent U-Net.
+      unet_res_blocks: ``num_res_blocks`` of the latent U-Net.
+      timesteps: ``T``.
+      schedule: ``"cosine"`` or ``"linear"``.
+    """
+
+    image_size: int = 28
+    image_channels: int = 1
+    latent_channels: int = 4
+    ae_channels: tuple[int, ...] = (16, 32, 64)
+    kl_weight: float = 1e-4
+    unet_channels: int = 32
+    unet_mults: tuple[int, ...] = (1, 2)
+    unet_res_blocks: int = 1
+    timesteps: int = 1000
+    schedule: str = "cosine"
+
+    def __post_init__(self):
+        object.__setattr__(self, "ae_channels", tuple(int(c) for c in self.ae_channels))
+        object.__setattr__(self, "unet_mults", tuple(int(c) for c in self.unet_mults))
+        for name in ("image_size", "image_channels", "latent_channels", "unet_channels",
+                     "unet_res_blocks", "timesteps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if not self.ae_channels or min(self.ae_channels) < 1:
+            raise ValueError(f"ae_channels: expected positive ints, got {self.ae_channels!r}")
+        if self.image_size % self.downsampling:
+            raise ValueError(f"image_size: {self.image_size} is not divisible by the "
+                             f"autoencoder's downsampling {self.downsampling}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule: expected one of {SCHEDULES}, got {self.schedule!r}")
+        if not self.kl_weight >= 0:
+            raise ValueError(f"kl_weight: expected >= 0, got {self.kl_weight!r}")
+
+    @property
+    def downsampling(self) -> int:
+        return 2 ** (len(self.ae_channels) - 1)
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        s = self.image_size // self.downsampling
+        return (s, s, self.latent_channels)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.image_size, self.image_size, self.image_channels)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LDMConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
+                      if k in names})
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+class Schedule(NamedTuple):
+    """Variance-preserving schedule, each ``float32 [T]``, indexed by ``t = 0, ..., T - 1``.
+
+    ``alphas = 1 - betas``, ``alphas_cumprod[t] = prod_{s <= t} alphas[s]`` (alpha-bar).
+    """
+
+    betas: jax.Array
+    alphas: jax.Array
+    alphas_cumprod: jax.Array
+
+
+def make_schedule(timesteps: int = 1000, kind: str = "cosine") -> Schedule:
+    """The ``"cosine"`` (arXiv 2102.09672, Eq. 17) or ``"linear"`` (arXiv 2006.11239, Sec. 4)
+    schedule over ``timesteps`` steps, computed in float64 and stored as float32."""
+    if isinstance(timesteps, bool) or not isinstance(timesteps, int) or timesteps < 2:
+        raise ValueError(f"timesteps: expected an int >= 2, got {timesteps!r}")
+    if kind == "cosine":
+        s = 0.008
+        u = np.arange(timesteps + 1, dtype=np.float64) / timesteps
+        f = np.cos((u + s) / (1 + s) * np.pi / 2) ** 2
+        betas = np.clip(1.0 - f[1:] / f[:-1], 0.0, 0.999)  # Eq. 17 and its clipping
+    elif kind == "linear":
+        scale = 1000.0 / timesteps
+        betas = np.linspace(1e-4 * scale, 0.02 * scale, timesteps, dtype=np.float64)
+    else:
+        raise ValueError(f"kind: expected one of {SCHEDULES}, got {kind!r}")
+    alphas = 1.0 - betas
+    return Schedule(*(jnp.asarray(a, jnp.float32) for a in (betas, alphas, np.cumprod(alphas))))
+
+
+# --------------------------------------------------------------------------- networks
+
+
+class LatentScale(nnx.Variable):
+    """A constant fixed after autoencoder training (never differentiated)."""
+
+
+class Autoencoder(nnx.Module):
+    """Convolutional autoencoder ``[B, S, S, C] <-> [B, S/f, S/f, latent_channels]``.
+
+    The encoder gives the mean and log-variance of a diagonal Gaussian posterior (Rombach et
+    al.'s KL-regularised autoencoder); the decoder maps a latent back to pixels. Residual blocks
+    are :class:`~jaxlib_ext.models.unet.ResBlock` without time input.
+    """
+
+    def __init__(self, config: LDMConfig, *, rngs: nnx.Rngs):
+        ch, c_img, c_lat = config.ae_channels, config.image_channels, config.latent_channels
+        conv = lambda i, o, s=1: nnx.Conv(i, o, (3, 3), strides=(s, s), padding="SAME",
+                                          rngs=rngs)
+        self.enc_in = conv(c_img, ch[0])
+        self.enc_down = nnx.List([conv(ch[i], ch[i + 1], 2) for i in range(len(ch) - 1)])
+        self.enc_blocks = nnx.List([ResBlock(c, c, None, rngs=rngs) for c in ch[1:]])
+        self.enc_norm = nnx.GroupNorm(ch[-1], num_groups=_groups(ch[-1]), rngs=rngs)
+        self.enc_out = conv(ch[-1], 2 * c_lat)
+        self.dec_in = conv(c_lat, ch[-1])
+        self.dec_blocks = nnx.List([ResBlock(c, c, None, rngs=rngs) for c in ch[:0:-1]])
+        self.dec_up = nnx.List([conv(ch[i + 1], ch[i]) for i in reversed(range(len(ch) - 1))])
+        self.dec_norm = nnx.GroupNorm(ch[0], num_groups=_groups(ch[0]), rngs=rngs)
+        self.dec_out = conv(ch[0], c_img)
+
+    def encode(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(mean, logvar)`` of the latent posterior, each ``[B, S/f, S/f, latent]``
+        (unscaled)."""
+        h = self.enc_in(x)
+        for down, block in zip(self.enc_down, self.enc_blocks):
+            h = block(down(jax.nn.silu(h)), None)
+        mean, logvar = jnp.split(self.enc_out(jax.nn.silu(self.enc_norm(h))), 2, axis=-1)
+        return mean, jnp.clip(logvar, -30.0, 20.0)
+
+    def decode(self, z: jax.Array) -> jax.Array:
+        """Pixels ``[B, S, S, C]`` of an unscaled latent."""
+        h = self.dec_in(z)
+        for block, up in zip(self.dec_blocks, self.dec_up):
+            h = block(h, None)
+            h = up(jnp.repeat(jnp.repeat(h, 2, axis=1), 2, axis=2))
+        return self.dec_out(jax.nn.silu(self.dec_norm(h)))
+
+
+def _groups(channels: int) -> int:
+    return max(g for g in range(1, 9) if channels % g == 0)
+
+
+class LatentDiffusion(nnx.Module):
+    """The autoencoder, ``latent_scale`` and the latent noise-prediction U-Net of ``config``.
+
+    Use it through the module functions (:func:`encode`, :func:`decode`, :func:`eps_model`,
+    :func:`ddim_sample`, ...); ``model.schedule`` is the :class:`Schedule`.
+    """
+
+    def __init__(self, config: LDMConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.autoencoder = Autoencoder(config, rngs=rngs)
+        self.latent_scale = LatentScale(jnp.ones((), jnp.float32))
+        c = config.latent_channels
+        self.unet = UNet(c, c, base_channels=config.unet_channels,
+                         channel_mults=config.unet_mults, num_res_blocks=config.unet_res_blocks,
+                         rngs=rngs)
+
+    @property
+    def schedule(self) -> Schedule:
+        return make_schedule(self.config.timesteps, self.config.schedule)
+
+
+# --------------------------------------------------------------------------- public functions
+
+
+def _check_batch(arr, shape, arg: str) -> jax.Array:
+    arr = jnp.asarray(arr)
+    if arr.ndim != 4 or tuple(arr.shape[1:]) != tuple(shape):
+        raise ValueError(f"{arg}: expected [B, {', '.join(map(str, shape))}], "
+                         f"got {tuple(arr.shape)}")
+    return arr
+
+
+def encode(model: LatentDiffusion, x: jax.Array) -> jax.Array:
+    """Scaled latent ``latent_scale * mean`` ``[B, *latent_shape]`` of images ``x [B,
+    *image_shape]`` in ``[-1, 1]`` (deterministic: the posterior mean)."""
+    x = _check_batch(x, model.config.image_shape, "x")
+    mean, _ = model.autoencoder.encode(x)
+    return mean * model.latent_scale[...]
+
+
+def decode(model: LatentDiffusion, z: jax.Array) -> jax.Array:
+    """Images ``[B, *image_shape]`` (about ``[-1, 1]``, unclipped) of scaled latents ``z``."""
+    z = _check_batch(z, model.config.latent_shape, "z")
+    return model.autoencoder.decode(z / model.latent_scale[...])
+
+
+def _check_t(t, batch: int, timesteps: int) -> jax.Array:
+    t = jnp.asarray(t)
+    if not jnp.issubdtype(t.dtype, jnp.integer):
+        raise TypeError(f"t: expected integer steps in [0, {timesteps - 1}], got {t.dtype}")
+    if t.ndim == 0:
+        t = jnp.broadcast_to(t, (batch,))
+    if t.shape != (batch,):
+        raise ValueError(f"t: expected shape [{batch}] or a scalar, got {tuple(t.shape)}")
+    return t
+
+
+def eps_model(model: LatentDiffusion, z: jax.Array, t: jax.Array) -> jax.Array:
+    """The U-Net's prediction of the noise ``eps`` in ``z_t = sqrt(abar_t) z_0 + sqrt(1 -
+    abar_t) eps``: ``z [B, *latent_shape]``, integer ``t [B]`` (or a scalar) in ``[0, T - 1]``;
+    returns ``[B, *latent_shape]``."""
+    z = _check_batch(z, model.config.latent_shape, "z")
+    t = _check_t(t, z.shape[0], model.config.timesteps)
+    return model.unet(z, t.astype(jnp.float32))
+
+
+def _abar(schedule: Schedule, t: jax.Array) -> jax.Array:
+    """alpha-bar at integer steps ``t`` (``t = -1``: the clean latent, 1) as ``[B, 1, 1, 1]``."""
+    a = jnp.where(t >= 0, schedule.alphas_cumprod[jnp.maximum(t, 0)], 1.0)
+    return a.reshape(-1, 1, 1, 1)
+
+
+def predict_z0(schedule: Schedule, z: jax.Array, eps: jax.Array, t: jax.Array) -> jax.Array:
+    """Tweedie's clean latent ``(z_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)`` (arXiv 2006.11239,
+    Eq. 4 solved for ``z_0``)."""
+    a = _abar(schedule, jnp.broadcast_to(t, z.shape[:1]))
+    return (z - jnp.sqrt(1.0 - a) * eps) / jnp.sqrt(a)
+
+
+def q_sample(schedule: Schedule, z0: jax.Array, t: jax.Array, eps: jax.Array) -> jax.Array:
+    """``z_t = sqrt(abar_t) z_0 + sqrt(1 - abar_t) eps`` (arXiv 2006.11239, Eq. 4)."""
+    a = _abar(schedule, jnp.broadcast_to(t, z0.shape[:1]))
+    return jnp.sqrt(a) * z0 + jnp.sqrt(1.0 - a) * eps
+
+
+def ddim_step(schedule: Schedule, z: jax.Array, eps: jax.Array, t, t_prev, eta: float,
+              noise: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One DDIM step ``z_t -> z_{t_prev}`` (arXiv 2010.02502, Eq. 12); returns ``(z_prev,
+    z0_hat)``.
+
+    ``z_prev = sqrt(abar_p) z0_hat + sqrt(1 - abar_p - sigma^2) eps + sigma noise`` with
+    ``sigma = eta sqrt((1 - abar_p) / (1 - abar_t)) sqrt(1 - abar_t / abar_p)`` (Eq. 16);
+    ``t_prev = -1`` is the clean latent (``abar_p = 1``, so ``z_prev = z0_hat``).
+    """
+    b = z.shape[0]
+    t, t_prev = jnp.broadcast_to(t, (b,)), jnp.broadcast_to(t_prev, (b,))
+    a_t, a_p = _abar(schedule, t), _abar(schedule, t_prev)
+    z0 = (z - jnp.sqrt(1.0 - a_t) * eps) / jnp.sqrt(a_t)
+    sigma = eta * jnp.sqrt((1.0 - a_p) / (1.0 - a_t) * (1.0 - a_t / a_p))
+    direction = jnp.sqrt(jnp.maximum(1.0 - a_p - sigma**2, 0.0)) * eps
+    return jnp.sqrt(a_p) * z0 + direction + sigma * noise, z0
+
+
+def ancestral_step(schedule: Schedule, z: jax.Array, eps: jax.Array, t,
+                   noise: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One ancestral step ``z_t -> z_{t-1}`` (arXiv 2006.11239, Eq. 11, variance
+    ``beta-tilde_t = (1 - abar_{t-1}) / (1 - abar_t) beta_t``, Eq. 7; no noise at ``t = 0``);
+    returns ``(z_prev, mean)``."""
+    b = z.shape[0]
+    t = jnp.broadcast_to(t, (b,))
+    beta = schedule.betas[t].reshape(-1, 1, 1, 1)
+    alpha = schedule.alphas[t].reshape(-1, 1, 1, 1)
+    a_t, a_p = _abar(schedule, t), _abar(schedule, t - 1)
+    mean = (z - beta / jnp.sqrt(1.0 - a_t) * eps) / jnp.sqrt(alpha)
+    var = (1.0 - a_p) / (1.0 - a_t) * beta
+    return mean + jnp.sqrt(var) * noise, mean
+
+
+def ddim_timesteps(timesteps: int, steps: int) -> np.ndarray:
+    """The ``steps`` descending integer steps DDIM visits: evenly spaced from ``T - 1`` down to
+    ``0`` (``steps = T`` visits every step)."""
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not (
+        1 <= steps <= timesteps
+    ):
+        raise ValueError(f"steps: expected an int in [1, {timesteps}], got {steps!r}")
+    return np.unique(np.round(np.linspace(0, timesteps - 1, steps)).astype(np.int32))[::-1]
+
+
+def _check_n(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+        raise ValueError(f"n: expected a positive int, got {n!r}")
+    return int(n)
+
+
+def ddim_sample(model: LatentDiffusion, key: jax.Array, n: int, steps: int = 50, *,
+                eta: float = 0.0, return_trajectory: bool = False):
+    """``n`` latents ``[n, *latent_shape]`` by DDIM over ``steps`` steps (:func:`ddim_timesteps`)
+    from ``z ~ N(0, I)``, ``eta`` in ``[0, 1]`` (0: deterministic, 1: ancestral-like).
+
+    With ``return_trajectory`` also returns the latents after each step ``[steps, n, ...]``.
+    """
+    n = _check_n(n)
+    if not 0.0 <= float(eta) <= 1.0:
+        raise ValueError(f"eta: expected a value in [0, 1], got {eta!r}")
+    ts = jnp.asarray(ddim_timesteps(model.config.timesteps, steps))
+    t_prev = jnp.concatenate([ts[1:], jnp.array([-1], jnp.int32)])
+    graphdef, state = nnx.split(model)
+    return _ddim_loop(graphdef, state, key, ts, t_prev, n, float(eta), return_trajectory)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "n", "return_trajectory"))
+def _ddim_loop(graphdef, state, key, ts, t_prev, n, eta, return_trajectory):
+    model = nnx.merge(graphdef, state)
+    sched = model.schedule
+    k0, kloop = jax.random.split(key)
+    z = jax.random.normal(k0, (n, *model.config.latent_shape))
+
+    def body(z, inputs):
+        t, tp, k = inputs
+        eps = model.unet(z, jnp.full((n,), t, jnp.float32))
+        z, _ = ddim_step(sched, z, eps, t, tp, eta, jax.random.normal(k, z.shape))
+        return z, (z if return_trajectory else None)
+
+    keys = jax.random.split(kloop, ts.shape[0])
+    z, traj = jax.lax.scan(body, z, (ts, t_prev, keys))
+    return (z, traj) if return_trajectory else z
+
+
+def ancestral_sample(model: LatentDiffusion, key: jax.Array, n: int) -> jax.Array:
+    """``n`` latents by ancestral sampling over all ``T`` steps (arXiv 2006.11239, Alg. 2)."""
+    n = _check_n(n)
+    graphdef, state = nnx.split(model)
+    return _ancestral_loop(graphdef, state, key, n)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "n"))
+def _ancestral_loop(graphdef, state, key, n):
+    model = nnx.merge(graphdef, state)
+    sched = model.schedule
+    k0, kloop = jax.random.split(key)
+    z = jax.random.normal(k0, (n, *model.config.latent_shape))
+    ts = jnp.arange(model.config.timesteps - 1, -1, -1, dtype=jnp.int32)
+
+    def body(z, inputs):
+        t, k = inputs
+        eps = model.unet(z, jnp.full((n,), t, jnp.float32))
+        z, _ = ancestral_step(sched, z, eps, t, jax.random.normal(k, z.shape))
+        return z, None
+
+    z, _ = jax.lax.scan(body, z, (ts, jax.random.split(kloop, ts.shape[0])))
+    return z
+
+
+def sample_images(model: LatentDiffusion, key: jax.Array, n: int, steps: int = 50, *,
+                  eta: float = 0.0) -> jax.Array:
+    """``n`` decoded DDIM samples ``[n, *image_shape]`` in about ``[-1, 1]``."""
+    return _decode_jit(model, ddim_sample(model, key, n, steps, eta=eta))
+
+
+@nnx.jit
+def _decode_jit(model, z):
+    return decode(model, z)
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def autoencoder_loss(ae: Autoencoder, key: jax.Array, x: jax.Array,
+                     kl_weight: float) -> tuple[jax.Array, dict]:
+    """Per-pixel MSE of the reconstruction of a posterior sample plus ``kl_weight`` times the
+    per-dimension KL to ``N(0, I)``; returns ``(loss, {"mse", "kl"})``."""
+    mean, logvar = ae.encode(x)
+    z = mean + jnp.exp(0.5 * logvar) * jax.random.normal(key, mean.shape)
+    mse = jnp.mean((ae.decode(z) - x) ** 2)
+    kl = 0.5 * jnp.mean(mean**2 + jnp.exp(logvar) - 1.0 - logvar)
+    return mse + kl_weight * kl, {"mse": mse, "kl": kl}
+
+
+def diffusion_loss(unet: UNet, schedule: Schedule, key: jax.Array,
+                   z0: jax.Array) -> tuple[jax.Array, dict]:
+    """Ho et al.'s simple loss (arXiv 2006.11239, Eq. 14): ``E ||eps - eps_hat(z_t, t)||^2``
+    per dimension, ``t`` uniform on ``[0, T - 1]``."""
+    kt, ke = jax.random.split(key)
+    t = jax.random.randint(kt, (z0.shape[0],), 0, schedule.betas.shape[0])
+    eps = jax.random.normal(ke, z0.shape)
+    mse = jnp.mean((unet(q_sample(schedule, z0, t, eps), t.astype(jnp.float32)) - eps) ** 2)
+    return mse, {"mse": mse}
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _fit(module: nnx.Module, loss_fn: Callable, data: jax.Array, *, steps: int, batch_size: int,
+         lr: float, key: jax.Array, desc: str, ema_decay: float | None = None,
+         progress: bool = True, log_every: int = 50) -> tuple[nnx.State, list[dict]]:
+    """Adam with warm-up and cosine decay on random batches of ``data``; returns the trained
+    parameters (their EMA when ``ema_decay`` is given) and the logged metrics."""
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, min(100, steps // 10 + 1), steps,
+                                               lr * 0.1)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(sched))
+    opt_state = opt.init(params)
+    ema = params if ema_decay else None
+
+    @jax.jit
+    def step(params, opt_state, ema, key):
+        kb, kl = jax.random.split(key)
+        batch = data[jax.random.randint(kb, (batch_size,), 0, data.shape[0])]
+
+        def f(p):
+            return loss_fn(nnx.merge(graphdef, p, rest), kl, batch)
+
+        (loss, aux), grads = jax.value_and_grad(f, has_aux=True)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        if ema is not None:
+            ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, ema, params)
+        return params, opt_state, ema, loss, aux
+
+    from tqdm.auto import tqdm
+
+    log, t0 = [], time.perf_counter()
+    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, mininterval=2.0)
+    for i in bar:
+        params, opt_state, ema, loss, aux = step(params, opt_state, ema,
+                                                 jax.random.fold_in(key, i))
+        if i % log_every == 0 or i == steps - 1:
+            loss = float(loss)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"{desc}: non-finite loss {loss} at step {i}")
+            log.append({"step": i, "loss": loss, **{k: float(v) for k, v in aux.items()},
+                        "seconds": time.perf_counter() - t0})
+            bar.set_postfix(loss=f"{loss:.4f}")
+    return (ema if ema_decay else params), log
+
+
+def _encode_all(model: LatentDiffusion, x: np.ndarray, batch: int = 500) -> jax.Array:
+    enc = nnx.jit(lambda m, v: m.autoencoder.encode(v)[0])
+    return jnp.concatenate([enc(model, jnp.asarray(x[i : i + batch]))
+                            for i in range(0, len(x), batch)])
+
+
+def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
+          ae_steps: int = 2000, diffusion_steps: int = 4000, batch_size: int = 64,
+          ae_lr: float = 1e-3, diffusion_lr: float = 5e-4, ema_decay: float = 0.999,
+          seed: int = 0, out: str | pathlib.Path | None = None, progress: bool = True,
+          autoencoder_from: LatentDiffusion | None = None,
+          autoencoder_info: dict | None = None) -> tuple[LatentDiffusion, dict]:
+    """Train the autoencoder, fix ``latent_scale``, then train the latent noise model.
+
+    Args:
+      config: model sizes.
+      images: training images ``[N, *config.image_shape]`` in ``[-1, 1]``; default the MNIST
+        train split (``jaxlib_ext.images.load_mnist("train", value_range=(-1, 1))``).
+      ae_steps, diffusion_steps: optimizer steps of each stage (``diffusion_steps = 0`` leaves
+        the noise model untrained).
+      out: folder for Orbax checkpoints (one after each stage; the last records
+        ``"complete": True``), or ``None`` to keep nothing on disk.
+      autoencoder_from: a model whose trained autoencoder and ``latent_scale`` are kept
+        (the autoencoder stage is skipped; ``ae_steps`` is only recorded), with the
+        ``autoencoder_info`` of its run (``ae_log``, ``ae_seconds``) copied into ``info``.
+    Returns ``(model, info)``: ``info`` (also the checkpoint's JSON record) has the
+    configuration, step counts, ``latent_scale``, seconds per stage, the logged metrics, the
+    last ``stage`` trained and whether the run is ``complete``.
+    """
+    for name, v in (("ae_steps", ae_steps), ("diffusion_steps", diffusion_steps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    if images is None:
+        from jaxlib_ext.images import load_mnist
+
+        images = load_mnist("train", value_range=(-1.0, 1.0)).images
+    images = np.asarray(_check_batch(images, config.image_shape, "images"))
+    key = jax.random.key(seed)
+    k_init, k_ae, k_diff = jax.random.split(key, 3)
+    model = LatentDiffusion(config, rngs=nnx.Rngs(int(jax.random.randint(k_init, (), 0, 2**30))))
+    info: dict = {"config": config.to_dict(), "seed": seed, "batch_size": batch_size,
+                  "ae_steps": ae_steps, "diffusion_steps": diffusion_steps}
+    ckpt = None
+    if out is not None:
+        from jaxlib_ext.checkpoint import Checkpointer
+
+        ckpt = Checkpointer(out, max_to_keep=2, async_save=False)
+
+    t0 = time.perf_counter()
+    if autoencoder_from is not None:
+        nnx.update(model.autoencoder, nnx.state(autoencoder_from.autoencoder))
+    elif ae_steps:
+        kl_weight = config.kl_weight
+        params, info["ae_log"] = _fit(
+            model.autoencoder, lambda ae, k, x: autoencoder_loss(ae, k, x, kl_weight),
+            jnp.asarray(images), steps=ae_steps, batch_size=batch_size, lr=ae_lr, key=k_ae,
+            desc="autoencoder", progress=progress)
+        nnx.update(model.autoencoder, params)
+    latents = _encode_all(model, images)
+    if autoencoder_from is not None:
+        scale = float(autoencoder_from.latent_scale[...])
+    else:
+        scale = 1.0 / float(jnp.std(latents))
+    model.latent_scale.set_value(jnp.asarray(scale, jnp.float32))
+    info["latent_scale"] = scale
+    info["ae_seconds"] = time.perf_counter() - t0
+    if autoencoder_from is not None and autoencoder_info:
+        info.update({k: autoencoder_info[k] for k in ("ae_log", "ae_seconds")
+                     if k in autoencoder_info})
+    info.update(stage="autoencoder", complete=diffusion_steps == 0)
+    if ckpt is not None and autoencoder_from is None:
+        ckpt.save(1, _pure_state(model), info)
+
+    t0 = time.perf_counter()
+    if diffusion_steps:
+        schedule = model.schedule
+        params, info["diffusion_log"] = _fit(
+            model.unet, lambda u, k, z: diffusion_loss(u, schedule, k, z),
+            latents * scale, steps=diffusion_steps, batch_size=batch_size, lr=diffusion_lr,
+            key=k_diff, desc="diffusion", ema_decay=ema_decay, progress=progress)
+        nnx.update(model.unet, params)
+        info.update(stage="diffusion", complete=True)
+    info["diffusion_seconds"] = time.perf_counter() - t0
+    if ckpt is not None:
+        if diffusion_steps:
+            ckpt.save(2, _pure_state(model), info)
+        ckpt.close()
+    return model, info
+
+
+def _pure_state(model: LatentDiffusion) -> dict:
+    return nnx.to_pure_dict(nnx.state(model))
+
+
+def load(path: str | pathlib.Path) -> tuple[LatentDiffusion, dict]:
+    """The model and ``info`` of the newest checkpoint in ``path`` (see :func:`train`)."""
+    from jaxlib_ext.checkpoint import Checkpointer
+
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"path: no checkpoint folder at {path}")
+    with Checkpointer(path, async_save=False) as ckpt:
+        meta = ckpt.restore_meta()
+        config = LDMConfig.from_dict(meta["config"])
+        abstract = nnx.eval_shape(lambda: LatentDiffusion(config, rngs=nnx.Rngs(0)))
+        graphdef, state = nnx.split(abstract)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                              nnx.to_pure_dict(state))
+        restored, meta = ckpt.restore(None, target)
+    nnx.replace_by_pure_dict(state, restored)
+    return nnx.merge(graphdef, state), meta
+
+
+def load_or_train(path: str | pathlib.Path, config: LDMConfig = LDMConfig(), *,
+                  ae_steps: int = 2000, diffusion_steps: int = 4000, **train_kwargs
+                  ) -> tuple[LatentDiffusion, dict]:
+    """The model in ``path``, training it first when needed.
+
+    A finished checkpoint of the same ``config``, ``ae_steps`` and ``diffusion_steps`` is
+    loaded as is; a checkpoint of the autoencoder stage alone (a run stopped during the
+    diffusion stage) is resumed from there; an empty or missing ``path`` is trained into. A
+    ``path`` holding another run raises ``ValueError``.
+    """
+    path = pathlib.Path(path)
+    if path.is_dir() and any(path.iterdir()):
+        model, meta = load(path)
+        same = meta.get("config") == config.to_dict() and meta.get("ae_steps") == ae_steps
+        if same and meta.get("diffusion_steps") == diffusion_steps and meta.get("complete"):
+            return model, meta
+        if same and meta.get("stage") == "autoencoder":
+            return train(config, ae_steps=ae_steps, diffusion_steps=diffusion_steps, out=path,
+                         autoencoder_from=model, autoencoder_info=meta, **train_kwargs)
+        raise ValueError(f"path: {path} holds another run ({meta.get('config')}, ae_steps "
+                         f"{meta.get('ae_steps')}, diffusion_steps {meta.get('diffusion_steps')})")
+    return train(config, ae_steps=ae_steps, diffusion_steps=diffusion_steps, out=path,
+                 **train_kwargs)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxlib_ext.models.latent_diffusion",
+        description="Train the MNIST latent diffusion model (autoencoder, then noise model); "
+                    "a finished run in --out is reused, a run stopped after its autoencoder "
+                    "stage resumed (load_or_train).")
+    parser.add_argument("--out", required=True, help="checkpoint folder")
+    parser.add_argument("--ae-steps", type=int, default=2000)
+    parser.add_argument("--diffusion-steps", type=int, default=4000)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timesteps", type=int, default=1000)
+    parser.add_argument("--schedule", choices=SCHEDULES, default="cosine")
+    parser.add_argument("--unet-channels", type=int, default=32)
+    args = parser.parse_args(argv)
+    config = LDMConfig(timesteps=args.timesteps, schedule=args.schedule,
+                       unet_channels=args.unet_channels)
+    model, info = load_or_train(args.out, config, ae_steps=args.ae_steps,
+                                diffusion_steps=args.diffusion_steps,
+                                batch_size=args.batch_size, seed=args.seed)
+    from jaxlib_ext.images import load_mnist
+
+    test = load_mnist("test", value_range=(-1.0, 1.0)).images
+    recon = nnx.jit(lambda m, x: decode(m, encode(m, x)))(model, jnp.asarray(test))
+    mse = float(jnp.mean((recon - test) ** 2))
+    print(f"held-out reconstruction MSE ([-1, 1] pixels): {mse:.5f}; "
+          f"latent_scale {info['latent_scale']:.4f}; AE {info['ae_seconds']:.0f} s, "
+          f"diffusion {info['diffusion_seconds']:.0f} s; checkpoints in {args.out}")
+    return {**info, "test_mse": mse}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""models.latent_diffusion: schedules, the DDIM/ancestral steps against each other and against
+a Gaussian oracle, the autoencoder on held-out MNIST digits, checkpoints, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxlib_ext.images import load_mnist
+from jaxlib_ext.models import latent_diffusion as ld
+
+TINY = ld.LDMConfig(ae_channels=(8, 16, 32), unet_channels=8, timesteps=20)
+# Held-out per-pixel MSE ([-1, 1] pixels) of TINY after 200 autoencoder steps of 32 digits:
+# measured 0.050 (the mean training image scores 0.27); bound with margin.
+RECON_MSE_BOUND = 0.08
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """TINY's autoencoder trained briefly on 2,000 MNIST digits (the noise model left at its
+    initialisation: the sampler identities hold for any noise model), checkpointed."""
+    out = tmp_path_factory.mktemp("ldm")
+    x = load_mnist("train", value_range=(-1.0, 1.0), limit=2000).images
+    model, info = ld.train(TINY, images=x, ae_steps=200, diffusion_steps=0, batch_size=32,
+                           out=out, progress=False)
+    return model, info, out
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize("kind", ld.SCHEDULES)
+def test_schedule_properties(kind):
+    s = ld.make_schedule(1000, kind)
+    b, a, abar = (np.asarray(v, np.float64) for v in s)
+    assert b.shape == a.shape == abar.shape == (1000,)
+    assert np.all(b > 0) and np.all(b <= 0.999 + 1e-6)
+    np.testing.assert_allclose(a, 1 - b, atol=1e-7)
+    np.testing.assert_allclose(abar, np.cumprod(a), rtol=1e-4)
+    assert np.all(np.diff(abar) < 0)
+    assert abar[0] > 0.999 and abar[-1] < 1e-4
+    if kind == "linear":
+        np.testing.assert_allclose(b[[0, -1]], [1e-4, 0.02], rtol=1e-5)
+    else:  # arXiv 2102.09672 Eq. 17: abar_t = f(t) / f(0)
+        f = lambda u: np.cos((u + 0.008) / 1.008 * np.pi / 2) ** 2
+        t = np.array([1, 250, 500, 750])
+        np.testing.assert_allclose(abar[t - 1], f(t / 1000) / f(0), rtol=1e-4)
+
+
+def test_q_sample_and_predict_z0_invert_each_other():
+    s = ld.make_schedule(50, "cosine")
+    k1, k2 = jax.random.split(jax.random.key(0))
+    z0, eps = jax.random.normal(k1, (4, 3, 3, 2)), jax.random.normal(k2, (4, 3, 3, 2))
+    t = jnp.array([0, 10, 30, 40])
+    zt = ld.q_sample(s, z0, t, eps)
+    np.testing.assert_allclose(ld.predict_z0(s, zt, eps, t), z0, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+def test_ddim_with_eta_one_is_the_ancestral_step():
+    with jax.enable_x64(True):
+        b = ld.make_schedule(30, "linear").betas.astype(jnp.float64)
+        s = ld.Schedule(b, 1 - b, jnp.cumprod(1 - b))  # consistent to float64 precision
+        keys = jax.random.split(jax.random.key(1), 3)
+        z, eps, noise = (jax.random.normal(k, (5, 4, 4, 2), jnp.float64) for k in keys)
+        for t in (29, 12, 1, 0):
+            anc, mean = ld.ancestral_step(s, z, eps, t, noise)
+            ddim, _ = ld.ddim_step(s, z, eps, t, t - 1, 1.0, noise)
+            np.testing.assert_allclose(ddim, anc, atol=1e-12)
+            # the same posterior mean (noise off in both)
+            ddim_mean, _ = ld.ddim_step(s, z, eps, t, t - 1, 1.0, jnp.zeros_like(z))
+            np.testing.assert_allclose(ddim_mean, mean, atol=1e-12)
+        # the last step lands on Tweedie's estimate, with no noise
+        last, z0 = ld.ddim_step(s, z, eps, 0, -1, 0.7, noise)
+        np.testing.assert_allclose(last, z0, atol=1e-12)
+        np.testing.assert_allclose(z0, ld.predict_z0(s, z, eps, 0), atol=1e-12)
+
+
+@pytest.mark.parametrize("sampler", ["ddim", "ancestral"])
+def test_samplers_with_the_exact_noise_model_of_gaussian_data(sampler):
+    """z_0 ~ N(0, v I): the exact eps-hat is sqrt(1 - abar) z / (abar v + 1 - abar), every step
+    is linear in z, so the variance after each step follows a scalar recursion (float64); the
+    sampled variance must match it, and end near v."""
+    v, n, d, T = 0.25, 4000, 8, 200
+    s = ld.make_schedule(T, "cosine")
+    if sampler == "ddim":
+        ts = ld.ddim_timesteps(T, 40)
+        tp = np.r_[ts[1:], -1]
+    else:
+        ts, tp = np.arange(T - 1, -1, -1), np.arange(T - 2, -2, -1)
+
+    abar = np.r_[np.asarray(s.alphas_cumprod, np.float64), 1.0]  # abar[-1] = 1: clean
+    var = 1.0
+    for t, p in zip(ts, tp):
+        a_t, a_p = abar[t], abar[p]
+        gain = 1.0 / (a_t * v + 1 - a_t)  # z0_hat = sqrt(a_t) v gain z, eps = sqrt(1-a_t) gain z
+        if sampler == "ddim":
+            c = (np.sqrt(a_p * a_t) * v + np.sqrt((1 - a_p) * (1 - a_t))) * gain
+            var = c**2 * var
+        else:
+            beta, alpha = 1 - a_t / a_p, a_t / a_p
+            c = (1 - beta / np.sqrt(1 - a_t) * np.sqrt(1 - a_t) * gain) / np.sqrt(alpha)
+            var = c**2 * var + (1 - a_p) / (1 - a_t) * beta
+
+    def run(key):
+        k0, kloop = jax.random.split(key)
+        z = jax.random.normal(k0, (n, 1, 1, d))
+
+        def body(z, inp):
+            t, t_prev, k = inp
+            a = s.alphas_cumprod[t]
+            eps = jnp.sqrt(1 - a) * z / (a * v + 1 - a)
+            noise = jax.random.normal(k, z.shape)
+            if sampler == "ddim":
+                return ld.ddim_step(s, z, eps, t, t_prev, 0.0, noise)[0], None
+            return ld.ancestral_step(s, z, eps, t, noise)[0], None
+
+        keys = jax.random.split(kloop, len(ts))
+        return jax.lax.scan(body, z, (jnp.asarray(ts), jnp.asarray(tp), keys))[0]
+
+    z = jax.jit(run)(jax.random.key(2))
+    assert abs(float(jnp.var(z)) / var - 1) < 0.04, (float(jnp.var(z)), var)
+    assert abs(var / v - 1) < 0.15  # DDIM's deterministic steps shrink the variance a little
+    assert abs(float(jnp.mean(z))) < 0.02
+
+
+def test_ddim_timesteps():
+    np.testing.assert_array_equal(ld.ddim_timesteps(10, 10), np.arange(9, -1, -1))
+    ts = ld.ddim_timesteps(1000, 50)
+    assert len(ts) == 50 and ts[0] == 999 and ts[-1] == 0 and np.all(np.diff(ts) < 0)
+    for bad in (0, 11, 2.0):
+        with pytest.raises(ValueError, match="steps"):
+            ld.ddim_timesteps(10, bad)
+
+
+# --------------------------------------------------------------------------- trained model
+
+
+def test_autoencoder_round_trips_held_out_digits(trained):
+    model, info, _ = trained
+    test = load_mnist("test", value_range=(-1.0, 1.0), limit=500).images
+    z = ld.encode(model, test)
+    assert z.shape == (500, 7, 7, 4)
+    # latent_scale makes the training latents unit-variance
+    assert 0.7 < float(jnp.std(z)) < 1.4
+    recon = nnx.jit(lambda m, v: ld.decode(m, ld.encode(m, v)))(model, jnp.asarray(test))
+    mse = float(jnp.mean((recon - test) ** 2))
+    baseline = float(np.mean((test - test.mean(0)) ** 2))
+    assert mse < RECON_MSE_BOUND and mse < 0.35 * baseline, (mse, baseline)
+
+
+def test_sampling_shapes(trained):
+    model, key = trained[0], jax.random.key(3)
+    z, traj = ld.ddim_sample(model, key, 2, 5, return_trajectory=True)
+    assert traj.shape == (5, 2, 7, 7, 4)
+    np.testing.assert_array_equal(traj[-1], z)
+    images = ld.sample_images(model, key, 2, 5)
+    assert images.shape == (2, 28, 28, 1) and bool(jnp.all(jnp.isfinite(images)))
+    eps = ld.eps_model(model, z, jnp.array([0, 19]))
+    assert eps.shape == z.shape
+
+
+@pytest.mark.slow
+def test_ddim_over_every_step_with_eta_one_is_ancestral_sampling(trained):
+    model, key = trained[0], jax.random.key(3)
+    anc = ld.ancestral_sample(model, key, 3)
+    ddim = ld.ddim_sample(model, key, 3, TINY.timesteps, eta=1.0)
+    assert anc.shape == (3, 7, 7, 4)
+    np.testing.assert_allclose(ddim, anc, atol=2e-4 * float(jnp.abs(anc).max()))
+
+
+def test_checkpoint_is_reused(trained):
+    model, info, out = trained
+    loaded, meta = ld.load_or_train(out, TINY, ae_steps=200, diffusion_steps=0)
+    assert meta["complete"] and meta["stage"] == "autoencoder"
+    assert float(loaded.latent_scale[...]) == pytest.approx(info["latent_scale"], rel=1e-6)
+    x = load_mnist("test", value_range=(-1.0, 1.0), limit=4).images
+    np.testing.assert_allclose(ld.encode(loaded, x), ld.encode(model, x), atol=1e-5)
+    with pytest.raises(ValueError, match="path"):
+        ld.load_or_train(out, TINY, ae_steps=201, diffusion_steps=0)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_input(trained):
+    model = trained[0]
+    with pytest.raises(ValueError, match="x"):
+        ld.encode(model, jnp.zeros((2, 28, 28)))
+    with pytest.raises(ValueError, match="z"):
+        ld.decode(model, jnp.zeros((2, 7, 7, 3)))
+    with pytest.raises(TypeError, match="t"):
+        ld.eps_model(model, jnp.zeros((2, 7, 7, 4)), jnp.zeros(2))
+    with pytest.raises(ValueError, match="t"):
+        ld.eps_model(model, jnp.zeros((2, 7, 7, 4)), jnp.zeros(3, jnp.int32))
+    with pytest.raises(ValueError, match="steps"):
+        ld.ddim_sample(model, jax.random.key(0), 2, 21)
+    with pytest.raises(ValueError, match="eta"):
+        ld.ddim_sample(model, jax.random.key(0), 2, 5, eta=1.5)
+    with pytest.raises(ValueError, match="n"):
+        ld.ancestral_sample(model, jax.random.key(0), 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"image_size": 30}, "image_size"),
+        ({"schedule": "quadratic"}, "schedule"),
+        ({"timesteps": 0}, "timesteps"),
+        ({"ae_channels": ()}, "ae_channels"),
+        ({"kl_weight": -1.0}, "kl_weight"),
+    ],
+)
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ld.LDMConfig(**kwargs)
+
+
+def test_bad_schedule_and_training_arguments():
+    with pytest.raises(ValueError, match="kind"):
+        ld.make_schedule(10, "sigmoid")
+    with pytest.raises(ValueError, match="timesteps"):
+        ld.make_schedule(1)
+    with pytest.raises(ValueError, match="ae_steps"):
+        ld.train(TINY, ae_steps=-1)
+    with pytest.raises(ValueError, match="images"):
+        ld.train(TINY, images=np.zeros((4, 8, 8, 1)), ae_steps=1, diffusion_steps=0)
+
+
+# --------------------------------------------------------------------------- sample quality
+
+
+@pytest.mark.slow
+def test_samples_cover_the_digits(tmp_path):
+    """A short real training; a classifier fit in the test on the same digits labels the
+    decoded samples: every digit appears and none dominates."""
+    from sklearn.linear_model import LogisticRegression
+
+    train = load_mnist("train", value_range=(-1.0, 1.0))
+    model, _ = ld.train(ld.LDMConfig(), images=train.images, ae_steps=1000,
+                        diffusion_steps=2500, out=tmp_path, progress=False)
+    clf = LogisticRegression(max_iter=300).fit(train.images.reshape(len(train.images), -1),
+                                               train.labels)
+    samples = np.asarray(jnp.clip(ld.sample_images(model, jax.random.key(0), 500, 50), -1, 1))
+    hist = np.bincount(clf.predict(samples.reshape(500, -1)), minlength=10) / 500
+    assert (hist > 0.02).sum() >= 8 and hist.max() < 0.35, hist
+
+
+@pytest.mark.slow
+def test_a_run_stopped_after_its_autoencoder_is_resumed(trained, tmp_path):
+    import shutil
+
+    model, info, out = trained
+    shutil.copytree(out, tmp_path / "run")
+    resumed, meta = ld.load_or_train(tmp_path / "run", TINY, ae_steps=200, diffusion_steps=3,
+                                     batch_size=8, progress=False)
+    assert meta["complete"] and meta["stage"] == "diffusion"
+    assert meta["ae_seconds"] == pytest.approx(info["ae_seconds"])
+    x = load_mnist("test", value_range=(-1.0, 1.0), limit=4).images
+    np.testing.assert_allclose(ld.encode(resumed, x), ld.encode(model, x), atol=1e-5)
+    again, meta2 = ld.load_or_train(tmp_path / "run", TINY, ae_steps=200, diffusion_steps=3)
+    assert meta2["stage"] == "diffusion"
+    z = jnp.ones((1, 7, 7, 4))
+    np.testing.assert_allclose(ld.eps_model(again, z, 5), ld.eps_model(resumed, z, 5), atol=1e-6)
