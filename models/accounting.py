@@ -19,9 +19,10 @@ values at a mean causal context ``c = (T + 1) / 2`` over a sequence of ``T`` tok
 delta-rule mixers count their projections, short convolutions and the recurrent form of their
 state update per token and head (GDN ``6 K V``: the read ``S^T k``, the rank-1 write and the
 read-out ``S^T q``; MDN ``10 K V``: the same plus the momentum state's write and its addition
-to ``S``); Mamba-2 counts its projections, convolution and ``6 P N`` per head (state decay and
-write, read-out; ``P`` the head dim, ``N`` the state size). The embedding is a lookup (its
-parameters active, no FLOPs); the untied head is a matmul.
+to ``S``); the mLSTM counts its projections, convolution and ``4 K V`` per head (the rank-1
+write and the read-out ``C^T q``); Mamba-2 counts its projections, convolution and ``6 P N``
+per head (state decay and write, read-out; ``P`` the head dim, ``N`` the state size). The
+embedding is a lookup (its parameters active, no FLOPs); the untied head is a matmul.
 
 :data:`NEMOTRON_3_SUPER` is the released Nemotron 3 Super 120B-A12B shape (arXiv 2512.20856;
 88 layers: 40 Mamba-2, 40 LatentMoE, 8 attention), as a :class:`HybridConfig` whose
@@ -41,6 +42,7 @@ __all__ = [
     "swiglu_cost",
     "attention_cost",
     "delta_mixer_cost",
+    "mlstm_cost",
     "mamba2_cost",
     "lm_cost",
     "HybridConfig",
@@ -160,6 +162,20 @@ def delta_mixer_cost(kind: str, d_model: int, n_heads: int, head_dim: int, value
     return Cost(params, params, flops)
 
 
+def mlstm_cost(d_model: int, n_heads: int, head_dim: int, value_dim: int, *,
+               conv_size: int = 4) -> Cost:
+    """An mLSTM mixer (:class:`~jaxlib_ext.models.MLSTMLayer`, arXiv 2405.04517): up, output-gate
+    and down projections, the conv, per-head q/k/v, the gate projections with biases, the head
+    norm and skip, and ``4 K V`` per head for the recurrence (the normaliser's ``O(K)`` is not
+    counted)."""
+    h, k, v = n_heads, head_dim, value_dim
+    inner = h * v
+    matmuls = 3 * d_model * inner + h * v * (2 * k + v) + 2 * d_model * h
+    conv = conv_size * inner
+    params = matmuls + conv + 2 * h + v + inner
+    return Cost(params, params, 2 * (matmuls + conv) + 4 * h * k * v)
+
+
 def mamba2_cost(d_model: int, *, n_heads: int, head_dim: int, state_dim: int, n_groups: int,
                 conv_size: int = 4) -> Cost:
     """A Mamba-2 mixer (``mamba_ssm``'s ``Mamba2``): in_proj to ``z, x, B, C, dt``, the
@@ -187,6 +203,9 @@ def lm_cost(cfg, *, seq_len: int | None = None) -> Accounting:
     seq_len = cfg.max_seq_len if seq_len is None else seq_len
     if cfg.mixer == "attention":
         mixer = attention_cost(d, cfg.n_heads, cfg.head_dim, seq_len=seq_len)
+    elif cfg.mixer == "mlstm":
+        mixer = mlstm_cost(d, cfg.n_heads, cfg.head_dim, cfg.expand_v * cfg.head_dim,
+                           conv_size=cfg.conv_size)
     else:
         mixer = delta_mixer_cost(cfg.mixer, d, cfg.n_heads, cfg.head_dim,
                                  cfg.expand_v * cfg.head_dim, conv_size=cfg.conv_size,

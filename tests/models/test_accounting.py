@@ -45,7 +45,7 @@ SMALL = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=2, head_dim=8, max_s
 
 
 @pytest.mark.parametrize("ffn", ["swiglu", "moe", "latent_moe"])
-@pytest.mark.parametrize("mixer", ["attention", "mdn", "gdn"])
+@pytest.mark.parametrize("mixer", ["attention", "mdn", "gdn", "mlstm"])
 def test_counts_equal_the_built_models(mixer, ffn):
     extra = {"latent_dim": 8, "shared_expert_dim": 24} if ffn == "latent_moe" else {}
     cfg = LMConfig(mixer=mixer, ffn=ffn, **SMALL, **extra)

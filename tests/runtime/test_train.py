@@ -201,7 +201,8 @@ def test_opt_values_take_the_type_of_the_recipe_default():
     [("transformer", "foam", ["--opt", "level=1", "--opt", "b2=0.9"]),
      ("transformer", "smet", ["--opt", "density=0.25"]),
      ("mdn", "adamw", []),
-     ("gdn", "adamw", [])],
+     ("gdn", "adamw", []),
+     ("transformer", "adamw", ["--mixer", "mlstm"])],
 )
 def test_every_registered_model_and_optimizer_trains(tmp_path, model, optimizer, opts):
     code = cli.main([
