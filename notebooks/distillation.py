@@ -127,15 +127,18 @@ plt.show()
 # %% [markdown]
 # ## 4. Win-and-Tie against the teacher
 #
-# The task suite (next-token accuracy and perplexity on held-out text, agreement of greedy
-# continuations) for the teacher and the student of stage I, and `C_alpha`: the fraction of tasks
-# where the student scores at least the teacher's score minus `alpha`.
+# The task suite (next-token accuracy and perplexity on held-out text, last-word cloze, agreement
+# of greedy continuations) for the teacher and the student of stage I, and `C_alpha`: the fraction
+# of tasks where the student scores at least the teacher's score minus `alpha`.
 
 # %%
 suite = E.SuiteConfig(seq_len=SEQ, n_windows=2 if FAST else 16, n_prompts=2 if FAST else 8,
-                      prompt_len=16, n_new=4 if FAST else 16, batch_size=4)
+                      prompt_len=16, n_new=4 if FAST else 16, cloze_items=4 if FAST else 32,
+                      cloze_context_chars=200, cloze_max_tokens=64, batch_size=4)
+text = D.domain_text("docs", max_chars=100_000 if FAST else 400_000)
 report = E.evaluate_suite(E.logits_fn(teacher.model), E.logits_fn(student), {"docs": corpus.eval},
-                          config=suite)
+                          held_out_text={"docs": text[int(0.9 * len(text)):]},
+                          tokenizer=teacher.tokenizer, config=suite)
 print(report.to_markdown())
 
 # %% [markdown]
