@@ -26,7 +26,8 @@ Conventions (everything a latent inverse solver needs):
   ``t_prev = -1`` means the clean latent, ``alpha-bar = 1``) and :func:`ancestral_step` (Ho et al.,
   Eq. 11 with the posterior variance ``beta-tilde``); DDIM with ``eta = 1`` over every step is
   ancestral sampling. :func:`ddim_sample` and :func:`ancestral_sample` run them from
-  ``z_{T-1} ~ N(0, I)`` to ``z_0`` (latents); :func:`sample_images` decodes.
+  ``z_{T-1} ~ N(0, I)`` to ``z_0`` (latents), with Tweedie's estimate clipped to ``[-4, 4]``
+  by default (:func:`clip_eps`); :func:`sample_images` decodes.
 
 Training: :func:`train` fits the autoencoder (MSE + ``kl_weight`` KL), fixes ``latent_scale``,
 then the noise model (Ho et al.'s simple loss, Eq. 14, uniform ``t``) with an exponential moving
@@ -70,6 +71,7 @@ __all__ = [
     "ddim_step",
     "ancestral_step",
     "ddim_timesteps",
+    "clip_eps",
     "ddim_sample",
     "ancestral_sample",
     "sample_images",
@@ -361,6 +363,24 @@ def ancestral_step(schedule: Schedule, z: jax.Array, eps: jax.Array, t,
     return mean + jnp.sqrt(var) * noise, mean
 
 
+def clip_eps(schedule: Schedule, z: jax.Array, eps: jax.Array, t, clip_z0: float | None
+             ) -> jax.Array:
+    """``eps`` re-derived from Tweedie's estimate clipped to ``[-clip_z0, clip_z0]``
+    (unchanged when ``clip_z0`` is ``None``).
+
+    Pixel-space samplers clip ``x0`` to the data range (Ho et al., arXiv 2006.11239, and DDIM's
+    reference code); here the latents have unit standard deviation, so a few units bound them.
+    It matters at the first steps of the cosine schedule, whose last ``alpha-bar`` (about
+    ``2e-9`` for ``T = 1000``, from the clipping at 0.999 of Eq. 17) makes Tweedie's estimate
+    divide the noise model's error by ``sqrt(alpha-bar)``.
+    """
+    if clip_z0 is None:
+        return eps
+    a = _abar(schedule, jnp.broadcast_to(t, z.shape[:1]))
+    z0 = jnp.clip((z - jnp.sqrt(1.0 - a) * eps) / jnp.sqrt(a), -clip_z0, clip_z0)
+    return (z - jnp.sqrt(a) * z0) / jnp.sqrt(1.0 - a)
+
+
 def ddim_timesteps(timesteps: int, steps: int) -> np.ndarray:
     """The ``steps`` descending integer steps DDIM visits: evenly spaced from ``T - 1`` down to
     ``0`` (``steps = T`` visits every step)."""
@@ -377,24 +397,33 @@ def _check_n(n) -> int:
     return int(n)
 
 
+def _check_clip(clip_z0) -> float | None:
+    if clip_z0 is not None and not float(clip_z0) > 0:
+        raise ValueError(f"clip_z0: expected a positive number or None, got {clip_z0!r}")
+    return None if clip_z0 is None else float(clip_z0)
+
+
 def ddim_sample(model: LatentDiffusion, key: jax.Array, n: int, steps: int = 50, *,
-                eta: float = 0.0, return_trajectory: bool = False):
+                eta: float = 0.0, clip_z0: float | None = 4.0, return_trajectory: bool = False):
     """``n`` latents ``[n, *latent_shape]`` by DDIM over ``steps`` steps (:func:`ddim_timesteps`)
-    from ``z ~ N(0, I)``, ``eta`` in ``[0, 1]`` (0: deterministic, 1: ancestral-like).
+    from ``z ~ N(0, I)``, ``eta`` in ``[0, 1]`` (0: deterministic, 1: ancestral-like), the
+    noise prediction passed through :func:`clip_eps` with ``clip_z0``.
 
     With ``return_trajectory`` also returns the latents after each step ``[steps, n, ...]``.
     """
     n = _check_n(n)
     if not 0.0 <= float(eta) <= 1.0:
         raise ValueError(f"eta: expected a value in [0, 1], got {eta!r}")
+    clip_z0 = _check_clip(clip_z0)
     ts = jnp.asarray(ddim_timesteps(model.config.timesteps, steps))
     t_prev = jnp.concatenate([ts[1:], jnp.array([-1], jnp.int32)])
     graphdef, state = nnx.split(model)
-    return _ddim_loop(graphdef, state, key, ts, t_prev, n, float(eta), return_trajectory)
+    return _ddim_loop(graphdef, state, key, ts, t_prev, n, float(eta), clip_z0,
+                      return_trajectory)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "n", "return_trajectory"))
-def _ddim_loop(graphdef, state, key, ts, t_prev, n, eta, return_trajectory):
+@functools.partial(jax.jit, static_argnames=("graphdef", "n", "clip_z0", "return_trajectory"))
+def _ddim_loop(graphdef, state, key, ts, t_prev, n, eta, clip_z0, return_trajectory):
     model = nnx.merge(graphdef, state)
     sched = model.schedule
     k0, kloop = jax.random.split(key)
@@ -402,7 +431,7 @@ def _ddim_loop(graphdef, state, key, ts, t_prev, n, eta, return_trajectory):
 
     def body(z, inputs):
         t, tp, k = inputs
-        eps = model.unet(z, jnp.full((n,), t, jnp.float32))
+        eps = clip_eps(sched, z, model.unet(z, jnp.full((n,), t, jnp.float32)), t, clip_z0)
         z, _ = ddim_step(sched, z, eps, t, tp, eta, jax.random.normal(k, z.shape))
         return z, (z if return_trajectory else None)
 
@@ -411,15 +440,18 @@ def _ddim_loop(graphdef, state, key, ts, t_prev, n, eta, return_trajectory):
     return (z, traj) if return_trajectory else z
 
 
-def ancestral_sample(model: LatentDiffusion, key: jax.Array, n: int) -> jax.Array:
-    """``n`` latents by ancestral sampling over all ``T`` steps (arXiv 2006.11239, Alg. 2)."""
+def ancestral_sample(model: LatentDiffusion, key: jax.Array, n: int, *,
+                     clip_z0: float | None = 4.0) -> jax.Array:
+    """``n`` latents by ancestral sampling over all ``T`` steps (arXiv 2006.11239, Alg. 2), the
+    noise prediction passed through :func:`clip_eps` with ``clip_z0``."""
     n = _check_n(n)
+    clip_z0 = _check_clip(clip_z0)
     graphdef, state = nnx.split(model)
-    return _ancestral_loop(graphdef, state, key, n)
+    return _ancestral_loop(graphdef, state, key, n, clip_z0)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "n"))
-def _ancestral_loop(graphdef, state, key, n):
+@functools.partial(jax.jit, static_argnames=("graphdef", "n", "clip_z0"))
+def _ancestral_loop(graphdef, state, key, n, clip_z0):
     model = nnx.merge(graphdef, state)
     sched = model.schedule
     k0, kloop = jax.random.split(key)
@@ -428,7 +460,7 @@ def _ancestral_loop(graphdef, state, key, n):
 
     def body(z, inputs):
         t, k = inputs
-        eps = model.unet(z, jnp.full((n,), t, jnp.float32))
+        eps = clip_eps(sched, z, model.unet(z, jnp.full((n,), t, jnp.float32)), t, clip_z0)
         z, _ = ancestral_step(sched, z, eps, t, jax.random.normal(k, z.shape))
         return z, None
 
@@ -437,9 +469,9 @@ def _ancestral_loop(graphdef, state, key, n):
 
 
 def sample_images(model: LatentDiffusion, key: jax.Array, n: int, steps: int = 50, *,
-                  eta: float = 0.0) -> jax.Array:
+                  eta: float = 0.0, clip_z0: float | None = 4.0) -> jax.Array:
     """``n`` decoded DDIM samples ``[n, *image_shape]`` in about ``[-1, 1]``."""
-    return _decode_jit(model, ddim_sample(model, key, n, steps, eta=eta))
+    return _decode_jit(model, ddim_sample(model, key, n, steps, eta=eta, clip_z0=clip_z0))
 
 
 @nnx.jit

@@ -127,6 +127,20 @@ def test_samplers_with_the_exact_noise_model_of_gaussian_data(sampler):
     assert abs(float(jnp.mean(z))) < 0.02
 
 
+def test_clip_eps_bounds_tweedies_estimate():
+    s = ld.make_schedule(1000, "cosine")
+    k1, k2 = jax.random.split(jax.random.key(4))
+    z, eps = jax.random.normal(k1, (3, 2, 2, 1)), jax.random.normal(k2, (3, 2, 2, 1))
+    t = jnp.array([999, 500, 10])
+    np.testing.assert_array_equal(ld.clip_eps(s, z, eps, t, None), eps)
+    clipped = ld.clip_eps(s, z, eps, t, 4.0)
+    z0 = ld.predict_z0(s, z, clipped, t)
+    assert float(jnp.abs(z0).max()) <= 4.0 + 1e-2
+    # inside the bound nothing changes
+    inside = ld.clip_eps(s, z, eps, t, 1e6)
+    np.testing.assert_allclose(inside[1:], eps[1:], atol=1e-4)
+
+
 def test_ddim_timesteps():
     np.testing.assert_array_equal(ld.ddim_timesteps(10, 10), np.arange(9, -1, -1))
     ts = ld.ddim_timesteps(1000, 50)
@@ -200,6 +214,8 @@ def test_bad_input(trained):
         ld.ddim_sample(model, jax.random.key(0), 2, 21)
     with pytest.raises(ValueError, match="eta"):
         ld.ddim_sample(model, jax.random.key(0), 2, 5, eta=1.5)
+    with pytest.raises(ValueError, match="clip_z0"):
+        ld.ddim_sample(model, jax.random.key(0), 2, 5, clip_z0=0.0)
     with pytest.raises(ValueError, match="n"):
         ld.ancestral_sample(model, jax.random.key(0), 0)
 
