@@ -14,7 +14,8 @@ The runtime lives here; the method families are installed beside it as
   :func:`warmup_cosine`, :class:`ScheduleMismatchError`;
 * checkpoints (:mod:`jaxlib_ext.checkpoint`): :class:`Checkpointer`, :func:`abstract_like`;
 * data (:mod:`jaxlib_ext.data`): :func:`load_corpus`, :class:`Corpus`,
-  :class:`ByteTokenizer`;
+  :class:`ByteTokenizer`; bundled images (:mod:`jaxlib_ext.images`): MNIST digits and
+  scikit-learn's 8x8 digits;
 * meshes and shardings (:mod:`jaxlib_ext.sharding`): :func:`make_mesh`;
 * several processes (:mod:`jaxlib_ext.distributed`): :func:`initialize_processes`;
 * memory (:mod:`jaxlib_ext.memory`): :func:`tree_bytes`, :func:`compiled_memory`.
@@ -34,6 +35,7 @@ _SUBMODULES = (
     "cli",
     "data",
     "distributed",
+    "images",
     "memory",
     "schedule",
     "sharding",
@@ -101,6 +103,7 @@ __all__ = [
     "cli",
     "data",
     "distributed",
+    "images",
     "memory",
     "schedule",
     "sharding",

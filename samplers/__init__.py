@@ -8,7 +8,16 @@ Pseudo-Mallows distribution, arXiv 2205.13911, as a NumPyro ``Distribution``),
 
 Subpackage :mod:`smc`: SMC building blocks and SOSMC (arXiv 2601.22003), stochastic
 optimisation with a persistent reweighted particle system, with the ImpDiff and SOUL baselines.
+
+Loaded on first access (``from jaxlib_ext.samplers import milp`` or ``samplers.milp``):
+:mod:`milp` (learned Langevin sampling for mixed-integer programs with exact LP completion;
+HiGHS from the ``milp`` extra), :mod:`energy` (normalized energy priors for linear inverse
+problems, arXiv 2605.15487), :mod:`mclc` (latent-diffusion inverse solvers and the
+measurement-consistent Langevin corrector, arXiv 2601.04791) and :mod:`degradations` (the
+linear degradation operators with adjoints both use).
 """
+
+import importlib
 
 from jaxlib_ext.samplers import smc
 from jaxlib_ext.samplers.mallows_augment import augment_mh, top_k_recommendations
@@ -67,4 +76,11 @@ __all__ = [
     "top_k_recommendations",
     "v_order",
     "validate_rankings",
+    *(_LAZY_SUBMODULES := ("degradations", "energy", "mclc", "milp")),
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
