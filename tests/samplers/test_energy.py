@@ -161,7 +161,7 @@ def test_mala_acceptance_tends_to_one_as_step_shrinks():
     assert rates[-1] > 0.99, rates
 
 
-@pytest.mark.parametrize("kind", ["pixel", "fourier"])
+@pytest.mark.parametrize("kind", ["pixel", pytest.param("fourier", marks=pytest.mark.slow)])
 def test_pc_and_adaptive_and_dps_run_and_denoise_gaussian(kind):
     shape = (4, 4, 1)
     mu, c = _gaussian(16, seed=19, shape=shape)
@@ -293,11 +293,11 @@ def test_chains_under_vmap_match_the_batched_run():
     op = deg.box_inpainting(shape, 2)
     y = deg.measure(jax.random.key(32), op, mu[None], 0.1)
     prob = en.from_operator(y, op, 0.1)
-    run = jax.jit(jax.vmap(lambda k: pc.sample(u, prob, k, num_levels=3, metropolis=True,
+    run = jax.jit(jax.vmap(lambda k: pc.sample(u, prob, k, num_levels=2, metropolis=True,
                                                corrector_steps=1).denoised))
     out = run(jax.random.split(jax.random.key(33), 5))
     assert out.shape == (5, 1, *shape)
-    one = pc.sample(u, prob, jax.random.split(jax.random.key(33), 5)[2], num_levels=3,
+    one = pc.sample(u, prob, jax.random.split(jax.random.key(33), 5)[2], num_levels=2,
                     metropolis=True, corrector_steps=1).denoised
     np.testing.assert_allclose(out[2], one, rtol=1e-4, atol=1e-5)
 
