@@ -127,7 +127,8 @@ def random_covariance(key, shape, *, sigma_min: float = 1e-3, sigma_max: float =
 
     ``basis``: ``"pixel"``, ``"fourier"`` (all samples of one type) or ``"mixed"``; a mixed
     batch must be a single basis for :class:`Covariance`, so ``"mixed"`` draws the type once per
-    call (one batch, one type; training alternates across steps).
+    call from ``key`` (one batch, one type; a concrete key only, so not under ``jit``: training
+    draws the type outside its compiled step instead).
     """
     if basis not in (*BASES, "mixed"):
         raise ValueError(f"basis: expected 'pixel', 'fourier' or 'mixed', got {basis!r}")
