@@ -22,7 +22,8 @@ Failure (per reconstruction): non-finite pixels, or a PSNR below that of the bla
 (``x = 0``) for the same digit, or a measurement residual ``||y - A x||`` above half of
 ``||y||``. The failure rate is over test digits and seeds at the chosen weight.
 
-    python benchmarks/samplers_mclc.py                 # about 15 min on 2 busy CPU cores
+    python benchmarks/samplers_mclc.py        # 20-30 min on 2 busy CPU cores (about 18 with
+                                              # JAX_COMPILATION_CACHE_DIR already filled)
     python benchmarks/samplers_mclc.py --fast          # smoke run
 """
 
