@@ -100,11 +100,11 @@ def make_runner(u, name, nfe, chains):
 def bench_reconstruction(u, args, val, test):
     shape = val.shape[1:]
     rows = []
-    runners = {s: make_runner(u, s, args.nfe, args.chains) for s in SAMPLERS}
+    runners = {s: make_runner(u, s, args.nfe, args.chains) for s in args.samplers}
     for tname, op in tasks(shape).items():
         yv = deg.measure(jax.random.key(1), op, jnp.asarray(val), NOISE)
         yt = deg.measure(jax.random.key(2), op, jnp.asarray(test), NOISE)
-        for s in SAMPLERS:
+        for s in args.samplers:
             run = runners[s]
             t0 = time.perf_counter()
             grid = []
@@ -226,7 +226,15 @@ def main():
                          "validation digits (default: one fixed value, validation PSNR shown)")
     ap.add_argument("--only-reconstruction", action="store_true",
                     help="skip the blind-estimation and MH-bias parts")
+    ap.add_argument("--samplers", default=",".join(SAMPLERS),
+                    help="comma-separated subset of " + ", ".join(SAMPLERS))
+    ap.add_argument("--dps-zetas", default=None, help="DPS grid, e.g. 3,10,30")
     args = ap.parse_args()
+    args.samplers = tuple(x for x in args.samplers.split(",") if x)
+    if not set(args.samplers) <= set(SAMPLERS):
+        ap.error(f"--samplers: expected names among {SAMPLERS}")
+    if args.dps_zetas:
+        GRIDS["DPS"] = tuple(float(v) for v in args.dps_zetas.split(","))
     if args.fast:
         args.digits, args.chains, args.nfe, args.mh_chains = 2, 1, 6, 64
         for k in GRIDS:
