@@ -2,13 +2,17 @@
 DPS at equal network budgets; blind estimation of the degradation; MH bias reduction.
 
 The energy U-Net is trained by ``python -m jaxlib_ext.samplers.energy.train`` (checkpoint folder
-``--ckpt``). Held-out digits (``load_mnist("test")``): the first ``--digits`` are the validation
-set on which each sampler's one hyper-parameter is picked from a 3-value grid (PC and PC-MALA:
-the corrector's ``snr``; adaptive: ``eta``; DPS: ``zeta``), per task; the next ``--digits`` are
-the test set. Every sampler gets the same number of network gradients per chain (``--nfe``; one
-DPS step = one gradient plus one vector-Hessian product). The posterior mean is the average of
-``--chains`` chains' final Tweedie estimates, clipped to [0, 1]; PSNR and SSIM (Gaussian window
-11, sigma 1.5, Wang et al. 2004) against the truth; chains use different seeds.
+``--ckpt``). Held-out digits (``load_mnist("test")``): the first ``--val`` are the validation
+set, the next ``--test`` the test set; one measurement per digit and task (noise 0.02).
+
+The comparison rule (``benchmarks/_comparison.py``): each sampler's one hyper-parameter is its
+base value (PC and PC-MALA: the corrector's ``snr`` 0.45; adaptive: ``eta`` 1; DPS: ``zeta`` 3)
+times the same multiplier grid {1/3, 1, 3, 9}; ``--seeds`` seeds (the samplers' PRNG key);
+the multiplier picked per task by the mean validation PSNR over seeds; test metrics reported
+there, mean +- std over seeds. Every sampler gets the same number of network gradients per
+chain (``--nfe``; one DPS step = one gradient plus one vector-Hessian product, so DPS does
+about twice the work). The posterior mean is the average of ``--chains`` chains' final Tweedie
+estimates, clipped to [0, 1]; PSNR and SSIM (:mod:`jaxlib_ext.image_quality`) against the truth.
 
 Blind estimation: for a grid of true (box size, noise) and (blur width, noise) pairs, the
 argmax of the grid posterior (B.1) from one network evaluation per candidate.
@@ -17,7 +21,7 @@ MH bias: a Gaussian prior fitted to scikit-learn's 8x8 digits (closed-form ``U*`
 posterior), box inpainting; PC vs PC-MALA at equal gradients: error of the posterior mean and
 standard deviation over 1024 chains, in posterior standard deviations.
 
-    python benchmarks/samplers_energy.py --ckpt runs/energy          # ~10-15 min on 2 busy cores
+    python benchmarks/samplers_energy.py --ckpt runs/energy
     python benchmarks/samplers_energy.py --ckpt runs/energy --fast   # smoke run
 """
 
@@ -31,9 +35,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.ndimage import gaussian_filter
+from _comparison import Comparison, cache_compilations, run_comparison
 
 from jaxlib_ext import images
+from jaxlib_ext.image_quality import psnr, ssim
 from jaxlib_ext.samplers import degradations as deg
 from jaxlib_ext.samplers import energy as en
 from jaxlib_ext.samplers.energy import adaptive, blind, dps, pc
@@ -41,27 +46,10 @@ from jaxlib_ext.samplers.energy.train import load
 
 NOISE = 0.02
 SAMPLERS = ("PC", "PC-MALA", "adaptive", "DPS")
-GRIDS = {"PC": (0.15, 0.45, 1.35), "PC-MALA": (0.15, 0.45, 1.35),
-         "adaptive": (0.5, 1.0, 2.0), "DPS": (0.3, 1.0, 3.0)}
-DEFAULTS = {"PC": 0.45, "PC-MALA": 0.45, "adaptive": 1.0, "DPS": 0.3}
 HP = {"PC": "snr", "PC-MALA": "snr", "adaptive": "eta", "DPS": "zeta"}
-
-
-def psnr(x, ref):
-    mse = np.mean((x - ref) ** 2, axis=(1, 2, 3))
-    return 10 * np.log10(1.0 / np.maximum(mse, 1e-12))
-
-
-def ssim(x, ref, sigma=1.5):
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
-    out = []
-    for a, b in zip(np.asarray(x)[..., 0], np.asarray(ref)[..., 0]):
-        f = lambda v: gaussian_filter(v, sigma, truncate=3.5)  # noqa: E731
-        ma, mb = f(a), f(b)
-        va, vb, cab = f(a * a) - ma ** 2, f(b * b) - mb ** 2, f(a * b) - ma * mb
-        s = ((2 * ma * mb + c1) * (2 * cab + c2)) / ((ma ** 2 + mb ** 2 + c1) * (va + vb + c2))
-        out.append(s.mean())
-    return np.array(out)
+#: each sampler's hyper-parameter is its base value times a multiplier of one shared grid
+BASE = {"PC": 0.45, "PC-MALA": 0.45, "adaptive": 1.0, "DPS": 3.0}
+MULTIPLIERS = (1 / 3, 1.0, 3.0, 9.0)
 
 
 def tasks(shape):
@@ -83,7 +71,7 @@ def make_runner(u, name, nfe, chains):
         if name in ("PC", "PC-MALA"):
             r = pc.sample(u, prob, key, num_levels=nfe // 2, corrector_steps=1, snr=hp,
                           sigma_end=0.01, metropolis=name == "PC-MALA")
-            acc = r.info.acceptance_rate[1:].mean()
+            acc = r.info.acceptance_rate[1:].mean() if name == "PC-MALA" else jnp.nan
         elif name == "adaptive":
             r = adaptive.sample(u, prob, key, num_steps=nfe, sigma_end=0.01, eta=hp)
             acc = jnp.nan
@@ -97,32 +85,42 @@ def make_runner(u, name, nfe, chains):
     return jax.jit(run)
 
 
-def bench_reconstruction(u, args, val, test):
-    shape = val.shape[1:]
-    rows = []
+def bench_reconstruction(u, args, digits):
+    """Per task, the comparison of the samplers under the rule (module docstring); returns
+    ``{task: ComparisonResult}``."""
+    shape, n_val = digits.shape[1:], args.val
+    x = jnp.asarray(digits)
     runners = {s: make_runner(u, s, args.nfe, args.chains) for s in args.samplers}
+    spec = Comparison(methods=args.samplers, lrs=args.multipliers,
+                      seeds=tuple(range(args.seeds)),
+                      budget=f"{args.nfe} network gradients per chain, {args.chains} chains "
+                             f"per digit")
+    out = {}
     for tname, op in tasks(shape).items():
-        yv = deg.measure(jax.random.key(1), op, jnp.asarray(val), NOISE)
-        yt = deg.measure(jax.random.key(2), op, jnp.asarray(test), NOISE)
-        for s in args.samplers:
-            run = runners[s]
-            t0 = time.perf_counter()
-            grid = []
-            hps = GRIDS[s] if args.grid else (DEFAULTS[s],)
-            if args.grid:
-                for hp in hps:
-                    xm, acc, nfe = run(yv, jax.random.key(3), hp, op)
-                    grid.append(float(np.mean(psnr(np.asarray(xm), val))))
-            best = hps[int(np.argmax(grid))] if grid else hps[0]
-            xm, acc, nfe = run(yt, jax.random.key(4), best, op)
-            xm = np.asarray(xm)
-            p, q = psnr(xm, test), ssim(xm, test)
-            rows.append((tname, s, best, grid, p, q, float(acc), int(nfe),
-                         time.perf_counter() - t0))
-            print(f"  {tname} / {s}: {HP[s]}={best:g} (val PSNR grid "
-                  f"{', '.join(f'{g:.2f}' for g in grid) or '-'}), test PSNR {p.mean():.2f}, "
-                  f"SSIM {q.mean():.3f}, {time.perf_counter() - t0:.0f} s", flush=True)
-    return rows
+        y = deg.measure(jax.random.key(1), op, x, NOISE)
+
+        def run(s, mult, seed, y=y, op=op):
+            xm, acc, nfe = runners[s](y, jax.random.key(1000 + seed), BASE[s] * mult, op)
+            p, q = np.asarray(psnr(xm, x)), np.asarray(ssim(xm, x))
+            return {"val": float(p[:n_val].mean()), "test": float(p[n_val:].mean()),
+                    "ssim": float(q[n_val:].mean()), "acceptance": float(acc),
+                    "gradients": int(nfe)}
+
+        print(f"\n## {tname} (the lr column: the multiplier of the sampler's base "
+              f"hyper-parameter)\n", flush=True)
+        res = run_comparison(spec, run, higher_is_better=True, metric="PSNR",
+                             log=lambda line: None)
+        print(res.grid_table(fmt=".2f"))
+        print(res.summary_table(baseline="DPS" if "DPS" in spec.methods else None, fmt=".2f",
+                                extras=(("test SSIM", "ssim", ".3f"),
+                                        ("MH acceptance", "acceptance", ".2f"),
+                                        ("gradients", "gradients", ".0f"))))
+        if "DPS" in spec.methods:
+            for s in spec.methods:
+                if s != "DPS":
+                    print(res.verdict(s, "DPS", fmt=".2f"))
+        out[tname] = res
+    return out
 
 
 def bench_blind(u, args, digits):
@@ -214,31 +212,28 @@ def bench_blind_and_mh(u, args, tst):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ckpt", required=True)
-    ap.add_argument("--digits", type=int, default=8)
+    ap.add_argument("--val", type=int, default=16, help="validation digits")
+    ap.add_argument("--test", type=int, default=32, help="test digits")
+    ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--chains", type=int, default=2)
     ap.add_argument("--nfe", type=int, default=30)
     ap.add_argument("--mh-chains", type=int, default=1024)
     ap.add_argument("--fast", action="store_true")
-    ap.add_argument("--grid", action="store_true",
-                    help="pick each sampler's hyper-parameter from its 3-value grid on the "
-                         "validation digits (default: one fixed value, validation PSNR shown)")
     ap.add_argument("--only-reconstruction", action="store_true",
                     help="skip the blind-estimation and MH-bias parts")
     ap.add_argument("--samplers", default=",".join(SAMPLERS),
                     help="comma-separated subset of " + ", ".join(SAMPLERS))
-    ap.add_argument("--dps-zetas", default=None, help="DPS grid, e.g. 3,10,30")
     args = ap.parse_args()
     args.samplers = tuple(x for x in args.samplers.split(",") if x)
     if not set(args.samplers) <= set(SAMPLERS):
         ap.error(f"--samplers: expected names among {SAMPLERS}")
-    if args.dps_zetas:
-        GRIDS["DPS"] = tuple(float(v) for v in args.dps_zetas.split(","))
+    args.multipliers = MULTIPLIERS
     if args.fast:
-        args.digits, args.chains, args.nfe, args.mh_chains = 2, 1, 6, 64
-        for k in GRIDS:
-            GRIDS[k] = GRIDS[k][:1]
+        args.val, args.test, args.chains, args.nfe, args.mh_chains = 2, 2, 1, 6, 64
+        args.multipliers = MULTIPLIERS[:3]
+    cache_compilations()
     print(f"# Energy prior benchmark ({time.strftime('%Y-%m-%d')}, "
           f"{platform.processor() or 'cpu'}, {os.cpu_count()} CPUs, jax {jax.__version__}, "
           f"backend {jax.default_backend()})\n")
@@ -249,22 +244,15 @@ def main():
         step = ck.latest_step()
     model = load(args.ckpt)
     u = en.energy_fn_of(model)
-    test = images.load_mnist("test").images
-    val, tst = test[:args.digits], test[args.digits:2 * args.digits]
-    print(f"checkpoint {args.ckpt} at step {step}; {args.digits} validation + {args.digits} "
-          f"test digits, {args.chains} chains, {args.nfe} network gradients per chain, "
-          f"noise {NOISE}\n")
+    held_out = images.load_mnist("test").images
+    digits = held_out[:args.val + args.test]
+    print(f"checkpoint {args.ckpt} at step {step}; {args.val} validation + {args.test} test "
+          f"digits, {args.chains} chains, {args.nfe} network gradients per chain, noise "
+          f"{NOISE}; hyper-parameter = base x multiplier, bases "
+          + ", ".join(f"{s} {HP[s]} {BASE[s]:g}" for s in args.samplers) + "\n")
     if not args.only_reconstruction:
-        bench_blind_and_mh(u, args, tst)
-    rows = bench_reconstruction(u, args, val, tst)
-    print("\n| task | sampler | hp (picked on val) | val PSNR over the grid | test PSNR | "
-          "test SSIM | MH acceptance | gradients | s |\n|---|---|---|---|---|---|---|---|---|")
-    for tname, s, best, grid, p, q, acc, nfe, sec in rows:
-        g = ", ".join(f"{v:.2f}" for v in grid) or "- (fixed)"
-        accs = f"{acc:.2f}" if np.isfinite(acc) else "-"
-        print(f"| {tname} | {s} | {HP[s]}={best:g} | {g} | {p.mean():.2f} +- "
-              f"{p.std() / np.sqrt(len(p)):.2f} | {q.mean():.3f} +- "
-              f"{q.std() / np.sqrt(len(q)):.3f} | {accs} | {nfe} | {sec:.0f} |")
+        bench_blind_and_mh(u, args, held_out[args.val:args.val + args.test])
+    bench_reconstruction(u, args, digits)
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
 
 

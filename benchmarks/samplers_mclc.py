@@ -21,7 +21,8 @@ next ``--test`` held-out digits). The whole grid is printed.
 Failure (per reconstruction): non-finite pixels, or a PSNR below that of the blank image
 (``x = 0``) for the same digit, or a measurement residual ``||y - A x||`` more than half of
 ``||y||`` above the true digit's own residual ``||y - A x_true||`` (the noise's norm; the true
-digit never fails). The failure rate is over test digits and seeds at the chosen weight.
+digit never fails). The failure rate is over test digits and seeds at the chosen weight. PSNR
+and SSIM: :mod:`jaxlib_ext.image_quality`.
 
     python benchmarks/samplers_mclc.py        # 20-30 min on 2 busy CPU cores (about 18 with
                                               # JAX_COMPILATION_CACHE_DIR already filled)
@@ -41,45 +42,11 @@ import numpy as np
 from _comparison import Comparison, cache_compilations, format_pm, run_comparison
 
 from jaxlib_ext import images
+from jaxlib_ext.image_quality import psnr, ssim
 from jaxlib_ext.samplers import degradations
 from jaxlib_ext.samplers import mclc as M
 
 TASKS = ("box", "random", "blur")
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-def psnr(x, ref):
-    """PSNR in dB for images in [0, 1] (``x`` clipped to [0, 1])."""
-    mse = jnp.mean((jnp.clip(x, 0.0, 1.0) - ref) ** 2, axis=(-3, -2, -1))
-    return 10.0 * jnp.log10(1.0 / jnp.maximum(mse, 1e-12))
-
-
-def _gauss_window(size=11, sigma=1.5):
-    g = np.exp(-0.5 * ((np.arange(size) - size // 2) / sigma) ** 2)
-    return jnp.asarray(g / g.sum(), jnp.float32)
-
-
-def ssim(x, ref):
-    """SSIM (Wang et al. 2004: 11x11 Gaussian window, sigma 1.5, data range 1, valid
-    windows) of images ``[..., H, W, 1]`` in [0, 1]."""
-    k = jnp.outer(_gauss_window(), _gauss_window())
-
-    def filt(a):
-        h, w = a.shape[-3:-1]
-        flat = a[..., 0].reshape(-1, h, w)
-        out = jax.vmap(lambda im: jax.scipy.signal.convolve2d(im, k, mode="valid"))(flat)
-        return out.reshape(a.shape[:-3] + out.shape[1:])
-
-    x = jnp.clip(x, 0.0, 1.0)
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
-    mx, my = filt(x), filt(ref)
-    sxx = filt(x * x) - mx ** 2
-    syy = filt(ref * ref) - my ** 2
-    sxy = filt(x * ref) - mx * my
-    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx ** 2 + my ** 2 + c1) * (sxx + syy + c2))
-    return jnp.mean(s, axis=(-2, -1))
 
 
 # --------------------------------------------------------------------------- models

@@ -15,7 +15,8 @@ The runtime lives here; the method families are installed beside it as
 * checkpoints (:mod:`jaxlib_ext.checkpoint`): :class:`Checkpointer`, :func:`abstract_like`;
 * data (:mod:`jaxlib_ext.data`): :func:`load_corpus`, :class:`Corpus`,
   :class:`ByteTokenizer`; bundled images (:mod:`jaxlib_ext.images`): MNIST digits and
-  scikit-learn's 8x8 digits;
+  scikit-learn's 8x8 digits; their quality against the truth (:mod:`jaxlib_ext.image_quality`):
+  PSNR and SSIM;
 * meshes and shardings (:mod:`jaxlib_ext.sharding`): :func:`make_mesh`;
 * several processes (:mod:`jaxlib_ext.distributed`): :func:`initialize_processes`;
 * memory (:mod:`jaxlib_ext.memory`): :func:`tree_bytes`, :func:`compiled_memory`.
@@ -35,6 +36,7 @@ _SUBMODULES = (
     "cli",
     "data",
     "distributed",
+    "image_quality",
     "images",
     "memory",
     "schedule",
@@ -103,6 +105,7 @@ __all__ = [
     "cli",
     "data",
     "distributed",
+    "image_quality",
     "images",
     "memory",
     "schedule",
