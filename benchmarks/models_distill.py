@@ -10,15 +10,18 @@ then the two students merged (weighted average). Printed, as markdown tables:
 
 1. timings of each part (teacher load, cache, stage I, stage II per domain; seconds per step);
 2. held-out sparse KD and perplexity of the initial student (teacher weights, fresh mLSTM and
-   gates), the per-domain students and the merged one, beside the teacher's perplexity;
+   gates), the per-domain students after stage I and after stage II, and the merged one, beside
+   the teacher's perplexity;
    the SWA window (``--window``, default 32 tokens) is shorter than the sequences, so the
    mLSTM has to carry the longer range;
 3. the task suite of :mod:`jaxlib_ext.models.distill.evaluation` for the merged student
-   against the teacher, with ``C_alpha`` and ``alpha*`` (absolute and relative).
+   against the teacher (cloze on the domains whose held-out text yields items), with
+   ``C_alpha`` and ``alpha*`` (absolute and relative).
 
 Everything is resumable (``--out-dir``): a rerun loads the finished parts and reports again.
 
-    python benchmarks/models_distill.py                # the real run (about an hour, 2 cores)
+    python benchmarks/models_distill.py                # the real run (about an hour, 2 cores,
+                                                       # 13 GB of teacher cache on disk)
     python benchmarks/models_distill.py --smoke        # minutes: short stages, small cache
 """
 
@@ -45,20 +48,20 @@ def main(argv=None):
     ap.add_argument("--out-dir", default="runs/bench_distill")
     ap.add_argument("--domains", nargs="+", default=["docs", "python"])
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--n-sequences", type=int, default=48)
+    ap.add_argument("--n-sequences", type=int, default=384)
     ap.add_argument("--top-k", type=int, default=64)
-    ap.add_argument("--stage1-steps", type=int, default=150)
+    ap.add_argument("--stage1-steps", type=int, default=500)
     ap.add_argument("--stage1-batch", type=int, default=4)
     ap.add_argument("--stage1-lr", type=float, default=1e-3)
-    ap.add_argument("--stage2-steps", type=int, default=60)
-    ap.add_argument("--stage2-batch", type=int, default=2)
+    ap.add_argument("--stage2-steps", type=int, default=400)
+    ap.add_argument("--stage2-batch", type=int, default=4)
     ap.add_argument("--stage2-lr", type=float, default=3e-4)
     ap.add_argument("--window", type=int, default=32, help="student SWA window (tokens)")
     ap.add_argument("--n-sinks", type=int, default=4)
     ap.add_argument("--gate-bias-init", type=float, default=-3.0,
                     help="initial gate pre-activation: -3 starts at 95%% attention, so the "
                          "initial student is close to the teacher (0: half mLSTM)")
-    ap.add_argument("--eval-windows", type=int, default=8)
+    ap.add_argument("--eval-windows", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true",
                     help="8 windows of 64 tokens, 6 + 3 steps, 2 eval windows")
@@ -113,6 +116,7 @@ def main(argv=None):
                                                  eval_fraction=config.eval_fraction)
                for d in config.domains}
     models = {"initial student": result.initial,
+              **{f"stage I on {n}": m for n, m in result.aligned.items()},
               **{f"stage II on {n}": m for n, m in result.students.items()},
               "merged": result.merged}
     print("\n| student | domain | held-out sparse KD (nats) | student ppl | teacher ppl |")
@@ -127,14 +131,21 @@ def main(argv=None):
                   f"{r['teacher_ppl']:.2f} |")
     for name, m in result.metrics.items():
         first, last = m["stage1"][0]["loss"], m["stage1"][-1]["loss"]
+        kd = [r["loss"] for r in m["stage2"]]
+        q = max(1, len(kd) // 4)
         print(f"\n{name}: stage I relative MSE, mean over layers {np.mean(first):.3f} -> "
               f"{np.mean(last):.3f} (worst layer {int(np.argmax(last))}: {max(last):.3f}); "
-              f"stage II KD {m['stage2'][0]['loss']:.4f} -> {m['stage2'][-1]['loss']:.4f}")
+              f"stage II training KD, mean of the first / last quarter of logged steps "
+              f"{np.mean(kd[:q]):.4f} / {np.mean(kd[-q:]):.4f}")
 
     suite = E.SuiteConfig(seq_len=config.seq_len, n_windows=args.eval_windows,
                           n_prompts=4 if args.smoke else 8, n_new=8 if args.smoke else 16)
+    texts = E.cloze_texts({D.domain_name(d): D.held_out_text(d, max_chars=config.max_chars,
+                                                             eval_fraction=config.eval_fraction)
+                           for d in config.domains}, teacher.tokenizer, suite)
     report = E.evaluate_suite(E.logits_fn(teacher.model), E.logits_fn(result.merged),
-                              {n: c.eval for n, c in corpora.items()}, config=suite)
+                              {n: c.eval for n, c in corpora.items()}, held_out_text=texts,
+                              tokenizer=teacher.tokenizer, config=suite)
     print("\n" + report.to_markdown())
     report.save_json(out / "evaluation.json")
     (out / "bench.json").write_text(json.dumps(

@@ -174,17 +174,12 @@ def _run(args) -> None:
         from jaxlib_ext.models.distill import evaluation as E
 
         suite = E.SuiteConfig(seq_len=min(config.seq_len, 128), n_windows=args.eval_windows)
-        texts = {n: D.domain_text(d, max_chars=args.max_chars)
+        texts = {n: D.held_out_text(d, max_chars=args.max_chars,
+                                    eval_fraction=config.eval_fraction)
                  for n, d in zip(corpora, config.domains, strict=True)}
-        held_text = {n: t[int(len(t) * (1 - config.eval_fraction)):] for n, t in texts.items()}
-        for n in list(held_text):  # a domain whose text yields no cloze item has no cloze row
-            try:
-                E.cloze_items(held_text[n], teacher.tokenizer, n_items=suite.cloze_items,
-                              context_chars=suite.cloze_context_chars,
-                              max_tokens=suite.cloze_max_tokens)
-            except ValueError as e:
-                print(f"{n}: no cloze task ({e})")
-                del held_text[n]
+        held_text = E.cloze_texts(texts, teacher.tokenizer, suite)
+        for n in sorted(texts.keys() - held_text.keys()):
+            print(f"{n}: no cloze task (its held-out text yields no cloze item)")
         rep = E.evaluate_suite(E.logits_fn(teacher.model), E.logits_fn(result.merged),
                                {n: c.eval for n, c in corpora.items()},
                                held_out_text=held_text, tokenizer=teacher.tokenizer,

@@ -17,6 +17,7 @@ from jaxlib_ext.models.distill.domains import (
     domain_corpus,
     domain_name,
     domain_text,
+    held_out_text,
 )
 from jaxlib_ext.models.distill.lora import LoRALinear, LoRAParam, add_lora_to_mlps, merge_lora
 from jaxlib_ext.models.distill.losses import (
@@ -78,6 +79,7 @@ __all__ = [
     "domain_text",
     "domain_corpus",
     "domain_name",
+    "held_out_text",
     # teacher cache
     "CacheSpec",
     "TeacherCache",

@@ -104,6 +104,16 @@ def domain_text(domain: str, *, max_chars: int = 2_000_000) -> str:
     return _folder_text(pathlib.Path(domain).expanduser(), max_chars)[:max_chars]
 
 
+def held_out_text(domain: str, *, max_chars: int = 2_000_000, eval_fraction: float = 0.1) -> str:
+    """The last ``eval_fraction`` of :func:`domain_text`'s characters: the text of the tokens
+    that :func:`domain_corpus` holds out (split by characters rather than tokens, so the two
+    boundaries agree to within a token), for tasks that need text (the cloze task)."""
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    text = domain_text(domain, max_chars=max_chars)
+    return text[int(len(text) * (1.0 - eval_fraction)):]
+
+
 def domain_corpus(domain: str, tokenizer, *, max_chars: int = 2_000_000,
                   eval_fraction: float = 0.1) -> Corpus:
     """``domain``'s text tokenised by ``tokenizer`` (anything with ``encode`` and

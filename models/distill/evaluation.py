@@ -58,6 +58,7 @@ __all__ = [
     "next_token_metrics",
     "cloze_items",
     "cloze_accuracy",
+    "cloze_texts",
     "greedy_continuations",
     "continuation_agreement",
     "tolerance_gaps",
@@ -188,6 +189,23 @@ def cloze_items(text: str, tokenizer, *, n_items: int = 32, context_chars: int =
         tokens[r, : len(ctx) + len(word)] = ctx + word
         target[r, len(ctx) : len(ctx) + len(word)] = True
     return ClozeItems(tokens, target)
+
+
+def cloze_texts(texts: Mapping[str, str], tokenizer, config: SuiteConfig | None = None
+                ) -> dict[str, str]:
+    """The entries of ``texts`` (domain -> held-out text) that yield at least one cloze item
+    under ``config``'s sizes (:func:`cloze_items`): what :func:`evaluate_suite` takes as
+    ``held_out_text``. Code and other text without such items is left out, not an error."""
+    c = SuiteConfig() if config is None else config
+    kept = {}
+    for name, text in texts.items():
+        try:
+            cloze_items(text, tokenizer, n_items=c.cloze_items,
+                        context_chars=c.cloze_context_chars, max_tokens=c.cloze_max_tokens)
+        except ValueError:
+            continue
+        kept[name] = text
+    return kept
 
 
 def cloze_accuracy(model: Callable, items: ClozeItems, *, batch_size: int = 8) -> float:

@@ -173,14 +173,15 @@ _REMERGE_FIELDS = ("merge", "merge_weights", "merge_scale", "out_dir")
 
 class DistillResult(NamedTuple):
     """A finished run: the initial student, the per-domain students (after stage II), the merged
-    student, each stage's metrics rows by domain (``{"stage1": rows, "stage2": rows}``) and the
-    per-domain teacher caches."""
+    student, each stage's metrics rows by domain (``{"stage1": rows, "stage2": rows}``), the
+    per-domain teacher caches and the per-domain students after stage I alone (``aligned``)."""
 
     initial: Llama
     students: dict
     merged: Llama
     metrics: dict
     caches: dict
+    aligned: dict
 
 
 #: Settings of the xLSTM student mixer that the pipeline changes from the mixer's own defaults:
@@ -296,7 +297,7 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
                            student_mixer=student_mixer)
     s1 = dataclasses.replace(config.stage1, progress=progress and config.stage1.progress)
     s2 = dataclasses.replace(config.stage2, progress=progress and config.stage2.progress)
-    students, metrics, caches = {}, {}, {}
+    students, metrics, caches, aligned_students = {}, {}, {}, {}
     for domain in config.domains:
         name = domain_name(domain)
         corpus = domain_corpus(domain, tokenizer, max_chars=config.max_chars,
@@ -312,6 +313,7 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
         aligned = nnx.clone(init)
         for i, mixer in zip(layers, stage1.trained, strict=True):
             aligned.blocks[i].attention = mixer
+        aligned_students[name] = aligned
         stage2 = distill_end_to_end(aligned, cache, s2, out / name / "stage2",
                                     lora_rank=config.lora_rank, desc=f"{name}: stage II")
         students[name] = stage2.trained
@@ -319,5 +321,5 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
     merged = merge_models(list(students.values()), method=config.merge,
                           weights=config.merge_weights, base=init, scale=config.merge_scale)
     _save_merged(out / "merged", merged, {"domains": list(students), "merge": config.merge})
-    return DistillResult(init, students, merged, metrics, caches)
+    return DistillResult(init, students, merged, metrics, caches, aligned_students)
 

@@ -237,6 +237,10 @@ def test_domains(tmp_path):
         D.domain_text(str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="unknown domain 'klingon'"):
         D.DistillConfig(domains=("docs", "klingon"))
+    full = D.domain_text("docs", max_chars=5000)
+    assert D.held_out_text("docs", max_chars=5000, eval_fraction=0.2) == full[4000:]
+    with pytest.raises(ValueError, match="eval_fraction"):
+        D.held_out_text("docs", eval_fraction=1.0)
 
 
 class _Vocab:
@@ -276,7 +280,17 @@ def test_pipeline_runs_and_resumes(teacher, tmp_path):
         out_dir=str(tmp_path), domains=("docs", "python"), max_chars=8000, seq_len=SEQ,
         n_sequences=4, top_k=8, stage1=_stage(2), stage2=_stage(2), lora_rank=2)
     result = D.run_distillation(teacher, cfg, student_mixer=student_mixer, progress=False)
-    assert set(result.students) == {"docs", "python"}
+    assert set(result.students) == set(result.aligned) == {"docs", "python"}
+    # stage I changes only the mixers of the initial student; stage II moves on from there
+    def params(model):
+        return {jax.tree_util.keystr(k): np.asarray(v) for k, v in
+                jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}
+
+    init, aligned = params(result.initial), params(result.aligned["docs"])
+    final = params(result.students["docs"])
+    assert all(np.array_equal(init[k], aligned[k]) for k in init if "attention" not in k)
+    assert any(not np.array_equal(init[k], aligned[k]) for k in init if "attention" in k)
+    assert any(not np.array_equal(aligned[k], final[k]) for k in aligned if k in final)
     assert json.loads((tmp_path / "config.json").read_text())["domains"] == ["docs", "python"]
     merged = D.merge_models(list(result.students.values()))
     for x, y in zip(jax.tree.leaves(nnx.state(merged, nnx.Param)),

@@ -17,6 +17,7 @@ from jaxlib_ext.models.distill.evaluation import (
     TaskScore,
     cloze_accuracy,
     cloze_items,
+    cloze_texts,
     continuation_agreement,
     critical_tolerance,
     evaluate_suite,
@@ -150,6 +151,13 @@ def test_cloze_items_target_the_last_word():
     assert cloze_accuracy(lambda t: jnp.zeros((*t.shape, 256)), items) == 0.0
     with pytest.raises(ValueError, match="text"):
         cloze_items("short", tok, context_chars=80)
+
+
+def test_cloze_texts_keep_the_domains_that_yield_items():
+    text = embedded_text()[:20000]
+    config = SuiteConfig(cloze_context_chars=80, cloze_max_tokens=60)
+    kept = cloze_texts({"prose": text, "numbers": "1 2 3 " * 200}, ByteTokenizer(), config)
+    assert kept == {"prose": text}
 
 
 def test_greedy_continuations_and_agreement():
