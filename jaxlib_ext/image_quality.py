@@ -1,8 +1,10 @@
 """Full-reference image quality: PSNR and SSIM of reconstructions against the truth.
 
 Both take images channels-last ``[..., H, W, C]`` (NHWC, as ``jaxlib_ext.images`` loads them)
-with values in ``[0, data_range]``; the reconstruction ``x`` is clipped to that range first and
-one number per image comes back (``[...]``). Both are pure ``jax.numpy`` and jit-able.
+with values in ``[0, data_range]``; the reconstruction ``x`` is clipped to that range first,
+the leading axes of ``ref`` broadcast against those of ``x`` (one truth for several samples:
+``ref[:, None]``), and one number per image comes back (``[...]``). Both are pure
+``jax.numpy`` and jit-able.
 
 * :func:`psnr`: ``10 log10(data_range^2 / MSE)``, the mean over pixels and channels.
 * :func:`ssim`: Wang, Bovik, Sheikh and Simoncelli, "Image quality assessment: from error
@@ -28,15 +30,21 @@ def _check(x, ref, data_range, min_size=1):
     x, ref = jnp.asarray(x), jnp.asarray(ref)
     if x.ndim < 3:
         raise ValueError(f"x: expected images [..., H, W, C], got shape {x.shape}")
-    if ref.shape != x.shape:
-        raise ValueError(f"ref: expected the shape of x {x.shape}, got {ref.shape}")
+    if ref.shape[-3:] != x.shape[-3:]:
+        raise ValueError(f"ref: expected images of x's shape {x.shape[-3:]}, got {ref.shape}")
+    try:
+        shape = jnp.broadcast_shapes(x.shape, ref.shape)
+    except ValueError as e:
+        raise ValueError(f"ref: leading axes {ref.shape[:-3]} do not broadcast against x's "
+                         f"{x.shape[:-3]}") from e
     if not (isinstance(data_range, int | float) and np.isfinite(data_range) and data_range > 0):
         raise ValueError(f"data_range: expected a finite number > 0, got {data_range!r}")
     if min(x.shape[-3:-1]) < min_size:
         raise ValueError(f"x: images of {x.shape[-3]}x{x.shape[-2]} are smaller than the "
                          f"{min_size}x{min_size} window")
     dtype = jnp.promote_types(jnp.result_type(x, ref), jnp.float32)
-    return jnp.clip(x.astype(dtype), 0.0, data_range), ref.astype(dtype)
+    x = jnp.broadcast_to(jnp.clip(x.astype(dtype), 0.0, data_range), shape)
+    return x, jnp.broadcast_to(ref.astype(dtype), shape)
 
 
 def psnr(x, ref, *, data_range: float = 1.0):

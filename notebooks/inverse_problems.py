@@ -44,6 +44,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from jaxlib_ext import images
+from jaxlib_ext.image_quality import psnr
 from jaxlib_ext.samplers import degradations as deg
 from jaxlib_ext.samplers import energy as en
 from jaxlib_ext.samplers.energy import adaptive, blind, dps, pc
@@ -123,8 +124,8 @@ plt.tight_layout()
 plt.show()
 for name in ops:
     for col in cols[2:]:
-        mse = float(jnp.mean((jnp.clip(recon[name][col], 0, 1) - x) ** 2))
-        print(f"{name:9s} {col:9s} PSNR {10 * np.log10(1 / mse):6.2f} dB")
+        p = float(jnp.mean(psnr(recon[name][col], x)))
+        print(f"{name:9s} {col:9s} PSNR {p:6.2f} dB")
 
 # %% [markdown]
 # ## Blind estimation: which box, which noise?

@@ -73,10 +73,15 @@ def test_jit_and_leading_axes(pair):
     batched = jax.jit(ssim)(x.reshape(1, 3, 16, 14, 1), ref.reshape(1, 3, 16, 14, 1))
     np.testing.assert_allclose(batched[0], ssim(x, ref), rtol=1e-6)
     assert jax.jit(psnr)(x, ref).shape == (3,)
+    samples = np.stack([x, ref], axis=1)  # two samples per truth
+    np.testing.assert_allclose(ssim(samples, ref[:, None]),
+                               np.stack([ssim(x, ref), ssim(ref, ref)], 1), rtol=1e-6)
+    np.testing.assert_allclose(psnr(samples, ref[:, None])[:, 0], psnr(x, ref), rtol=1e-6)
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda x: psnr(x, x[:1]), "ref"),
+    (lambda x: psnr(x, x[:2]), "ref"),
+    (lambda x: psnr(x, x[..., :8, :]), "ref"),
     (lambda x: psnr(x[0, :, :, 0], x[0, :, :, 0]), "x"),
     (lambda x: psnr(x, x, data_range=0.0), "data_range"),
     (lambda x: ssim(x, x, window=4), "window"),
