@@ -198,10 +198,11 @@ def bench_blind_and_mh(u, args, tst):
     bl = bench_blind(u, args, tst)
     print("\n| grid | true values | operator accuracy | noise accuracy | both | measurements |"
           " s |\n|---|---|---|---|---|---|---|")
-    for name, (values, ao, an, ab, total, conf, sec) in bl.items():
+    for name, (values, ao, an, ab, total, _conf, sec) in bl.items():
         print(f"| {name} | {', '.join(map(str, values))} | {ao:.2f} | {an:.2f} | {ab:.2f} | "
               f"{total} | {sec:.0f} |")
-        print(f"\n{name} confusion (rows true, columns estimated): {conf.tolist()}\n")
+    for name, (*_, conf, _sec) in bl.items():
+        print(f"\n{name} confusion (rows true, columns estimated): {conf.tolist()}")
     print("\nMH bias (Gaussian prior fitted to 8x8 digits, 4x4 box, noise 0.05, "
           f"{args.mh_chains} chains; errors in posterior standard deviations, missing pixels):\n")
     print("| gradients | snr | sampler | mean error | std error | acceptance |\n"
