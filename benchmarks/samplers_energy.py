@@ -23,6 +23,9 @@ standard deviation over 1024 chains, in posterior standard deviations.
 
     python benchmarks/samplers_energy.py --ckpt runs/energy
     python benchmarks/samplers_energy.py --ckpt runs/energy --fast   # smoke run
+    # extend DPS's grid where its best multiplier is on the upper edge
+    python benchmarks/samplers_energy.py --ckpt runs/energy --only-reconstruction \
+        --samplers DPS --multipliers 3,9,27
 """
 
 from __future__ import annotations
@@ -49,7 +52,12 @@ SAMPLERS = ("PC", "PC-MALA", "adaptive", "DPS")
 HP = {"PC": "snr", "PC-MALA": "snr", "adaptive": "eta", "DPS": "zeta"}
 #: each sampler's hyper-parameter is its base value times a multiplier of one shared grid
 BASE = {"PC": 0.45, "PC-MALA": 0.45, "adaptive": 1.0, "DPS": 3.0}
-MULTIPLIERS = (1 / 3, 1.0, 3.0)
+
+
+def eval_fraction(text):
+    """``"1/3"`` -> 0.333..., ``"9"`` -> 9.0."""
+    num, _, den = text.partition("/")
+    return float(num) / float(den or 1)
 
 
 def tasks(shape):
@@ -97,6 +105,8 @@ def bench_reconstruction(u, args, digits):
                              f"per digit")
     out = {}
     for tname, op in tasks(shape).items():
+        if not tname.startswith(args.tasks):
+            continue
         y = deg.measure(jax.random.key(1), op, x, NOISE)
 
         def run(s, mult, seed, y=y, op=op):
@@ -226,11 +236,20 @@ def main():
                     help="skip the blind-estimation and MH-bias parts")
     ap.add_argument("--samplers", default=",".join(SAMPLERS),
                     help="comma-separated subset of " + ", ".join(SAMPLERS))
+    ap.add_argument("--multipliers", default="1/3,1,3",
+                    help="comma list, the shared multiplier grid (extend one whose best is on "
+                         "an edge, e.g. --samplers DPS --multipliers 3,9,27)")
+    ap.add_argument("--tasks", default="box,random,Gaussian",
+                    help="comma list of task-name prefixes (box, random, Gaussian)")
     args = ap.parse_args()
+    args.tasks = tuple(t for t in args.tasks.split(",") if t)
+    try:
+        args.multipliers = tuple(eval_fraction(m) for m in args.multipliers.split(","))
+    except (ValueError, ZeroDivisionError):
+        ap.error(f"--multipliers: not a comma list of numbers: {args.multipliers!r}")
     args.samplers = tuple(x for x in args.samplers.split(",") if x)
     if not set(args.samplers) <= set(SAMPLERS):
         ap.error(f"--samplers: expected names among {SAMPLERS}")
-    args.multipliers = MULTIPLIERS
     if args.fast:
         args.val, args.test, args.chains, args.nfe, args.mh_chains = 2, 2, 1, 6, 64
     cache_compilations()
