@@ -23,9 +23,9 @@ standard deviation over 1024 chains, in posterior standard deviations.
 
     python benchmarks/samplers_energy.py --ckpt runs/energy
     python benchmarks/samplers_energy.py --ckpt runs/energy --fast   # smoke run
-    # extend DPS's grid where its best multiplier is on the upper edge
+    # extend the grids of the samplers whose best multiplier is on the upper edge
     python benchmarks/samplers_energy.py --ckpt runs/energy --only-reconstruction \
-        --samplers DPS --multipliers 3,9,27
+        --samplers adaptive,DPS --multipliers 3,9,27
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def main():
                     help="comma-separated subset of " + ", ".join(SAMPLERS))
     ap.add_argument("--multipliers", default="1/3,1,3",
                     help="comma list, the shared multiplier grid (extend one whose best is on "
-                         "an edge, e.g. --samplers DPS --multipliers 3,9,27)")
+                         "an edge, e.g. --multipliers 3,9,27)")
     ap.add_argument("--tasks", default="box,random,Gaussian",
                     help="comma list of task-name prefixes (box, random, Gaussian)")
     args = ap.parse_args()
