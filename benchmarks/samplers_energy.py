@@ -54,7 +54,7 @@ HP = {"PC": "snr", "PC-MALA": "snr", "adaptive": "eta", "DPS": "zeta"}
 BASE = {"PC": 0.45, "PC-MALA": 0.45, "adaptive": 1.0, "DPS": 3.0}
 
 
-def eval_fraction(text):
+def parse_fraction(text):
     """``"1/3"`` -> 0.333..., ``"9"`` -> 9.0."""
     num, _, den = text.partition("/")
     return float(num) / float(den or 1)
@@ -244,7 +244,7 @@ def main():
     args = ap.parse_args()
     args.tasks = tuple(t for t in args.tasks.split(",") if t)
     try:
-        args.multipliers = tuple(eval_fraction(m) for m in args.multipliers.split(","))
+        args.multipliers = tuple(parse_fraction(m) for m in args.multipliers.split(","))
     except (ValueError, ZeroDivisionError):
         ap.error(f"--multipliers: not a comma list of numbers: {args.multipliers!r}")
     args.samplers = tuple(x for x in args.samplers.split(",") if x)
