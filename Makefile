@@ -22,7 +22,7 @@ if command -v pyenv >/dev/null 2>&1; then \
 exit 1
 endef
 
-.PHONY: demo test test-all lint venv clean notebooks xla-aot
+.PHONY: demo test test-all lint layers venv clean notebooks xla-aot
 
 $(VENV)/.installed: pyproject.toml
 	@py=$$( $(FIND_PYTHON) ) || { echo "error: need Python >= 3.12 (set PYTHON=...)" >&2; exit 1; }; \
@@ -40,8 +40,18 @@ demo: venv
 	rm -rf runs/demo
 	$(BIN)/python -m jaxlib_ext train --out-dir runs/demo
 
-lint: venv
+lint: venv layers
 	$(BIN)/ruff check .
+
+# The layer contracts of pyproject.toml ([tool.importlinter]), checked by import-linter on the
+# package as pip installs it (the family folders join the jaxlib_ext namespace only there), run
+# from inside that tree: lint-imports puts its working folder first on the import path.
+LAYERS_TREE := .cache/layers
+layers: venv
+	rm -rf build $(LAYERS_TREE)
+	$(BIN)/python -m pip install -q --no-deps --no-compile --target $(LAYERS_TREE) . 2>&1 \
+	  | grep -v -e WARNING -e BuildBackendWarning -e '^ ' -e '^$$' || true
+	cd $(LAYERS_TREE) && $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml --no-cache
 
 test: venv lint
 	JAX_PLATFORMS=cpu $(BIN)/pytest -m "not gpu and not slow" -n 2 --dist loadscope $(PYTEST_ARGS)

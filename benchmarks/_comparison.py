@@ -279,14 +279,14 @@ class ComparisonResult:
 
 
 def validation_and_test(corpus, batch_size: int, seq_len: int, eval_batches: int):
-    """The rule's two held-out splits of a :class:`jaxlib_ext.data.Corpus`: ``(corpus, test)``.
+    """The rule's two held-out splits of a :class:`jaxlib_ext.core.data.Corpus`: ``(corpus, test)``.
 
     The corpus's held-out tail is cut in two: the returned corpus keeps the first half as its
-    ``eval`` split (what :func:`jaxlib_ext.train.fit` evaluates, the validation metric that picks
-    each method's learning rate), and ``test`` is ``eval_batches`` fixed windows
+    ``eval`` split (what :func:`jaxlib_ext.core.train.fit` evaluates, the validation metric
+    that picks each method's learning rate), and ``test`` is ``eval_batches`` fixed windows
     ``[batch_size, seq_len + 1]`` of the second half, on which the picked runs are reported.
     """
-    from jaxlib_ext import data
+    from jaxlib_ext.core import data
 
     half = corpus.eval.size // 2
     test_tokens = corpus.eval[half:]

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext.memory import compiled_memory
+from jaxlib_ext.core.memory import compiled_memory
 from jaxlib_ext.pallas_kernels.mlstm import mlstm
 
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext.memory import compiled_memory, format_bytes
+from jaxlib_ext.core.memory import compiled_memory, format_bytes
 from jaxlib_ext.pallas_kernels.poet import num_block_params, poet_linear
 
 

@@ -1,7 +1,7 @@
 """LatentMoE vs a standard MoE per FLOP and per parameter, and orthogonal growth vs scratch.
 
-Two comparisons on the embedded corpus (byte tokens, :func:`jaxlib_ext.data.load_corpus`), tiny
-attention LMs trained through :func:`jaxlib_ext.train.fit` (AdamW, the CLI's warm-up/cosine
+Two comparisons on the embedded corpus (byte tokens, :func:`jaxlib_ext.core.data.load_corpus`), tiny
+attention LMs trained through :func:`jaxlib_ext.core.train.fit` (AdamW, the CLI's warm-up/cosine
 schedule), both under the rule of ``benchmarks/_comparison.py`` (the same lr grid ``--lrs`` and
 seeds ``--seeds`` for every method, the lr picked by validation loss, test loss reported there,
 the whole grid printed; validation and test are the two halves of the held-out split):
@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext import data, sharding, train
-from jaxlib_ext.cli import build_optimizer
+from jaxlib_ext.core import data, sharding, train
 from jaxlib_ext.models import LMConfig, build_lm
 from jaxlib_ext.models.accounting import lm_cost, moe_cost
 from jaxlib_ext.models.growth import grow_model
+from jaxlib_ext.optim import build_optimizer
 
 
 def _ffn(cfg: LMConfig):

@@ -1,9 +1,9 @@
 """Small language-model comparison: Momentum DeltaNet vs Gated DeltaNet vs Transformer.
 
 The three tiny presets are trained for the same number of steps on the same batches of the
-embedded corpus (byte tokens, :func:`jaxlib_ext.data.load_corpus`) with the same optimizer
+embedded corpus (byte tokens, :func:`jaxlib_ext.core.data.load_corpus`) with the same optimizer
 (AdamW + warm-up/cosine schedule of the training CLI, clip 1.0) through
-:func:`jaxlib_ext.train.fit`. Parameter counts are matched by widening the MLP of the smaller
+:func:`jaxlib_ext.core.train.fit`. Parameter counts are matched by widening the MLP of the smaller
 models until each is within 1% of MDN's.
 
 A single learning rate shared by all models can stall one of them and decide the comparison by
@@ -35,9 +35,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext import data, sharding, train
-from jaxlib_ext.cli import build_optimizer
+from jaxlib_ext.core import data, sharding, train
 from jaxlib_ext.models import build_gdn, build_mdn, build_transformer, param_count
+from jaxlib_ext.optim import build_optimizer
 
 
 def _count(make) -> int:

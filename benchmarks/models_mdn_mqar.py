@@ -1,8 +1,8 @@
 """MQAR recall: MDN vs GDN vs Transformer under the comparison rule, with two ablations.
 
-Multi-query associative recall (``jaxlib_ext.tasks.mqar_batch``: 12 pairs, 12 queries, 32 keys,
-sequences of 48 tokens) as in ``notebooks/models_mdn.py``: 2 blocks at d = 64, 2 heads of 16,
-AdamW with a constant learning rate and no weight decay, batches of 64 sequences drawn fresh
+Multi-query associative recall (``jaxlib_ext.models.mqar.mqar_batch``: 12 pairs, 12 queries,
+32 keys, sequences of 48 tokens) as in ``notebooks/models_mdn.py``: 2 blocks at d = 64, 2 heads
+of 16, AdamW with a constant learning rate and no weight decay, batches of 64 sequences drawn fresh
 every step. Every model gets the same learning-rate grid (``--lrs``) and seeds (``--seeds``; a
 seed sets the init and the data stream), each model's rate is picked by the validation recall
 accuracy, and the test accuracy is reported there (``benchmarks/_comparison.py``). Validation and
@@ -44,7 +44,7 @@ from flax import nnx
 
 from jaxlib_ext.models import build_gdn, build_mdn, build_transformer, param_count
 from jaxlib_ext.models.gdn import GatedDeltaNet
-from jaxlib_ext.tasks import mqar_batch, mqar_length
+from jaxlib_ext.models.mqar import mqar_batch, mqar_length
 
 N_KEYS = 32
 #: at these lengths the step-by-step recurrence is the cheaper path on CPU

@@ -9,9 +9,10 @@ and its pure-mLSTM student. For each context ``L`` the decode caches are set to 
 tokens (random keys, values and mLSTM states: the cost of a step does not depend on them, and no
 prefill is timed), then one token per step is decoded, batch ``--batch``.
 
-Reported per model and context: the decode cache's bytes (``jaxlib_ext.memory.tree_bytes``), the
-compiled step's planned peak (``jaxlib_ext.memory.compiled_memory``: parameters + cache + token
-+ outputs + temporaries - donated), the median step time over ``--steps`` steps after one warm-up
+Reported per model and context: the decode cache's bytes
+(``jaxlib_ext.core.memory.tree_bytes``), the compiled step's planned peak
+(``jaxlib_ext.core.memory.compiled_memory``: parameters + cache + token + outputs + temporaries -
+donated), the median step time over ``--steps`` steps after one warm-up
 step (cache donated, ``block_until_ready``; the configurations take turns in rounds of 4 steps,
 so a load that varies over time on a shared machine falls on all of them alike) and tokens/s =
 batch / step time. The teacher's cache is allocated for the context plus the steps (the teacher
@@ -35,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext.memory import compiled_memory, tree_bytes
+from jaxlib_ext.core.memory import compiled_memory, tree_bytes
 from jaxlib_ext.models.llama import KVCache, Llama, LlamaCache, LlamaConfig
 from jaxlib_ext.models.xlstm import XLSTMCache, XLSTMConfig, student_from_teacher
 from jaxlib_ext.pallas_kernels.mlstm import MLSTMState

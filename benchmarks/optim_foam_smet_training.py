@@ -1,7 +1,7 @@
 """Train the tiny Transformer (or MDN) with AdamW, FOAM and SMET; loss spikes of DST vs SMET.
 
 Same model init, data order and learning-rate schedule (linear warm-up 5%, cosine to 0.1x) for
-every optimizer, byte-level tokens of the embedded corpus (``jaxlib_ext.data.load_corpus``),
+every optimizer, byte-level tokens of the embedded corpus (``jaxlib_ext.core.data.load_corpus``),
 ``jaxlib_ext.models.transformer.build_transformer("tiny")``.
 
 One peak learning rate shared by all optimizers can favour one of them and decide the
@@ -47,7 +47,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext import data as data_lib
+from jaxlib_ext.core import data as data_lib
 from jaxlib_ext.models.mdn import build_mdn
 from jaxlib_ext.models.transformer import build_transformer
 from jaxlib_ext.optim import make_optimizer

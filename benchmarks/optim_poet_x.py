@@ -37,8 +37,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext import data as data_lib
-from jaxlib_ext.memory import compiled_memory, format_bytes, tree_bytes
+from jaxlib_ext.core import data as data_lib
+from jaxlib_ext.core.memory import compiled_memory, format_bytes, tree_bytes
 from jaxlib_ext.models.presets import param_count
 from jaxlib_ext.models.transformer import build_transformer
 from jaxlib_ext.optim import make_optimizer, poet_layers, prepare_model

@@ -24,7 +24,7 @@ def measure(args) -> dict:
     import optax
     from flax import nnx
 
-    from jaxlib_ext import data, memory, sharding, train
+    from jaxlib_ext.core import data, memory, sharding, train
     from jaxlib_ext.models import build_transformer
 
     corpus = data.load_corpus()

@@ -1,7 +1,7 @@
 """Normalized energy prior (arXiv 2605.15487) on MNIST: PC, PC-MALA, the adaptive schedule and
 DPS at equal network budgets; blind estimation of the degradation; MH bias reduction.
 
-The energy U-Net is trained by ``python -m jaxlib_ext.samplers.energy.train`` (checkpoint folder
+The energy U-Net is trained by ``python -m jaxlib_ext energy`` (checkpoint folder
 ``--ckpt``). Held-out digits (``load_mnist("test")``): the first ``--val`` are the validation
 set, the next ``--test`` the test set; one measurement per digit and task (noise 0.02).
 
@@ -12,7 +12,8 @@ the multiplier picked per task by the mean validation PSNR over seeds; test metr
 there, mean +- std over seeds. Every sampler gets the same number of network gradients per
 chain (``--nfe``; one DPS step = one gradient plus one vector-Hessian product, so DPS does
 about twice the work). The posterior mean is the average of ``--chains`` chains' final Tweedie
-estimates, clipped to [0, 1]; PSNR and SSIM (:mod:`jaxlib_ext.image_quality`) against the truth.
+estimates, clipped to [0, 1]; PSNR and SSIM (:mod:`jaxlib_ext.samplers.inverse.quality`)
+against the truth.
 
 Blind estimation: for a grid of true (box size, noise) and (blur width, noise) pairs, the
 argmax of the grid posterior (B.1) from one network evaluation per candidate.
@@ -40,12 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 from _comparison import Comparison, cache_compilations, run_comparison
 
-from jaxlib_ext import images
-from jaxlib_ext.image_quality import psnr, ssim
+from jaxlib_ext.core import images
 from jaxlib_ext.samplers import degradations as deg
 from jaxlib_ext.samplers import energy as en
 from jaxlib_ext.samplers.energy import adaptive, blind, dps, pc
 from jaxlib_ext.samplers.energy.train import load
+from jaxlib_ext.samplers.inverse.quality import psnr, ssim
 
 NOISE = 0.02
 SAMPLERS = ("PC", "PC-MALA", "adaptive", "DPS")
@@ -257,7 +258,7 @@ def main():
           f"{platform.processor() or 'cpu'}, {os.cpu_count()} CPUs, jax {jax.__version__}, "
           f"backend {jax.default_backend()})\n")
     t_all = time.perf_counter()
-    from jaxlib_ext.checkpoint import Checkpointer
+    from jaxlib_ext.core.checkpoint import Checkpointer
 
     with Checkpointer(args.ckpt) as ck:
         step = ck.latest_step()

@@ -22,7 +22,7 @@ Failure (per reconstruction): non-finite pixels, or a PSNR below that of the bla
 (``x = 0``) for the same digit, or a measurement residual ``||y - A x||`` more than half of
 ``||y||`` above the true digit's own residual ``||y - A x_true||`` (the noise's norm; the true
 digit never fails). The failure rate is over test digits and seeds at the chosen weight. PSNR
-and SSIM: :mod:`jaxlib_ext.image_quality`.
+and SSIM: :mod:`jaxlib_ext.samplers.inverse.quality`.
 
     python benchmarks/samplers_mclc.py        # 20-30 min on 2 busy CPU cores (about 18 with
                                               # JAX_COMPILATION_CACHE_DIR already filled)
@@ -41,10 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 from _comparison import Comparison, cache_compilations, format_pm, run_comparison
 
-from jaxlib_ext import images
-from jaxlib_ext.image_quality import psnr, ssim
+from jaxlib_ext.core import images
 from jaxlib_ext.samplers import degradations
 from jaxlib_ext.samplers import mclc as M
+from jaxlib_ext.samplers.inverse.quality import psnr, ssim
 
 TASKS = ("box", "random", "blur")
 

@@ -1,25 +1,31 @@
 """jaxlib_ext: ICML 2026 methods as pure, composable JAX functions.
 
-The runtime lives here; the method families are installed beside it as
-``jaxlib_ext.models``, ``jaxlib_ext.optim``, ``jaxlib_ext.samplers`` and
-``jaxlib_ext.pallas_kernels``. The runtime's public API:
+Layers, each importing only the ones below it (import-linter contracts in ``pyproject.toml``):
 
-* training (:mod:`jaxlib_ext.train`): :class:`TrainConfig`, :func:`fit`, :class:`TrainResult`,
+* :mod:`jaxlib_ext.cli`: the commands (``python -m jaxlib_ext <command>``), the composition root;
+  no library module imports it;
+* the method families, ``samplers -> models -> optim -> pallas_kernels``: each may import the
+  ground and the families to its right (samplers use models as score networks);
+* :mod:`jaxlib_ext.core`: the ground (training, checkpoints, data and data sets, meshes,
+  processes, memory); it imports no family.
+
+The ground's public API, re-exported here:
+
+* training (:mod:`jaxlib_ext.core.train`): :class:`TrainConfig`, :func:`fit`, :class:`TrainResult`,
   :class:`TrainState`, :class:`NonFiniteLossError`, the step factories
   :func:`make_train_step` (``jit``), :func:`make_pmap_train_step`,
   :func:`make_shard_map_train_step`, :func:`make_eval_step`, and :func:`init_state`,
   :func:`make_loss_fn`, :func:`cross_entropy`, :func:`train_state_shardings`,
   :func:`plot_metrics`;
-* learning-rate schedules (:mod:`jaxlib_ext.schedule`): :class:`WarmupCosine`,
+* learning-rate schedules (:mod:`jaxlib_ext.core.schedule`): :class:`WarmupCosine`,
   :func:`warmup_cosine`, :class:`ScheduleMismatchError`;
-* checkpoints (:mod:`jaxlib_ext.checkpoint`): :class:`Checkpointer`, :func:`abstract_like`;
-* data (:mod:`jaxlib_ext.data`): :func:`load_corpus`, :class:`Corpus`,
-  :class:`ByteTokenizer`; bundled images (:mod:`jaxlib_ext.images`): MNIST digits and
-  scikit-learn's 8x8 digits; their quality against the truth (:mod:`jaxlib_ext.image_quality`):
-  PSNR and SSIM;
-* meshes and shardings (:mod:`jaxlib_ext.sharding`): :func:`make_mesh`;
-* several processes (:mod:`jaxlib_ext.distributed`): :func:`initialize_processes`;
-* memory (:mod:`jaxlib_ext.memory`): :func:`tree_bytes`, :func:`compiled_memory`.
+* checkpoints (:mod:`jaxlib_ext.core.checkpoint`): :class:`Checkpointer`, :func:`abstract_like`;
+* data (:mod:`jaxlib_ext.core.data`): :func:`load_corpus`, :class:`Corpus`,
+  :class:`ByteTokenizer`; bundled images (:mod:`jaxlib_ext.core.images`): MNIST digits and
+  scikit-learn's 8x8 digits;
+* meshes and shardings (:mod:`jaxlib_ext.core.sharding`): :func:`make_mesh`;
+* several processes (:mod:`jaxlib_ext.core.distributed`): :func:`initialize_processes`;
+* memory (:mod:`jaxlib_ext.core.memory`): :func:`tree_bytes`, :func:`compiled_memory`.
 
 Importing this package is cheap: every name and submodule loads on first access.
 """
@@ -32,16 +38,8 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _SUBMODULES = (
-    "checkpoint",
     "cli",
-    "data",
-    "distributed",
-    "image_quality",
-    "images",
-    "memory",
-    "schedule",
-    "sharding",
-    "train",
+    "core",
     "models",
     "optim",
     "samplers",
@@ -100,17 +98,9 @@ __all__ = [
     "initialize_processes",
     "tree_bytes",
     "compiled_memory",
-    # submodules
-    "checkpoint",
+    # subpackages
     "cli",
-    "data",
-    "distributed",
-    "image_quality",
-    "images",
-    "memory",
-    "schedule",
-    "sharding",
-    "train",
+    "core",
     "models",
     "optim",
     "samplers",
@@ -118,13 +108,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from jaxlib_ext.checkpoint import Checkpointer, abstract_like
-    from jaxlib_ext.data import ByteTokenizer, Corpus, load_corpus
-    from jaxlib_ext.distributed import initialize as initialize_processes
-    from jaxlib_ext.memory import compiled_memory, tree_bytes
-    from jaxlib_ext.schedule import ScheduleMismatchError, WarmupCosine, warmup_cosine
-    from jaxlib_ext.sharding import make_mesh
-    from jaxlib_ext.train import (
+    from jaxlib_ext.core.checkpoint import Checkpointer, abstract_like
+    from jaxlib_ext.core.data import ByteTokenizer, Corpus, load_corpus
+    from jaxlib_ext.core.distributed import initialize as initialize_processes
+    from jaxlib_ext.core.memory import compiled_memory, tree_bytes
+    from jaxlib_ext.core.schedule import ScheduleMismatchError, WarmupCosine, warmup_cosine
+    from jaxlib_ext.core.sharding import make_mesh
+    from jaxlib_ext.core.train import (
         NonFiniteLossError,
         TrainConfig,
         TrainResult,
@@ -147,7 +137,7 @@ def __getattr__(name):
         return importlib.import_module(f"{__name__}.{name}")
     if name in _EXPORTS:
         module, attr = _EXPORTS[name]
-        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        return getattr(importlib.import_module(f"{__name__}.core.{module}"), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

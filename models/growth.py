@@ -28,16 +28,14 @@ three or more dimensions with an expert axis is an expert matrix and receives th
 checkpoint (step 0, no optimizer state) that a new run starts from with
 ``python -m jaxlib_ext train --init-from DIR``; from the shell::
 
-    python -m jaxlib_ext.models.growth runs/moe/checkpoints runs/moe_grown [--noise-scale 0.01]
+    python -m jaxlib_ext grow runs/moe/checkpoints runs/moe_grown [--noise-scale 0.01]
         [--no-depth] [--no-width] [--keep-top-k] [--seed 0]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -251,8 +249,8 @@ def grow_checkpoint(src, dst, *, step: int | None = None, depth: bool = True,
     """Grows the checkpoint at ``step`` (default: newest) in ``src`` and writes it to ``dst``
     as step 0 with the grown config recorded; returns that config. A new run starts from it
     with ``python -m jaxlib_ext train --init-from dst``."""
-    from jaxlib_ext.checkpoint import Checkpointer
-    from jaxlib_ext.train import TrainState
+    from jaxlib_ext.core.checkpoint import Checkpointer
+    from jaxlib_ext.core.train import TrainState
 
     cfg, params, state, meta = read_checkpoint(src, step)
     new_cfg, params, state = grow_state(
@@ -271,31 +269,3 @@ def grow_checkpoint(src, dst, *, step: int | None = None, depth: bool = True,
             raise ValueError(f"dst {ckpt.directory} already holds checkpoints")
         ckpt.save(0, grown, record)
     return new_cfg
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxlib_ext.models.growth",
-                                     description=grow_checkpoint.__doc__.split("\n")[0])
-    parser.add_argument("src", help="checkpoint folder of a training run")
-    parser.add_argument("dst", help="where the grown checkpoint goes (new folder)")
-    parser.add_argument("--step", type=int, default=None)
-    parser.add_argument("--no-depth", action="store_true", help="keep the number of blocks")
-    parser.add_argument("--no-width", action="store_true", help="keep the number of experts")
-    parser.add_argument("--keep-top-k", action="store_true", help="do not double top-k")
-    parser.add_argument("--noise-scale", type=float, default=0.01)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        cfg = grow_checkpoint(args.src, args.dst, step=args.step, depth=not args.no_depth,
-                              width=not args.no_width, noise_scale=args.noise_scale,
-                              double_top_k=not args.keep_top_k, seed=args.seed)
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"grown: {cfg.n_layers} blocks, {cfg.num_experts} experts, top-{cfg.top_k} -> "
-          f"{args.dst} (continue with: python -m jaxlib_ext train --init-from {args.dst} ...)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,15 +32,14 @@ Conventions (everything a latent inverse solver needs):
 Training: :func:`train` fits the autoencoder (MSE + ``kl_weight`` KL), fixes ``latent_scale``,
 then the noise model (Ho et al.'s simple loss, Eq. 14, uniform ``t``) with an exponential moving
 average of its parameters, which is what is kept. Both stages show a progress bar and write Orbax
-checkpoints (:class:`jaxlib_ext.checkpoint.Checkpointer`); :func:`load_or_train` reuses a
+checkpoints (:class:`jaxlib_ext.core.checkpoint.Checkpointer`); :func:`load_or_train` reuses a
 finished checkpoint of the same configuration. From the command line::
 
-    python -m jaxlib_ext.models.latent_diffusion --out DIR --ae-steps N --diffusion-steps M
+    python -m jaxlib_ext ldm --out DIR --ae-steps N --diffusion-steps M
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import math
@@ -80,7 +79,6 @@ __all__ = [
     "train",
     "load_or_train",
     "load",
-    "main",
 ]
 
 SCHEDULES = ("cosine", "linear")
@@ -568,7 +566,7 @@ def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
     Args:
       config: model sizes.
       images: training images ``[N, *config.image_shape]`` in ``[-1, 1]``; default the MNIST
-        train split (``jaxlib_ext.images.load_mnist("train", value_range=(-1, 1))``).
+        train split (``jaxlib_ext.core.images.load_mnist("train", value_range=(-1, 1))``).
       ae_steps, diffusion_steps: optimizer steps of each stage (``diffusion_steps = 0`` leaves
         the noise model untrained).
       out: folder for Orbax checkpoints (one after each stage; the last records
@@ -584,7 +582,7 @@ def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
     if images is None:
-        from jaxlib_ext.images import load_mnist
+        from jaxlib_ext.core.images import load_mnist
 
         images = load_mnist("train", value_range=(-1.0, 1.0)).images
     images = np.asarray(_check_batch(images, config.image_shape, "images"))
@@ -595,7 +593,7 @@ def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
                   "ae_steps": ae_steps, "diffusion_steps": diffusion_steps}
     ckpt = None
     if out is not None:
-        from jaxlib_ext.checkpoint import Checkpointer
+        from jaxlib_ext.core.checkpoint import Checkpointer
 
         ckpt = Checkpointer(out, max_to_keep=2, async_save=False)
 
@@ -647,7 +645,7 @@ def _pure_state(model: LatentDiffusion) -> dict:
 
 def load(path: str | pathlib.Path) -> tuple[LatentDiffusion, dict]:
     """The model and ``info`` of the newest checkpoint in ``path`` (see :func:`train`)."""
-    from jaxlib_ext.checkpoint import Checkpointer
+    from jaxlib_ext.core.checkpoint import Checkpointer
 
     path = pathlib.Path(path)
     if not path.is_dir():
@@ -688,41 +686,3 @@ def load_or_train(path: str | pathlib.Path, config: LDMConfig = LDMConfig(), *,
                          f"{meta.get('ae_steps')}, diffusion_steps {meta.get('diffusion_steps')})")
     return train(config, ae_steps=ae_steps, diffusion_steps=diffusion_steps, out=path,
                  **train_kwargs)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m jaxlib_ext.models.latent_diffusion",
-        description="Train the MNIST latent diffusion model (autoencoder, then noise model); "
-                    "a finished run in --out is reused, a run stopped after its autoencoder "
-                    "stage resumed (load_or_train).")
-    parser.add_argument("--out", required=True, help="checkpoint folder")
-    parser.add_argument("--ae-steps", type=int, default=2000)
-    parser.add_argument("--diffusion-steps", type=int, default=4000)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timesteps", type=int, default=1000)
-    parser.add_argument("--schedule", choices=SCHEDULES, default="cosine")
-    parser.add_argument("--unet-channels", type=int, default=32)
-    args = parser.parse_args(argv)
-    config = LDMConfig(timesteps=args.timesteps, schedule=args.schedule,
-                       unet_channels=args.unet_channels)
-    model, info = load_or_train(args.out, config, ae_steps=args.ae_steps,
-                                diffusion_steps=args.diffusion_steps,
-                                batch_size=args.batch_size, seed=args.seed)
-    from jaxlib_ext.images import load_mnist
-
-    test = load_mnist("test", value_range=(-1.0, 1.0)).images
-    recon = nnx.jit(lambda m, x: decode(m, encode(m, x)))(model, jnp.asarray(test))
-    mse = float(jnp.mean((recon - test) ** 2))
-    print(f"held-out reconstruction MSE ([-1, 1] pixels): {mse:.5f}; "
-          f"latent_scale {info['latent_scale']:.4f}; AE {info['ae_seconds']:.0f} s, "
-          f"diffusion {info['diffusion_seconds']:.0f} s; checkpoints in {args.out}")
-    return {**info, "test_mse": mse}
-
-
-if __name__ == "__main__":
-    main()

@@ -55,7 +55,7 @@ argument, or the mesh set by ``jax.set_mesh``), the experts are split over that 
 latent rows travel by all-to-all inside ``jax.shard_map`` (:mod:`_moe_expert_parallel`); the
 result equals the unsharded layer. ``P`` must divide ``num_experts`` and the tokens must split
 over the mesh's data-parallel and expert axes. The expert weights carry the logical axis
-``"expert"`` (``jaxlib_ext.sharding`` maps it to the mesh axis ``expert``).
+``"expert"`` (``jaxlib_ext.core.sharding`` maps it to the mesh axis ``expert``).
 
 Parameters (logical axes): ``router`` ``[d, E]``, ``down`` ``[d, l]``, ``up`` ``[l, d]``
 (latent only), ``w1`` ``[E, l, m]``, ``w2`` ``[E, m, l]``, ``shared_w1`` ``[d, m_s]``,

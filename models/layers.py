@@ -1,7 +1,7 @@
 """Building blocks shared by every language model in ``jaxlib_ext.models``.
 
 Each block is a thin Flax NNX module over a pure function, and every parameter carries
-``logical_axes`` metadata that :mod:`jaxlib_ext.sharding` maps onto mesh axes.
+``logical_axes`` metadata that :mod:`jaxlib_ext.core.sharding` maps onto mesh axes.
 """
 
 from __future__ import annotations

@@ -484,7 +484,7 @@ class GGUFTokenizer:
     ``encode(text) -> int32[N]`` (with ``bos_id`` first when ``add_bos``), ``decode(ids) ->
     str`` (special tokens skipped unless ``skip_special=False``); ``vocab_size``, ``bos_id``,
     ``eos_id``; ``tokenizer`` is the underlying ``tokenizers.Tokenizer``. Same interface as
-    :class:`jaxlib_ext.data.ByteTokenizer`, so corpora tokenise with either.
+    :class:`jaxlib_ext.core.data.ByteTokenizer`, so corpora tokenise with either.
     """
 
     def __init__(self, tokenizer, *, vocab_size: int, bos_id: int | None, eos_id: int | None,

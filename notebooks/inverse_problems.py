@@ -43,12 +43,12 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
-from jaxlib_ext import images
-from jaxlib_ext.image_quality import psnr
+from jaxlib_ext.core import images
 from jaxlib_ext.samplers import degradations as deg
 from jaxlib_ext.samplers import energy as en
 from jaxlib_ext.samplers.energy import adaptive, blind, dps, pc
 from jaxlib_ext.samplers.energy import train as energy_train
+from jaxlib_ext.samplers.inverse.quality import psnr
 
 FAST = os.environ.get("FAST") == "1"
 STEPS = 30 if FAST else 3000

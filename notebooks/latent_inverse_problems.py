@@ -46,10 +46,10 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
-from jaxlib_ext import images
-from jaxlib_ext.image_quality import psnr
+from jaxlib_ext.core import images
 from jaxlib_ext.samplers import degradations
 from jaxlib_ext.samplers import mclc as M
+from jaxlib_ext.samplers.inverse.quality import psnr
 
 FAST = os.environ.get("FAST") == "1"
 CKPT = os.environ.get("LDM_CKPT", "/work/cache/ldm_mnist")

@@ -47,13 +47,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext import data as data_lib
-from jaxlib_ext import sharding, train
-from jaxlib_ext.cli import build_optimizer
+from jaxlib_ext.core import data as data_lib
+from jaxlib_ext.core import sharding, train
 from jaxlib_ext.models import LMConfig, build_lm
 from jaxlib_ext.models.accounting import NEMOTRON_3_SUPER, hybrid_cost, moe_cost
 from jaxlib_ext.models.growth import grow_model
 from jaxlib_ext.models.latent_moe import LatentMoE
+from jaxlib_ext.optim import build_optimizer
 
 FAST = os.environ.get("FAST") == "1"
 print("FAST mode" if FAST else "full mode", "| jax", jax.__version__)

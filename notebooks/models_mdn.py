@@ -50,13 +50,13 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext import tasks
 from jaxlib_ext.models import (
     build_gdn,
     build_mdn,
     l2_normalize,
     momentum_eigenvalues,
 )
+from jaxlib_ext.models import mqar as tasks
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
 
 FAST = os.environ.get("FAST") == "1"

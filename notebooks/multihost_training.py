@@ -19,7 +19,7 @@
 # `jaxlib_ext` trains with `jax.jit` and explicit shardings: parameters carry logical axis
 # names (`embed`, `mlp`, `vocab`, ...), a rule table maps them onto mesh axes
 # (`data`, `fsdp`, `tensor`), and XLA inserts the collectives. Here 8 CPU devices stand in
-# for a pod slice; on several hosts the same code runs after `jaxlib_ext.distributed.initialize`.
+# for a pod slice; on several hosts the same code runs after `jaxlib_ext.core.distributed.initialize`.
 
 # %%
 # On Colab: !pip install "jaxlib-ext @ git+<this repository's URL>"
@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import optax
 from flax import nnx
 
-from jaxlib_ext import data, memory, schedule, sharding, train
+from jaxlib_ext.core import data, memory, schedule, sharding, train
 from jaxlib_ext.models import build_transformer
 
 print(jax.devices())

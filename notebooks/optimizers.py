@@ -42,7 +42,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext import data as data_lib
+from jaxlib_ext.core import data as data_lib
 from jaxlib_ext.models.transformer import build_transformer
 from jaxlib_ext.optim import foam, make_optimizer, smet
 

@@ -45,8 +45,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext import data as data_lib
-from jaxlib_ext.memory import tree_bytes
+from jaxlib_ext.core import data as data_lib
+from jaxlib_ext.core.memory import tree_bytes
 from jaxlib_ext.models.transformer import build_transformer
 from jaxlib_ext.optim import make_optimizer, poet_labels, poet_layers, prepare_model
 from jaxlib_ext.pallas_kernels.poet import cayley_neumann, poet_linear

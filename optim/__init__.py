@@ -5,13 +5,15 @@
   (arXiv 2606.00888).
 * :func:`poet_x`: POET-X orthogonal equivalence training with merge-then-reinitialize (arXiv
   2506.08001, 2603.05500), over :class:`PoetLinear` layers made by :func:`poetize`.
-* :func:`make_optimizer`: the AdamW / FOAM / SMET / POET-X training recipes by name.
+* :func:`make_optimizer`: the AdamW / FOAM / SMET / POET-X training recipes by name;
+  :func:`build_optimizer`: one of them on the default warm-up-cosine schedule.
 """
 
 from jaxlib_ext.optim.foam import ScaleByFoamState, foam, scale_by_foam
 from jaxlib_ext.optim.poet import PoetXState, merge_poet_layer, poet_labels, poet_x
 from jaxlib_ext.optim.recipes import (
     OPTIMIZER_NAMES,
+    build_optimizer,
     decay_mask,
     make_optimizer,
     prepare_model,
@@ -43,6 +45,7 @@ __all__ = [
     "ScaleBySmetState",
     "SparseSlots",
     "active_masks",
+    "build_optimizer",
     "decay_mask",
     "foam",
     "keep_inactive_zero",

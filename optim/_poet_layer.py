@@ -14,7 +14,7 @@ arXiv 2603.05500, input-centric). Its variables:
 * ``bias`` (an ``nnx.Param``) when the layer has one.
 
 All of them are ``nnx.Param`` subclasses so that a training loop that trains the ``nnx.Param``
-leaves through an optax update (``jaxlib_ext.train``) hands them to the optimizer:
+leaves through an optax update (``jaxlib_ext.core.train``) hands them to the optimizer:
 :func:`jaxlib_ext.optim.poet_x` recognises a layer by its five names, trains the thetas, keeps the
 base weight and permutations fixed (zero updates, no optimizer state) and rewrites them at a
 merge. Their gradients are exactly zero.

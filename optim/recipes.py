@@ -35,7 +35,8 @@ from jaxlib_ext.optim.poet import poet_x
 from jaxlib_ext.optim.smet import smet
 
 __all__ = [
-    "OPTIMIZER_NAMES", "decay_mask", "make_optimizer", "prepare_model", "recipe_defaults",
+    "OPTIMIZER_NAMES", "build_optimizer", "decay_mask", "make_optimizer", "prepare_model",
+    "recipe_defaults",
 ]
 
 OPTIMIZER_NAMES: tuple[str, ...] = ("adamw", "foam", "smet", "poet_x")
@@ -205,3 +206,19 @@ _PARTS: dict[str, Callable[..., list[optax.GradientTransformation]]] = {
     "smet": _smet,
     "poet_x": _poet_x,
 }
+
+
+def build_optimizer(name: str, lr: optax.ScalarOrSchedule, *, steps: int, seed: int = 0,
+                    weight_decay: float = 0.0, **hyperparams) -> optax.GradientTransformation:
+    """Recipe ``name`` of :func:`make_optimizer` on the default learning-rate schedule.
+
+    A number ``lr`` is the peak of :func:`jaxlib_ext.core.schedule.warmup_cosine` over
+    ``steps`` (linear warm-up over 10% of the steps, cosine decay to ``lr / 10``), the schedule
+    of ``python -m jaxlib_ext train``; an optax schedule is taken as is.
+    """
+    if isinstance(lr, (int, float)):
+        from jaxlib_ext.core.schedule import warmup_cosine
+
+        lr = warmup_cosine(lr, steps).to_optax()
+    return make_optimizer(name, lr, total_steps=steps, seed=seed, weight_decay=weight_decay,
+                          **hyperparams)

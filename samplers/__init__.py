@@ -13,8 +13,9 @@ Loaded on first access (``from jaxlib_ext.samplers import milp`` or ``samplers.m
 :mod:`milp` (learned Langevin sampling for mixed-integer programs with exact LP completion;
 HiGHS from the ``milp`` extra), :mod:`energy` (normalized energy priors for linear inverse
 problems, arXiv 2605.15487), :mod:`mclc` (latent-diffusion inverse solvers and the
-measurement-consistent Langevin corrector, arXiv 2601.04791) and :mod:`degradations` (the
-linear degradation operators with adjoints both use).
+measurement-consistent Langevin corrector, arXiv 2601.04791), :mod:`degradations` (the
+linear degradation operators with adjoints both use) and :mod:`inverse` (image quality of
+the reconstructions: PSNR, SSIM).
 """
 
 import importlib
@@ -76,7 +77,7 @@ __all__ = [
     "top_k_recommendations",
     "v_order",
     "validate_rankings",
-    *(_LAZY_SUBMODULES := ("degradations", "energy", "mclc", "milp")),
+    *(_LAZY_SUBMODULES := ("degradations", "energy", "inverse", "mclc", "milp")),
 ]
 
 

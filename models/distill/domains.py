@@ -16,7 +16,7 @@ import ast
 import pathlib
 import sysconfig
 
-from jaxlib_ext.data import Corpus
+from jaxlib_ext.core.data import Corpus
 
 __all__ = ["DOMAINS", "check_domain", "domain_text", "domain_corpus", "domain_name"]
 

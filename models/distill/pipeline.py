@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext.checkpoint import Checkpointer
-from jaxlib_ext.data import ByteTokenizer
+from jaxlib_ext.core.checkpoint import Checkpointer
+from jaxlib_ext.core.data import ByteTokenizer
 from jaxlib_ext.models.distill.domains import check_domain, domain_corpus, domain_name
 from jaxlib_ext.models.distill.losses import sparse_kd_loss
 from jaxlib_ext.models.distill.merging import MERGE_METHODS, merge_models
@@ -72,7 +72,7 @@ class Teacher(NamedTuple):
 
 
 def tiny_teacher(seed: int = 0, *, n_layers: int = 2, dim: int = 64) -> Teacher:
-    """A small randomly initialised Llama over UTF-8 bytes (:class:`~jaxlib_ext.data.
+    """A small randomly initialised Llama over UTF-8 bytes (:class:`~jaxlib_ext.core.data.
     ByteTokenizer`): a stand-in teacher for tests and quick runs where the real one is absent."""
     cfg = LlamaConfig(vocab_size=256, dim=dim, n_layers=n_layers, n_heads=4, n_kv_heads=2,
                       hidden_dim=2 * dim, max_position=1024)

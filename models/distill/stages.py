@@ -12,7 +12,7 @@
   The trained parameters are the token mixers' (``blocks[i].attention``), plus low-rank
   adapters on the MLPs when ``lora_rank > 0`` (folded into the weights at the end).
 
-Each stage writes Orbax checkpoints (:class:`jaxlib_ext.checkpoint.Checkpointer`) and a
+Each stage writes Orbax checkpoints (:class:`jaxlib_ext.core.checkpoint.Checkpointer`) and a
 ``metrics.jsonl`` into its folder (rows ``{"step", "loss", "seconds"}``, ``seconds`` of wall
 time since the stage (re)started); a rerun resumes from the newest checkpoint, and a finished
 stage (its last checkpoint marked done) is loaded without training. Batches are a pure function
@@ -35,7 +35,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext.checkpoint import Checkpointer
+from jaxlib_ext.core.checkpoint import Checkpointer
 from jaxlib_ext.models.distill.lora import LoRAParam, add_lora_to_mlps, merge_lora
 from jaxlib_ext.models.distill.losses import alignment_loss, sparse_kd_loss
 from jaxlib_ext.models.distill.teacher_cache import TeacherCache

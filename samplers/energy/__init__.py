@@ -8,7 +8,7 @@ those bases, without retraining.
 Modules, one idea each: :mod:`covariance` (diagonal covariances, random training ones),
 :mod:`energy` (the inner-product energy, Tweedie denoiser, noise score, the Gaussian closed
 form), :mod:`network` (MLP and U-Net energy networks), :mod:`loss` (the A-CSM objective),
-:mod:`train` (training with EMA and checkpoints; ``python -m jaxlib_ext.samplers.energy.train``),
+:mod:`train` (training with EMA and checkpoints; ``python -m jaxlib_ext energy``),
 :mod:`problem` (a degradation as anisotropic denoising, its evidence), :mod:`levels` (the
 task-shaped noise levels), :mod:`langevin` (preconditioned ULA/MALA with exact MH),
 :mod:`pc` (predictor-corrector and PC-MALA), :mod:`adaptive` (the energy-guided schedule),

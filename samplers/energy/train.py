@@ -6,19 +6,17 @@ drawn per step) and minimises (L.4) of :mod:`.loss` with Adam (gradient clipping
 The exponential moving average of the parameters (decay ``min(ema_decay, (1 + t) / (10 + t))``)
 is what :func:`load` returns. A non-finite loss stops training with the step number.
 
-Checkpoints (orbax, :class:`jaxlib_ext.checkpoint.Checkpointer`) hold the parameters, the EMA,
+Checkpoints (orbax, :class:`jaxlib_ext.core.checkpoint.Checkpointer`) hold the parameters, the EMA,
 the optimiser state and the step, with the model's constructor arguments as JSON; training
 resumes from the newest one in ``checkpoint_dir``.
 
 Command line (MNIST, a U-Net)::
 
-    python -m jaxlib_ext.samplers.energy.train --data mnist --steps 3000 --out runs/energy
+    python -m jaxlib_ext energy --data mnist --steps 3000 --out runs/energy
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from typing import Any, NamedTuple
 
@@ -33,7 +31,7 @@ from jaxlib_ext.samplers.energy.covariance import random_covariance
 from jaxlib_ext.samplers.energy.loss import acsm_loss
 from jaxlib_ext.samplers.energy.network import EnergyMLP, EnergyUNet, functional_energy
 
-__all__ = ["TrainResult", "build_model", "load", "main", "train"]
+__all__ = ["TrainResult", "build_model", "load", "train"]
 
 MODELS = {"mlp": EnergyMLP, "unet": EnergyUNet}
 
@@ -98,7 +96,7 @@ def train(model: nnx.Module, data, *, steps: int, batch_size: int = 32, learning
     start = 0
     ckpt = None
     if checkpoint_dir is not None:
-        from jaxlib_ext.checkpoint import Checkpointer
+        from jaxlib_ext.core.checkpoint import Checkpointer
 
         ckpt = Checkpointer(checkpoint_dir, max_to_keep=2)
         if ckpt.latest_step() is not None:
@@ -147,7 +145,7 @@ def train(model: nnx.Module, data, *, steps: int, batch_size: int = 32, learning
 def load(checkpoint_dir, step: int | None = None) -> nnx.Module:
     """The model with the EMA parameters of a checkpoint written by :func:`train` (with
     ``model_meta = {"kind": ..., "kwargs": ...}``)."""
-    from jaxlib_ext.checkpoint import Checkpointer
+    from jaxlib_ext.core.checkpoint import Checkpointer
 
     with Checkpointer(checkpoint_dir) as ckpt:
         meta = ckpt.restore_meta(step)
@@ -159,40 +157,3 @@ def load(checkpoint_dir, step: int | None = None) -> nnx.Module:
         target = {"params": params, "ema": params, "opt_state": tx.init(params)}
         restored, _ = ckpt.restore(step, target)
     return nnx.merge(graphdef, restored["ema"], rest)
-
-
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="Train a normalized energy prior (arXiv 2605.15487).")
-    p.add_argument("--data", choices=("mnist", "digits8"), default="mnist")
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--ema", type=float, default=0.999)
-    p.add_argument("--cov-weight", type=float, default=1.0)
-    p.add_argument("--base-channels", type=int, default=16)
-    p.add_argument("--sigma-min", type=float, default=0.01)
-    p.add_argument("--sigma-max", type=float, default=20.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="checkpoint folder (resumes from it)")
-    p.add_argument("--checkpoint-every", type=int, default=250)
-    p.add_argument("--max-minutes", type=float, default=None)
-    a = p.parse_args(argv)
-    from jaxlib_ext import images
-
-    data = (images.load_mnist("train") if a.data == "mnist" else images.load_digits8()).images
-    kwargs = {"channels": 1, "base_channels": a.base_channels,
-              "data_mean": float(data.mean()), "data_var": float(data.var())}
-    model = build_model("unet", kwargs, a.seed)
-    res = train(model, data, steps=a.steps, batch_size=a.batch_size, learning_rate=a.lr,
-                ema_decay=a.ema, cov_weight=a.cov_weight, sigma_min=a.sigma_min,
-                sigma_max=a.sigma_max, seed=a.seed,
-                checkpoint_dir=a.out, checkpoint_every=a.checkpoint_every,
-                model_meta={"kind": "unet", "kwargs": kwargs},
-                max_seconds=None if a.max_minutes is None else 60 * a.max_minutes)
-    if len(res.history["loss"]):
-        print(json.dumps({"steps_run": len(res.history["loss"]),
-                          "final_loss": float(np.mean(res.history["loss"][-50:]))}))
-
-
-if __name__ == "__main__":
-    main()

@@ -310,7 +310,7 @@ def test_pipeline_runs_and_resumes(teacher, tmp_path):
 
 
 def test_cli(tmp_path, capsys):
-    from jaxlib_ext import cli_distill
+    from jaxlib_ext.cli import distill as cli_distill
 
     assert cli_distill.main(["--tiny-teacher", "--domains", "klingon"]) == 2
     assert "unknown domain 'klingon'" in capsys.readouterr().err
@@ -326,7 +326,7 @@ def test_cli(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cli_runs_a_tiny_distillation_with_the_xlstm_student(tmp_path, capsys):
-    from jaxlib_ext import cli_distill
+    from jaxlib_ext.cli import distill as cli_distill
 
     argv = ["--tiny-teacher", "--out-dir", str(tmp_path), "--max-chars", "20000", "--seq-len",
             "32", "--n-sequences", "4", "--top-k", "8", "--student", "window=8", "--student",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlib_ext.data import ByteTokenizer, embedded_text
+from jaxlib_ext.core.data import ByteTokenizer, embedded_text
 from jaxlib_ext.models.distill.evaluation import (
     SuiteConfig,
     TaskScore,

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlib_ext import cli, data
+from jaxlib_ext import cli
+from jaxlib_ext.core import data
+from jaxlib_ext.core.train import cross_entropy
 from jaxlib_ext.models import LMConfig, build_lm
 from jaxlib_ext.models.growth import (
     grow_checkpoint,
@@ -23,7 +25,6 @@ from jaxlib_ext.models.growth import (
     load_model,
     stacking_order,
 )
-from jaxlib_ext.train import cross_entropy
 
 SMALL = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=2, head_dim=8, max_seq_len=32,
              num_experts=4, top_k=2, expert_dim=16, latent_dim=8, shared_expert_dim=16)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlib_ext.images import load_mnist
+from jaxlib_ext.core.images import load_mnist
 from jaxlib_ext.models import latent_diffusion as ld
 
 TINY = ld.LDMConfig(ae_channels=(8, 16, 32), unet_channels=8, timesteps=20)

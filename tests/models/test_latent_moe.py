@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlib_ext import sharding
+from jaxlib_ext.core import sharding
 from jaxlib_ext.models.latent_moe import LatentMoE, load_metrics, route, router_bias_update
 from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
 

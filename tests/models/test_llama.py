@@ -354,7 +354,7 @@ def test_teacher_knows_the_capital_of_germany(teacher):
 
 @pytest.mark.slow
 def test_teacher_perplexity_on_held_out_english(teacher):
-    from jaxlib_ext.data import embedded_text
+    from jaxlib_ext.core.data import embedded_text
 
     _, (model, tok, _) = teacher
     text = embedded_text()

@@ -13,7 +13,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxlib_ext import cli, data, sharding, train
+from jaxlib_ext.cli import train as train_cmd
+from jaxlib_ext.core import data, sharding, train
 from jaxlib_ext.models import (
     LayerCache,
     LMConfig,
@@ -161,15 +162,14 @@ def test_trains_on_the_8_device_mesh_as_on_one_device():
 
 
 def test_the_cli_selects_the_mlstm_mixer():
-    args = cli.build_parser().parse_args(
-        ["train", "--mixer", "mlstm", "--ffn", "latent_moe", "--arch", "method=chunk"])
-    cfg = cli.model_config(args, vocab_size=256)
+    args = train_cmd.build_parser().parse_args(
+        ["--mixer", "mlstm", "--ffn", "latent_moe", "--arch", "method=chunk"])
+    cfg = train_cmd.model_config(args, vocab_size=256)
     assert (cfg.mixer, cfg.ffn, cfg.method, cfg.vocab_size) == ("mlstm", "latent_moe", "chunk",
                                                                  256)
-    args = cli.build_parser().parse_args(["train", "--mixer", "mlstm", "--arch",
-                                          "method=pallas"])
+    args = train_cmd.build_parser().parse_args(["--mixer", "mlstm", "--arch", "method=pallas"])
     with pytest.raises(ValueError, match="method must be one of"):
-        cli.model_config(args, vocab_size=256)
+        train_cmd.model_config(args, vocab_size=256)
 
 
 def test_presets_use_the_delta_rule_sizes():

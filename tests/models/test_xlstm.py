@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlib_ext.memory import tree_bytes
+from jaxlib_ext.core.memory import tree_bytes
 from jaxlib_ext.models.llama import Llama, LlamaAttention, LlamaConfig
 from jaxlib_ext.models.xlstm import (
     XLSTMCache,

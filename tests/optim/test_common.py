@@ -192,7 +192,7 @@ def _like_param(leaf, sharding):
 @pytest.mark.parametrize("name", NAMES)
 def test_state_shards_like_the_parameters(name):
     assert jax.device_count() == 8
-    # Auto axes, as jaxlib_ext.sharding.make_mesh: XLA propagates the shardings inside the step
+    # Auto axes, as jaxlib_ext.core.sharding.make_mesh: XLA propagates the shardings inside the step
     mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
     param_sh = {"v": NamedSharding(mesh, P()),
                 "w": NamedSharding(mesh, P("a", "b"))}

@@ -29,7 +29,7 @@ def _die():
 
 def _record_checkpointers() -> list:
     """Every :class:`Checkpointer` that saves, in the order of their first save."""
-    from jaxlib_ext.checkpoint import Checkpointer
+    from jaxlib_ext.core.checkpoint import Checkpointer
 
     seen: list = []
     save = Checkpointer.save
@@ -43,9 +43,11 @@ def _record_checkpointers() -> list:
     return seen
 
 
-def _kill_at_step(cli, kill_at: int, commit_first: bool) -> None:
+def _kill_at_step(kill_at: int, commit_first: bool) -> None:
+    from jaxlib_ext import optim
+
     checkpointers = _record_checkpointers()
-    build = cli.build_optimizer
+    build = optim.build_optimizer
 
     def killing_optimizer(*a, **k):
         import jax
@@ -65,7 +67,7 @@ def _kill_at_step(cli, kill_at: int, commit_first: bool) -> None:
         counter = optax.GradientTransformation(lambda params: jax.numpy.int32(1), update)
         return optax.chain(build(*a, **k), counter)
 
-    cli.build_optimizer = killing_optimizer
+    optim.build_optimizer = killing_optimizer
 
 
 class _DieWhenWritten:
@@ -87,7 +89,7 @@ class _DieWhenWritten:
 def _kill_in_save(kill_step: int) -> None:
     import orbax.checkpoint as ocp
 
-    from jaxlib_ext.checkpoint import Checkpointer
+    from jaxlib_ext.core.checkpoint import Checkpointer
 
     armed = {"step": None}
     save = Checkpointer.save
@@ -117,11 +119,11 @@ def main():
     parser.add_argument("--kill-in-save", type=int, default=None)
     own, rest = parser.parse_known_args()
 
-    from jaxlib_ext import cli
+    from jaxlib_ext.cli import train as cli
 
-    args = cli.build_parser().parse_args(["train", *rest])
+    args = cli.build_parser().parse_args(rest)
     if own.kill_at_step is not None:
-        _kill_at_step(cli, own.kill_at_step, own.commit_first)
+        _kill_at_step(own.kill_at_step, own.commit_first)
     if own.kill_in_save is not None:
         _kill_in_save(own.kill_in_save)
 

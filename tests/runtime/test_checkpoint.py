@@ -4,7 +4,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.checkpoint import Checkpointer, abstract_like
+from jaxlib_ext.core.checkpoint import Checkpointer, abstract_like
 
 
 def test_round_trip_keeps_zero_size_leaves_and_the_record(tmp_path):

@@ -11,7 +11,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxlib_ext import cli, data, sharding, train
+from jaxlib_ext import cli
+from jaxlib_ext.core import data, sharding, train
 from jaxlib_ext.models import LMConfig, build_lm
 
 

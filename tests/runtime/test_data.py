@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jaxlib_ext import data, sharding
+from jaxlib_ext.core import data, sharding
 
 
 def test_embedded_corpus_is_english_and_split():

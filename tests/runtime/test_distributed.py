@@ -1,6 +1,6 @@
 import pytest
 
-from jaxlib_ext import distributed
+from jaxlib_ext.core import distributed
 
 
 def test_single_process_defaults_and_noop():

@@ -1,9 +1,9 @@
-"""jaxlib_ext.images: the bundled MNIST digits and scikit-learn's 8x8 digits."""
+"""jaxlib_ext.core.images: the bundled MNIST digits and scikit-learn's 8x8 digits."""
 
 import numpy as np
 import pytest
 
-from jaxlib_ext import images
+from jaxlib_ext.core import images
 
 
 def test_mnist_splits_shapes_labels_and_range():

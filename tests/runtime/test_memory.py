@@ -2,7 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext import memory
+from jaxlib_ext.core import memory
 
 
 def test_tree_bytes_concrete_and_abstract():

@@ -80,9 +80,10 @@ def test_two_processes_match_one_process_of_four_devices(runs):
 def test_two_process_checkpoint_restores_in_one_process(runs):
     import jax
 
-    from jaxlib_ext.checkpoint import Checkpointer
-    from jaxlib_ext.cli import build_model, build_optimizer
-    from jaxlib_ext.train import init_state
+    from jaxlib_ext.cli.train import build_model
+    from jaxlib_ext.core.checkpoint import Checkpointer
+    from jaxlib_ext.core.train import init_state
+    from jaxlib_ext.optim import build_optimizer
 
     model = build_model("transformer", "tiny", vocab_size=256, seed=0)
     tx = build_optimizer("adamw", 3e-3, steps=8)

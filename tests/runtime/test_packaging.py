@@ -89,6 +89,6 @@ def test_every_public_name_of_the_runtime_resolves():
 
     missing = [name for name in jaxlib_ext.__all__ if getattr(jaxlib_ext, name, None) is None]
     assert not missing, missing
-    assert jaxlib_ext.fit is jaxlib_ext.train.fit
+    assert jaxlib_ext.fit is jaxlib_ext.core.train.fit
     assert set(jaxlib_ext.__all__) <= set(dir(jaxlib_ext))
     assert set(jaxlib_ext.__all__) == {"__version__", *jaxlib_ext._EXPORTS, *jaxlib_ext._SUBMODULES}

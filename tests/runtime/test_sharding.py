@@ -3,7 +3,7 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxlib_ext import sharding
+from jaxlib_ext.core import sharding
 from jaxlib_ext.models import build_transformer
 
 

@@ -10,9 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from jaxlib_ext import cli, data, sharding, train
+from jaxlib_ext import cli
+from jaxlib_ext.cli import train as train_cmd
+from jaxlib_ext.core import data, sharding, train
+from jaxlib_ext.core.schedule import ScheduleMismatchError, warmup_cosine
 from jaxlib_ext.models import build_transformer
-from jaxlib_ext.schedule import ScheduleMismatchError, warmup_cosine
 
 SMALL = dict(batch_size=8, seq_len=32, eval_every=3, eval_batches=1, log_every=1,
              checkpoint_every=3, progress=False)
@@ -169,7 +171,7 @@ def test_cli_trains_reports_and_resumes_only_on_the_recorded_schedule(tmp_path, 
     # Asked for: two more steps on the recorded curve, which holds its final value.
     assert _cli_train(tmp_path, "--steps", "6", "--resume", "--extend-schedule") == 0
     assert "done: step 6" in capsys.readouterr().out
-    from jaxlib_ext.checkpoint import Checkpointer
+    from jaxlib_ext.core.checkpoint import Checkpointer
 
     with Checkpointer(tmp_path / "checkpoints") as ckpt:
         meta = ckpt.restore_meta(6)
@@ -189,11 +191,11 @@ def test_extended_schedule_keeps_the_recorded_curve_and_holds_its_end():
 
 
 def test_opt_values_take_the_type_of_the_recipe_default():
-    got = cli.parse_opt(["level=4", "scale=1", "second_moment=rms", "b2=0.9"], "foam", 100)
+    got = train_cmd.parse_opt(["level=4", "scale=1", "second_moment=rms", "b2=0.9"], "foam", 100)
     assert got == {"level": 4, "scale": 1.0, "second_moment": "rms", "b2": 0.9}
     assert type(got["scale"]) is float
     with pytest.raises(ValueError, match="--opt: key 'level' given twice"):
-        cli.parse_opt(["level=4", "level=2"], "foam", 100)
+        train_cmd.parse_opt(["level=4", "level=2"], "foam", 100)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxlib_ext import images
+from jaxlib_ext.core import images
 from jaxlib_ext.samplers import energy as en
 from jaxlib_ext.samplers.energy import train as T
 

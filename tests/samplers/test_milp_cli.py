@@ -2,7 +2,8 @@
 
 import pytest
 
-from jaxlib_ext import cli, cli_milp
+from jaxlib_ext import cli
+from jaxlib_ext.cli import milp as cli_milp
 from jaxlib_ext.samplers import milp
 
 

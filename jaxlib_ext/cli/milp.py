@@ -17,13 +17,15 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jaxlib_ext.samplers.milp.langevin import METHODS
+
     p = argparse.ArgumentParser(prog="python -m jaxlib_ext milp",
                                 description="solve a MILP (MPS/LP file) by learned Langevin "
                                             "sampling with exact LP completion (HiGHS)")
     p.add_argument("file", help="MPS (free or fixed) or CPLEX LP file")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds (default 60)")
     p.add_argument("--chains", type=int, default=16, help="parallel chains (default 16)")
-    p.add_argument("--method", default="rld", choices=("rld", "dlp", "dmala"),
+    p.add_argument("--method", default="rld", choices=METHODS,
                    help="sampler: regularised flip rule (default), DLP, or DLP with MH")
     p.add_argument("--steps-per-round", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)

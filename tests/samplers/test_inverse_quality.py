@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxlib_ext.image_quality import psnr, ssim
+from jaxlib_ext.samplers.inverse.quality import psnr, ssim
 
 
 def _ssim_by_windows(x, y, size=11, sigma=1.5, data_range=1.0):

@@ -1,6 +1,6 @@
 """Full-reference image quality: PSNR and SSIM of reconstructions against the truth.
 
-Both take images channels-last ``[..., H, W, C]`` (NHWC, as ``jaxlib_ext.images`` loads them)
+Both take images channels-last ``[..., H, W, C]`` (NHWC, as ``jaxlib_ext.core.images`` loads them)
 with values in ``[0, data_range]``; the reconstruction ``x`` is clipped to that range first,
 the leading axes of ``ref`` broadcast against those of ``x`` (one truth for several samples:
 ``ref[:, None]``), and one number per image comes back (``[...]``). Both are pure

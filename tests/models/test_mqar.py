@@ -1,10 +1,10 @@
-"""jaxlib_ext.tasks: the MQAR batch answers its queries from its own context."""
+"""jaxlib_ext.models.mqar: the MQAR batch answers its queries from its own context."""
 
 import jax
 import numpy as np
 import pytest
 
-from jaxlib_ext.tasks import mqar_batch, mqar_length
+from jaxlib_ext.models.mqar import mqar_batch, mqar_length
 
 
 def test_mqar_queries_are_answered_by_the_context():

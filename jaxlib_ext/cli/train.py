@@ -1,6 +1,6 @@
-"""``python -m jaxlib_ext train ...``: composes a model, an optimizer and the runtime.
+"""``python -m jaxlib_ext train ...``: composes a model, an optimizer and the training loop.
 
-This is the one runtime module that knows the method families. Models come from a
+The command that knows the method families. Models come from a
 registry mapping a name to ``"module:function"``, imported lazily, so ``import jaxlib_ext``
 stays cheap and a family that fails to import only breaks the runs that ask for it;
 factories are called as ``factory(preset, vocab_size=..., rngs=...)``. The composable
@@ -8,7 +8,7 @@ models (:func:`jaxlib_ext.models.build_lm`) take ``--mixer`` and ``--ffn`` (and 
 key=value`` for any :class:`~jaxlib_ext.models.LMConfig` field); ``--model transformer|mdn|gdn``
 are their ``attention|mdn|gdn + swiglu`` presets. The composed config is recorded with every
 checkpoint, so that ``--init-from`` (a new run from a checkpoint's parameters, e.g. one that
-:mod:`jaxlib_ext.models.growth` grew) rebuilds its model. Optimizers are the
+``python -m jaxlib_ext grow`` grew) rebuilds its model. Optimizers are the
 recipes of :func:`jaxlib_ext.optim.make_optimizer`; ``--opt key=value`` overrides any of a
 recipe's hyperparameters.
 
@@ -27,18 +27,15 @@ import sys
 __all__ = [
     "MODELS",
     "PRESET_MIXERS",
-    "FAMILY_COMMANDS",
     "FLAGS",
     "build_model",
     "model_config",
     "parse_arch",
-    "build_optimizer",
     "build_parser",
     "flag_message",
     "main",
     "parse_opt",
     "run_train",
-    "schedule",
 ]
 
 MODELS: dict[str, str] = {
@@ -151,31 +148,6 @@ def _build_from_args(args, vocab_size: int):
     return build_lm(lm_cfg, rngs=nnx.Rngs(args.seed)), lm_cfg
 
 
-def prepare_model(name: str, model, **hyperparams):
-    """:func:`jaxlib_ext.optim.prepare_model`: the model the recipe ``name`` trains."""
-    from jaxlib_ext.optim import prepare_model as prepare
-
-    return prepare(name, model, **hyperparams)
-
-
-def schedule(lr: float, steps: int, warmup: int | None = None):
-    """The default optax schedule of a run: :func:`jaxlib_ext.schedule.warmup_cosine`."""
-    from jaxlib_ext.schedule import warmup_cosine
-
-    return warmup_cosine(lr, steps, warmup).to_optax()
-
-
-def build_optimizer(name: str, lr, *, steps: int, seed: int = 0, weight_decay=0.0,
-                    **hyperparams):
-    """Recipe ``name`` of :func:`jaxlib_ext.optim.make_optimizer` on the default schedule
-    for ``lr`` and ``steps`` (``lr`` may also be an optax schedule, taken as is)."""
-    from jaxlib_ext.optim import make_optimizer
-
-    learning_rate = schedule(lr, steps) if isinstance(lr, (int, float)) else lr
-    return make_optimizer(name, learning_rate, total_steps=steps, seed=seed,
-                          weight_decay=weight_decay, **hyperparams)
-
-
 def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
     """``flag key=value`` items as stripped ``(key, value text)`` pairs, in order."""
     pairs = []
@@ -233,29 +205,20 @@ def parse_opt(items: list[str], optimizer: str, steps: int) -> dict:
     return out
 
 
-# Subcommands that belong to one method family: name -> (module, help). Each module has
-# ``main(argv) -> int`` with its own parser; it is imported only when its command runs.
-FAMILY_COMMANDS = {
-    "milp": ("jaxlib_ext.cli_milp", "solve a MILP (MPS/LP file) by learned Langevin sampling"),
-    "distill": ("jaxlib_ext.cli_distill", "distil a GGUF teacher LM into an xLSTM student"),
-}
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m jaxlib_ext", description=__doc__.split("\n")[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_, help_text) in FAMILY_COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
-    t = sub.add_parser("train", help="train a language model on a text corpus")
+    from jaxlib_ext.core.train import PARALLEL_MODES
+    from jaxlib_ext.models import FFNS, MIXERS
+    from jaxlib_ext.optim import OPTIMIZER_NAMES
+
+    t = argparse.ArgumentParser(prog="python -m jaxlib_ext train",
+                                description="train a language model on a text corpus")
     t.add_argument("--model", default=None,
                    help=f"one of {sorted(MODELS)} (default: transformer); transformer, mdn and "
                         "gdn are the attention, mdn and gdn mixers with a swiglu FFN")
-    t.add_argument("--mixer", default=None, choices=("attention", "mdn", "gdn", "mlstm"),
+    t.add_argument("--mixer", default=None, choices=MIXERS,
                    help="token mixer of every block (composable model); mlstm is the xLSTM "
                         "paper's mLSTM layer")
-    t.add_argument("--ffn", default=None, choices=("swiglu", "moe", "latent_moe"),
+    t.add_argument("--ffn", default=None, choices=FFNS,
                    help="feed-forward part of every block (composable model)")
     t.add_argument("--arch", action="append", default=[], metavar="KEY=VALUE",
                    help="set a field of the composed model's LMConfig, e.g. --arch "
@@ -266,10 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init-from", default=None, metavar="CKPT_DIR",
                    help="start a new run (step 0, fresh optimizer and schedule) from the "
                         "parameters of the newest checkpoint in CKPT_DIR, e.g. one written "
-                        "by python -m jaxlib_ext.models.growth; the model is the config "
+                        "by python -m jaxlib_ext grow; the model is the config "
                         "recorded there (the model flags are not read). With --resume, the "
                         "run continues from its own newest checkpoint when it has one")
-    t.add_argument("--optimizer", default="adamw",
+    t.add_argument("--optimizer", default="adamw", choices=OPTIMIZER_NAMES,
                    help="a recipe of jaxlib_ext.optim.make_optimizer (OPTIMIZER_NAMES)")
     t.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                    help="set a hyperparameter of the --optimizer recipe, e.g. --opt level=4 "
@@ -283,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "steps), cosine decay to lr/10 at --steps")
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--mesh", default=None, help="e.g. 'data=2,fsdp=2' (default: all on data)")
-    t.add_argument("--parallel", choices=("jit", "pmap", "shard_map"), default="jit",
+    t.add_argument("--parallel", choices=PARALLEL_MODES, default="jit",
                    help="jit: sharded state (fsdp/tensor); pmap / shard_map: replicated state")
     t.add_argument("--corpus", default=None, help=".txt file or folder (default: embedded)")
     t.add_argument("--out-dir", default="runs/default", help="metrics.jsonl, loss.png, ...")
@@ -307,14 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--process-id", type=int, default=None)
     m.add_argument("--num-cpu-devices", type=int, default=None,
                    help="simulated CPU devices per process (sets JAX_NUM_CPU_DEVICES)")
-    return parser
+    return t
 
 
 def _recorded_run(ckpt_dir) -> dict | None:
     """The metadata of the newest committed checkpoint in ``ckpt_dir``, if any."""
     if not ckpt_dir.is_dir() or not any(p.name.isdigit() for p in ckpt_dir.iterdir()):
         return None
-    from jaxlib_ext.checkpoint import Checkpointer
+    from jaxlib_ext.core.checkpoint import Checkpointer
 
     with Checkpointer(ckpt_dir) as ckpt:
         step = ckpt.latest_step()
@@ -331,7 +294,7 @@ def _run_schedule(args, ckpt_dir):
     schedule's final value; the optimizer's own step-dependent settings, such as SMET's
     topology schedule, keep their recorded horizon likewise).
     """
-    from jaxlib_ext.schedule import WarmupCosine, warmup_cosine
+    from jaxlib_ext.core.schedule import WarmupCosine, warmup_cosine
 
     requested = warmup_cosine(args.lr, args.steps)
     if args.extend_schedule and not args.resume:
@@ -363,10 +326,10 @@ def _run_schedule(args, ckpt_dir):
 
 
 def run_train(args: argparse.Namespace):
-    """The ``train`` command; returns :class:`jaxlib_ext.train.TrainResult`."""
+    """The ``train`` command; returns :class:`jaxlib_ext.core.train.TrainResult`."""
     if args.num_cpu_devices is not None:
         os.environ["JAX_NUM_CPU_DEVICES"] = str(args.num_cpu_devices)
-    from jaxlib_ext import distributed
+    from jaxlib_ext.core import distributed
 
     try:
         proc = distributed.initialize(args.coordinator, args.num_processes, args.process_id)
@@ -376,7 +339,7 @@ def run_train(args: argparse.Namespace):
 
     import jax
 
-    from jaxlib_ext import data, sharding, train
+    from jaxlib_ext.core import data, sharding, train
 
     # Cheap checks first, before any model is built or any file is written.
     if args.lr <= 0:
@@ -429,6 +392,8 @@ def run_train(args: argparse.Namespace):
     cfg.meta["run"] = f"{name} + {args.optimizer}"
     if lm_cfg is not None:
         cfg.meta["model"] = lm_cfg.to_dict()
+    from jaxlib_ext.optim import build_optimizer, prepare_model
+
     model = prepare_model(args.optimizer, model, **hyperparams)
     tx = build_optimizer(args.optimizer, cfg.schedule.to_optax(), steps=optimizer_steps,
                          seed=args.seed, weight_decay=args.weight_decay, **hyperparams)
@@ -486,14 +451,9 @@ def _check_recorded_model(args, ckpt_dir, lm_cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in FAMILY_COMMANDS:
-        return importlib.import_module(FAMILY_COMMANDS[argv[0]][0]).main(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
-        if args.command == "train":
-            run_train(args)
+        run_train(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {flag_message(str(e))}", file=sys.stderr)
         return 2

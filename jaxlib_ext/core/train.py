@@ -23,7 +23,7 @@ Resume (``TrainConfig.resume``) starts from the newest *committed* checkpoint, o
 scratch when there is none; a save that a crash interrupted is never read. Batches are a
 pure function of ``(seed, step)``, so the resumed run ends equal to an uninterrupted one.
 When ``TrainConfig.schedule`` is given it is recorded with every checkpoint, and a resume
-that asks for another schedule raises :class:`~jaxlib_ext.schedule.ScheduleMismatchError`.
+that asks for another schedule raises :class:`~jaxlib_ext.core.schedule.ScheduleMismatchError`.
 
 Errors about the configuration name the ``TrainConfig`` field at fault
 (``TrainConfig.batch_size``, ...).
@@ -45,10 +45,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext import data as data_lib
-from jaxlib_ext import sharding as sharding_lib
-from jaxlib_ext.checkpoint import Checkpointer, abstract_like
-from jaxlib_ext.schedule import ScheduleMismatchError, WarmupCosine
+from jaxlib_ext.core import data as data_lib
+from jaxlib_ext.core import sharding as sharding_lib
+from jaxlib_ext.core.checkpoint import Checkpointer, abstract_like
+from jaxlib_ext.core.schedule import ScheduleMismatchError, WarmupCosine
 
 __all__ = [
     "TrainState",
