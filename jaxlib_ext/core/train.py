@@ -165,13 +165,31 @@ def make_loss_fn(graphdef, rest, *, with_metrics: bool = False) -> Callable:
     return loss_fn
 
 
-def _apply(tx, loss_fn, state: TrainState, batch, reduce_grads=None):
+def _apply(tx, loss_fn, state: TrainState, batch, reduce_grads=None, mean_over=None):
+    """One optimizer step on ``batch``: ``(new_state, metrics)``.
+
+    Args:
+        tx: The optax transformation.
+        loss_fn: ``loss(params, batch[, model_state])`` as :func:`make_loss_fn` builds it.
+        state: The current :class:`TrainState`.
+        batch: This device's batch.
+        reduce_grads: Applied after differentiation to the loss, the gradients, the metrics
+            and the model state (``jax.pmap``: per-device values, ``lax.pmean`` them).
+        mean_over: Mesh axes to average the loss and metrics over *inside* the
+            differentiated function (``jax.shard_map``). There the parameters are invariant
+            over those axes, so autodiff already sums their cotangents over devices;
+            differentiating the global mean loss gives the mean gradient, where a
+            ``pmean`` of the local gradients would keep the sum.
+    """
+    mean = (lambda t: t) if mean_over is None else (lambda t: jax.lax.pmean(t, mean_over))
+
     def objective(params):
         if state.model_state is None:
             out = loss_fn(params, batch)
         else:
             out = loss_fn(params, batch, state.model_state)
-        return out if isinstance(out, tuple) else (out, ({}, state.model_state))
+        loss, (aux, model_state) = out if isinstance(out, tuple) else (out, ({}, state.model_state))
+        return mean(loss), (mean(aux), mean(model_state))
 
     (loss, (aux, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     if reduce_grads is not None:
@@ -212,12 +230,16 @@ def make_pmap_train_step(tx, loss_fn, axis_name: str = "batch"):
 
 def make_shard_map_train_step(tx, loss_fn, mesh):
     """Data parallelism written out with ``jax.shard_map``: each device takes its slice of
-    the batch (over ``data`` x ``fsdp``), computes local gradients and ``pmean``s them over
-    those axes; the state is replicated. The modern spelling of the ``pmap`` step."""
+    the batch (over ``data`` x ``fsdp``); the state is replicated. The modern spelling of
+    the ``pmap`` step, with the same numbers as ``jit`` on one device.
+
+    The step differentiates the loss ``pmean``ed over those axes: the parameters are
+    invariant over them (``check_vma``), so autodiff sums the per-device cotangents and the
+    gradient is the mean one, with no collective after it.
+    """
     axes = tuple(a for a in sharding_lib.BATCH_AXES if a in mesh.shape)
-    reduce = lambda t: jax.lax.pmean(t, axes)
     body = jax.shard_map(
-        lambda state, batch: _apply(tx, loss_fn, state, batch, reduce),
+        lambda state, batch: _apply(tx, loss_fn, state, batch, mean_over=axes),
         mesh=mesh,
         in_specs=(jax.P(), jax.P(axes)),
         out_specs=(jax.P(), jax.P()),
