@@ -6,7 +6,8 @@ Every language model is a :class:`LanguageModel` of blocks ``token mixer + feed-
 ``"mlstm"``: xLSTM's mLSTM layer, arXiv 2405.04517) with any FFN of :data:`FFNS`
 (``"swiglu"``, ``"moe"``, ``"latent_moe"``), e.g.
 ``build_lm("tiny", mixer="mdn", ffn="latent_moe", rngs=nnx.Rngs(0))``; the Transformer, MDN and
-GDN builders are its ``+ swiglu`` presets. Submodules: :mod:`~jaxlib_ext.models.latent_moe`
+GDN builders are its ``+ swiglu`` presets. :mod:`~jaxlib_ext.models.registry` names the
+parts. Submodules: :mod:`~jaxlib_ext.models.latent_moe`
 (the LatentMoE layer, arXiv 2601.18089), :mod:`~jaxlib_ext.models.accounting` (parameters and
 FLOPs per token), :mod:`~jaxlib_ext.models.growth` (orthogonal growth of MoE checkpoints, arXiv
 2510.08008), :mod:`~jaxlib_ext.models.xlstm` (xLSTM students of a Llama teacher: mLSTM and
@@ -19,6 +20,7 @@ whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESET
 without allocating them, e.g. ``preset_param_count(build_mdn, "400m")``.
 """
 
+from jaxlib_ext.models._backbone import Block, LanguageModel
 from jaxlib_ext.models._delta_mixer import (
     DELTANET_PRESETS,
     DeltaNetConfig,
@@ -26,47 +28,49 @@ from jaxlib_ext.models._delta_mixer import (
     LMCache,
     l2_normalize,
 )
-from jaxlib_ext.models.gdn import GatedDeltaNet, GDNLanguageModel, build_gdn, gdn_gates
-from jaxlib_ext.models.latent_moe import LatentMoE, router_bias_update
+from jaxlib_ext.models.attention import (
+    TRANSFORMER_PRESETS,
+    Attention,
+    AttentionConfig,
+    TransformerConfig,
+    attention,
+    causal_attention,
+)
+from jaxlib_ext.models.gdn import GatedDeltaNet, GDNConfig, gdn_gates
+from jaxlib_ext.models.latent_moe import LatentMoE, LatentMoEConfig, router_bias_update
 from jaxlib_ext.models.layers import (
     Embedding,
     LMHead,
     RMSNorm,
     SwiGLU,
+    SwiGLUConfig,
     apply_rope,
     rms_norm,
     swiglu_hidden_size,
 )
 from jaxlib_ext.models.llama import Llama, LlamaConfig, default_teacher_path, load_gguf
 from jaxlib_ext.models.lm import (
-    FFNS,
     LM_PRESETS,
-    MIXERS,
-    LanguageModel,
     LMConfig,
+    build_gdn,
     build_lm,
+    build_mdn,
+    build_transformer,
     lm_config,
 )
 from jaxlib_ext.models.mdn import (
+    MDNConfig,
     MDNGates,
-    MDNLanguageModel,
     MomentumDeltaNet,
-    build_mdn,
     mdn_gates,
     momentum_eigenvalues,
     momentum_transition_matrix,
 )
-from jaxlib_ext.models.mlstm import MLSTMCache, MLSTMConfig, MLSTMLayer
+from jaxlib_ext.models.mlstm import MLSTMCache, MLSTMConfig, MLSTMLayer, MLSTMMixerConfig
 from jaxlib_ext.models.presets import param_count, preset_param_count
+from jaxlib_ext.models.registry import FFN_REGISTRY, FFNS, MIXER_REGISTRY, MIXERS
 from jaxlib_ext.models.short_conv import ShortConvolution, causal_depthwise_conv
 from jaxlib_ext.models.sparse_linear import SparseLinear, regrow_sparse_indices
-from jaxlib_ext.models.transformer import (
-    TRANSFORMER_PRESETS,
-    TransformerConfig,
-    TransformerLM,
-    build_transformer,
-    causal_attention,
-)
 from jaxlib_ext.models.unet import UNet
 from jaxlib_ext.models.xlstm import XLSTMConfig, XLSTMMixer, student_from_teacher
 
@@ -81,6 +85,14 @@ __all__ = [
     "LM_PRESETS",
     "MIXERS",
     "FFNS",
+    "MIXER_REGISTRY",
+    "FFN_REGISTRY",
+    "AttentionConfig",
+    "MDNConfig",
+    "GDNConfig",
+    "MLSTMMixerConfig",
+    "SwiGLUConfig",
+    "LatentMoEConfig",
     "TransformerConfig",
     "DeltaNetConfig",
     "MLSTMConfig",
@@ -97,14 +109,14 @@ __all__ = [
     "XLSTMMixer",
     "student_from_teacher",
     "LanguageModel",
-    "TransformerLM",
-    "MDNLanguageModel",
-    "GDNLanguageModel",
+    "Block",
     "LayerCache",
     "LMCache",
     "MLSTMCache",
     # token mixers and their pure pieces
+    "attention",
     "causal_attention",
+    "Attention",
     "MomentumDeltaNet",
     "GatedDeltaNet",
     "MLSTMLayer",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,7 @@ from jaxlib_ext.pallas_kernels import METHODS, SUPPORTED_CHUNK_SIZES
 
 __all__ = [
     "DeltaNetConfig",
+    "DeltaRuleConfig",
     "DELTANET_PRESETS",
     "l2_normalize",
     "LayerCache",
@@ -109,6 +110,32 @@ class DeltaNetConfig:
     @property
     def hidden(self) -> int:
         return self.mlp_hidden or swiglu_hidden_size(self.d_model, 4.0, self.mlp_multiple_of)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaRuleConfig:
+    """The fields a delta-rule token mixer of a language-model block adds to the backbone's
+    width and norm epsilon (the Gated DeltaNet mixer's; MDN's config adds its own).
+
+    :meth:`layer_config` gives the layer's :class:`DeltaNetConfig` for a backbone.
+    """
+
+    kind: ClassVar[str]
+    n_heads: int = 4
+    head_dim: int = 32
+    expand_v: int = 2
+    conv_size: int = 4
+    method: str = "auto"
+    chunk_size: int | None = None
+    decode_recurrent_max_len: int = 64
+
+    def __post_init__(self):
+        self.layer_config(128, 1e-6)  # the layer's own validation, at a neutral width
+
+    def layer_config(self, d_model: int, norm_eps: float) -> DeltaNetConfig:
+        """The :class:`DeltaNetConfig` of this mixer in a model of width ``d_model``."""
+        fields = dataclasses.asdict(self)
+        return DeltaNetConfig(d_model=d_model, norm_eps=norm_eps, **fields)
 
 
 def _paper(d, k, tau_factor, min_log_mu, max_seq_len=4096):

@@ -47,6 +47,7 @@ __all__ = [
     "sort_by_expert",
 ]
 
+#: Dispatch paths of a mixture-of-experts layer (module docstring).
 DISPATCH_METHODS = ("ragged", "pallas", "dense")
 
 

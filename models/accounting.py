@@ -201,23 +201,26 @@ def lm_cost(cfg, *, seq_len: int | None = None) -> Accounting:
         raise TypeError(f"lm_cost: cfg must be an LMConfig, got {type(cfg).__name__}")
     d, n = cfg.d_model, cfg.n_layers
     seq_len = cfg.max_seq_len if seq_len is None else seq_len
-    if cfg.mixer == "attention":
-        mixer = attention_cost(d, cfg.n_heads, cfg.head_dim, seq_len=seq_len)
-    elif cfg.mixer == "mlstm":
+    kind = cfg.mixer_name
+    if kind == "attention":
+        mixer = attention_cost(d, cfg.n_heads, cfg.head_dim, n_kv_heads=cfg.mixer.kv_heads,
+                               seq_len=seq_len)
+    elif kind == "mlstm":
         mixer = mlstm_cost(d, cfg.n_heads, cfg.head_dim, cfg.expand_v * cfg.head_dim,
                            conv_size=cfg.conv_size)
     else:
-        mixer = delta_mixer_cost(cfg.mixer, d, cfg.n_heads, cfg.head_dim,
+        mixer = delta_mixer_cost(kind, d, cfg.n_heads, cfg.head_dim,
                                  cfg.expand_v * cfg.head_dim, conv_size=cfg.conv_size,
-                                 use_output_correction=cfg.use_output_correction)
+                                 use_output_correction=getattr(cfg.mixer,
+                                                               "use_output_correction", False))
     comps = {"embedding": Cost(cfg.vocab_size * d, cfg.vocab_size * d, 0),
-             f"mixer ({cfg.mixer})": mixer * n}
-    if cfg.ffn == "swiglu":
+             f"mixer ({kind})": mixer * n}
+    if cfg.ffn_name == "swiglu":
         comps["ffn (swiglu)"] = swiglu_cost(d, cfg.hidden) * n
     else:
         parts = moe_cost(d, num_experts=cfg.num_experts, top_k=cfg.top_k,
                          expert_dim=cfg.expert_dim,
-                         latent_dim=cfg.latent_dim if cfg.ffn == "latent_moe" else None,
+                         latent_dim=cfg.latent_dim,
                          shared_expert_dim=cfg.shared_expert_dim)
         for name, c in parts.items():
             comps[f"ffn {name}"] = c * n

@@ -1,4 +1,4 @@
-"""Gated DeltaNet (GDN): the token mixer and language model in Flax NNX.
+"""Gated DeltaNet (GDN): the token mixer in Flax NNX.
 
 Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule",
 arXiv 2412.06464 (ICLR 2025), Section 3. The layer is a
@@ -20,26 +20,33 @@ rule of arXiv 2412.06464, Section 3.1; (5) is fla's ``FusedRMSNormGated`` defaul
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxlib_ext.models._delta_mixer import (
-    DELTANET_PRESETS,
     DeltaMixer,
     DeltaNetConfig,
+    DeltaRuleConfig,
     dt_bias_init,
     head_param,
     l2_normalize,
     linear,
     log_uniform_open,
 )
-from jaxlib_ext.models.layers import SwiGLU
-from jaxlib_ext.models.lm import LanguageModel
-from jaxlib_ext.models.presets import config_from_preset
 from jaxlib_ext.pallas_kernels.gated_delta import gated_delta_rule
 
-__all__ = ["gdn_gates", "GatedDeltaNet", "GDNLanguageModel", "build_gdn"]
+__all__ = ["GDNConfig", "gdn_gates", "GatedDeltaNet"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GDNConfig(DeltaRuleConfig):
+    """The ``"gdn"`` mixer of a language-model block (fields: :class:`DeltaRuleConfig`)."""
+
+    kind: ClassVar[str] = "gdn"
 
 
 def gdn_gates(a, b, *, A_log, dt_bias) -> tuple[jax.Array, jax.Array]:
@@ -79,28 +86,3 @@ class GatedDeltaNet(DeltaMixer):
     def _delta_rule(self, x, q, k, v, **op_options):
         g, beta = self.gates(x)
         return gated_delta_rule(l2_normalize(q), l2_normalize(k), v, g, beta, **op_options)  # (3-4)
-
-
-class GDNLanguageModel(LanguageModel):
-    """Gated DeltaNet LM: embedding, ``n_layers`` x (GDN mixer + SwiGLU), norm, untied head.
-
-    The same skeleton and decoding API as :class:`~jaxlib_ext.models.MDNLanguageModel`.
-    """
-
-    def __init__(self, cfg: DeltaNetConfig, *, rngs: nnx.Rngs):
-        super().__init__(
-            cfg, mixer=lambda r: GatedDeltaNet(cfg, rngs=r),
-            ffn=lambda r: SwiGLU(cfg.d_model, cfg.hidden, rngs=r), rngs=rngs,
-        )
-
-
-def build_gdn(
-    preset: str = "tiny", *, vocab_size: int | None = None, rngs: nnx.Rngs, **overrides
-) -> GDNLanguageModel:
-    """A :class:`GDNLanguageModel` from a size preset of
-    :data:`~jaxlib_ext.models.DELTANET_PRESETS` (``"tiny"``, ``"400m"``, ``"1.3b"``) with
-    ``vocab_size`` (``None``: the preset's) and :class:`DeltaNetConfig` field overrides."""
-    cfg = config_from_preset(
-        DELTANET_PRESETS, preset, model="gdn", vocab_size=vocab_size, **overrides
-    )
-    return GDNLanguageModel(cfg, rngs=rngs)

@@ -34,7 +34,6 @@ checkpoint (step 0, no optimizer state) that a new run starts from with
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 
 import jax
@@ -42,7 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext.models.lm import LanguageModel, LMConfig, build_lm
+from jaxlib_ext.models._backbone import LanguageModel
+from jaxlib_ext.models.lm import LMConfig, build_lm
 
 __all__ = [
     "interposition_order",
@@ -79,7 +79,7 @@ def grow_config(cfg: LMConfig, *, depth: bool = True, width: bool = True,
         raise TypeError(f"grow_config: cfg must be an LMConfig, got {type(cfg).__name__}")
     if width and not cfg.is_moe:
         raise ValueError(f"grow_config: width growth needs a moe or latent_moe FFN, got "
-                         f"ffn {cfg.ffn!r}")
+                         f"ffn {cfg.ffn_name!r}")
     new = {}
     if depth:
         new["n_layers"] = 2 * cfg.n_layers
@@ -87,7 +87,7 @@ def grow_config(cfg: LMConfig, *, depth: bool = True, width: bool = True,
         new["num_experts"] = 2 * cfg.num_experts
         if double_top_k:
             new["top_k"] = 2 * cfg.top_k
-    return dataclasses.replace(cfg, **new)
+    return cfg.replace(**new)
 
 
 def _expert_axis(name, var, num_experts: int) -> int | None:

@@ -14,16 +14,18 @@ For a token ``x`` of width ``d`` (already normalised by the block's pre-norm)::
 ``latent_dim=None`` is the standard mixture of experts with the same router and experts
 (``z = x``, no projections). Projections have no biases.
 
-Constructor::
+Constructor (the layer's sizes and rules are one :class:`LatentMoEConfig`; the rest says where
+and in which dtype it runs)::
 
-    LatentMoE(d_model, *, num_experts, top_k, expert_dim, latent_dim=None,
+    LatentMoE(d_model, LatentMoEConfig(num_experts=8, top_k=2, expert_dim=128, latent_dim=None,
               shared_expert_dim=None, routed_scaling=1.0, normalize_weights=True,
-              bias_update_rate=1e-3, method="ragged", gmm_config=None, mesh=None,
-              dtype=None, param_dtype=jnp.float32, rngs)
+              bias_update_rate=1e-3, method="ragged"),
+              *, gmm_config=None, mesh=None, dtype=None, param_dtype=jnp.float32, rngs)
 
-Call::
+Call (``forward`` is the FFN protocol of a language-model block, ``train`` the bias update)::
 
     y, metrics = layer(x, update_bias=False)
+    y, metrics = layer.forward(x, train=False)
 
 ``x`` is ``[..., d_model]`` (e.g. ``[B, T, d]``); ``y`` has its shape and dtype. ``metrics``
 holds scalars of the router's load in this call, normalised so that a perfectly balanced
@@ -68,6 +70,8 @@ float32 accumulation; the router always in float32 (float64 for float64 inputs).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import errors, nnx
@@ -87,6 +91,7 @@ __all__ = [
     "DISPATCH_METHODS",
     "ExpertLoad",
     "LatentMoE",
+    "LatentMoEConfig",
     "RouterBias",
     "Routing",
     "load_metrics",
@@ -122,65 +127,92 @@ def _positive_int(name, value):
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class LatentMoEConfig:
+    """Sizes and rules of a :class:`LatentMoE` layer (module docstring).
+
+    Attributes:
+      num_experts: routed experts ``E``.
+      top_k: experts per token ``k`` (``<= num_experts``).
+      expert_dim: hidden width ``m`` of each routed expert.
+      latent_dim: latent width ``l`` or ``None`` (the standard mixture of experts, ``l = d``).
+      shared_expert_dim: hidden width ``m_s`` of the full-width shared expert, ``None``: none.
+      routed_scaling: factor on the routing weights (Nemotron 3 Super: 5.0).
+      normalize_weights: divide the selected scores by their sum before scaling.
+      bias_update_rate: step of the balancing update (``update_bias=True`` calls; 0: none).
+      method: dispatch, one of :data:`DISPATCH_METHODS`.
+
+    :attr:`kind` is the FFN's name in the composable LM: ``"latent_moe"``, or ``"moe"`` when
+    ``latent_dim`` is ``None``.
+    """
+
+    num_experts: int = 8
+    top_k: int = 2
+    expert_dim: int = 128
+    latent_dim: int | None = None
+    shared_expert_dim: int | None = None
+    routed_scaling: float = 1.0
+    normalize_weights: bool = True
+    bias_update_rate: float = 1e-3
+    method: str = "ragged"
+
+    def __post_init__(self):
+        for name in ("num_experts", "top_k", "expert_dim"):
+            _positive_int(f"LatentMoEConfig.{name}", getattr(self, name))
+        if self.top_k > self.num_experts:
+            raise ValueError(f"LatentMoEConfig.top_k {self.top_k} exceeds "
+                             f"LatentMoEConfig.num_experts {self.num_experts}")
+        for name in ("latent_dim", "shared_expert_dim"):
+            if getattr(self, name) is not None:
+                _positive_int(f"LatentMoEConfig.{name}", getattr(self, name))
+        if self.method not in DISPATCH_METHODS:
+            raise ValueError(f"LatentMoEConfig.method must be one of {DISPATCH_METHODS}, got "
+                             f"{self.method!r}")
+
+    @property
+    def kind(self) -> str:
+        return "moe" if self.latent_dim is None else "latent_moe"
+
+
 class LatentMoE(nnx.Module):
     """The LatentMoE layer (module docstring); ``latent_dim=None``: the standard MoE.
 
     Args:
       d_model: model width ``d``.
-      num_experts: routed experts ``E``.
-      top_k: experts per token ``k`` (``<= num_experts``).
-      expert_dim: hidden width ``m`` of each routed expert.
-      latent_dim: latent width ``l`` (``<= d_model``) or ``None`` (no projections, ``l = d``).
-      shared_expert_dim: hidden width ``m_s`` of the full-width shared expert, ``None``: none.
-      routed_scaling: factor on the routing weights (Nemotron 3 Super: 5.0).
-      normalize_weights: divide the selected scores by their sum before scaling.
-      bias_update_rate: step of the balancing update (``update_bias=True`` calls).
-      method: ``"ragged" | "pallas" | "dense"``.
+      config: a :class:`LatentMoEConfig` (sizes, routing and balancing rules, dispatch).
       gmm_config: ``GMMKernelConfig`` of the Pallas grouped matmul (``method="pallas"``).
       mesh: mesh for expert parallelism (else the one set by ``jax.set_mesh``, if any).
       dtype: compute dtype (``None``: the input's). param_dtype: parameter dtype.
       rngs: ``nnx.Rngs`` with a ``params`` stream.
 
     Raises:
-      ValueError: non-positive sizes, ``top_k > num_experts``, ``latent_dim > d_model``, an
-        unknown ``method``, or a ``mesh`` whose ``expert`` axis does not divide
-        ``num_experts``.
+      ValueError: a non-positive ``d_model``, ``config.latent_dim > d_model``, or a ``mesh``
+        whose ``expert`` axis does not divide ``config.num_experts`` (the config checks the
+        rest).
     """
 
     def __init__(
         self,
         d_model: int,
+        config: LatentMoEConfig,
         *,
-        num_experts: int,
-        top_k: int,
-        expert_dim: int,
-        latent_dim: int | None = None,
-        shared_expert_dim: int | None = None,
-        routed_scaling: float = 1.0,
-        normalize_weights: bool = True,
-        bias_update_rate: float = 1e-3,
-        method: str = "ragged",
         gmm_config=None,
         mesh=None,
         dtype=None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        for name, value in (
-            ("d_model", d_model), ("num_experts", num_experts), ("top_k", top_k),
-            ("expert_dim", expert_dim),
-        ):  # fmt: skip
-            _positive_int(name, value)
-        if top_k > num_experts:
-            raise ValueError(f"top_k must be <= num_experts = {num_experts}, got {top_k}")
-        if latent_dim is not None:
-            _positive_int("latent_dim", latent_dim)
-            if latent_dim > d_model:
-                raise ValueError(f"latent_dim must be <= d_model = {d_model}, got {latent_dim}")
-        if shared_expert_dim is not None:
-            _positive_int("shared_expert_dim", shared_expert_dim)
-        if method not in DISPATCH_METHODS:
-            raise ValueError(f"method must be one of {DISPATCH_METHODS}, got {method!r}")
+        _positive_int("d_model", d_model)
+        if not isinstance(config, LatentMoEConfig):
+            raise TypeError(f"config must be a LatentMoEConfig, got {type(config).__name__}")
+        c = config
+        num_experts, top_k, expert_dim = c.num_experts, c.top_k, c.expert_dim
+        latent_dim, shared_expert_dim = c.latent_dim, c.shared_expert_dim
+        if latent_dim is not None and latent_dim > d_model:
+            raise ValueError(f"latent_dim must be <= d_model = {d_model}, got {latent_dim}")
+        self.config = config
+        routed_scaling, normalize_weights = c.routed_scaling, c.normalize_weights
+        bias_update_rate, method = c.bias_update_rate, c.method
         if mesh is not None:
             check_expert_mesh(mesh, num_experts, EXPERT_AXIS)
         self.d_model = d_model
@@ -275,3 +307,8 @@ class LatentMoE(nnx.Module):
                 self.router_bias[...], counts, self.bias_update_rate
             )
         return y.astype(x.dtype).reshape(*lead, self.d_model), load_metrics(counts)
+
+    def forward(self, x, *, train: bool = False):
+        """The FFN protocol of a language-model block: ``(y, metrics)``; ``train`` updates the
+        correction bias."""
+        return self(x, update_bias=train)

@@ -6,6 +6,9 @@ Each block is a thin Flax NNX module over a pure function, and every parameter c
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -18,8 +21,14 @@ __all__ = [
     "rms_norm",
     "swiglu_hidden_size",
     "apply_rope",
+    "ROPE_CONVENTIONS",
+    "SwiGLUConfig",
     "dense_init",
 ]
+
+#: RoPE pair layouts: ``"half"`` pairs ``(x[i], x[i + D/2])`` (GPT-NeoX, Hugging Face),
+#: ``"interleaved"`` pairs ``(x[2i], x[2i+1])`` (GPT-J, Meta's code, llama.cpp).
+ROPE_CONVENTIONS = ("half", "interleaved")
 
 dense_init = nnx.initializers.normal(stddev=0.02)
 
@@ -48,8 +57,34 @@ def swiglu_hidden_size(d_model: int, ratio: float = 4.0, multiple_of: int = 256)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
+@dataclasses.dataclass(frozen=True)
+class SwiGLUConfig:
+    """The SwiGLU feed-forward part of a language-model block: width ``hidden``, or
+    ``swiglu_hidden_size(d_model, 4, multiple_of)`` when ``hidden`` is ``None``."""
+
+    kind: ClassVar[str] = "swiglu"
+    hidden: int | None = None
+    multiple_of: int = 32
+
+    def __post_init__(self):
+        for name in ("hidden", "multiple_of"):
+            value = getattr(self, name)
+            if value is None and name == "hidden":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"SwiGLUConfig.{name} must be a positive int, got {value!r}")
+
+    def width(self, d_model: int) -> int:
+        """The hidden width for a model of width ``d_model``."""
+        return self.hidden or swiglu_hidden_size(d_model, 4.0, self.multiple_of)
+
+
 class SwiGLU(nnx.Module):
-    """Gated MLP ``W_down (silu(W_gate x) * W_up x)`` (Shazeer 2020)."""
+    """Gated MLP ``W_down (silu(W_gate x) * W_up x)`` (Shazeer 2020).
+
+    ``__call__(x) -> y``; :meth:`forward` is the FFN protocol of a block,
+    ``forward(x, *, train=False) -> (y, metrics)`` (no metrics here).
+    """
 
     def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs):
         def lin(i, o, axes):
@@ -64,6 +99,10 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+    def forward(self, x: jax.Array, *, train: bool = False) -> tuple[jax.Array, dict]:
+        del train  # no state to update
+        return self(x), {}
 
 
 class Embedding(nnx.Module):
@@ -92,19 +131,37 @@ class LMHead(nnx.Module):
         return jnp.einsum("btd,dv->btv", x, self.kernel[...]).astype(jnp.float32)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float = 10_000.0) -> jax.Array:
-    """Rotary position embedding (Su et al. 2021, arXiv 2104.09864), half-split layout.
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float = 10_000.0, *,
+               convention: str = "half") -> jax.Array:
+    """Rotary position embedding (Su et al. 2021, arXiv 2104.09864, eq. 34).
+
+    Pair ``i < D/2`` of each head rotates by ``position * theta ** (-2i / D)``; ``convention``
+    picks the pairs (:data:`ROPE_CONVENTIONS`). The two layouts differ by a fixed permutation
+    of each head's coordinates, so the same attention needs permuted q/k weights
+    (:func:`jaxlib_ext.models.llama.permute_rope_rows`).
 
     Args:
       x: ``[..., T, H, D]`` with even ``D``.
       positions: ``[T]`` or broadcastable to ``x.shape[:-2]`` integer positions.
+      theta: the frequency base.
+      convention: ``"half"`` or ``"interleaved"``.
+
+    Returns:
+      ``x`` rotated, computed in float32 and returned in ``x``'s dtype.
     """
+    if convention not in ROPE_CONVENTIONS:
+        raise ValueError(f"convention must be one of {ROPE_CONVENTIONS}, got {convention!r}")
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"apply_rope: head dim must be even, got {d}")
     freqs = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [D/2]
     angles = positions.astype(jnp.float32)[..., None] * freqs  # [..., T, D/2]
     cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # head axis
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    x32 = x.astype(jnp.float32)
+    if convention == "half":
+        x1, x2 = x32[..., : d // 2], x32[..., d // 2 :]
+        out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    else:
+        x1, x2 = x32[..., 0::2], x32[..., 1::2]
+        out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
     return out.astype(x.dtype)

@@ -1,5 +1,9 @@
 """A Llama-family decoder in Flax NNX, and its loader from GGUF files.
 
+The file format (metadata, tensors, tokenizer) is :mod:`~jaxlib_ext.models.gguf`'s; RoPE and
+the attention function are the library's ones (:func:`~jaxlib_ext.models.layers.apply_rope`,
+:func:`~jaxlib_ext.models.attention.attention`).
+
 The architecture is Llama's (Touvron et al. 2023, arXiv 2302.13971) as SmolLM2 and most small
 open LMs use it: token embedding, ``n_layers`` pre-norm blocks
 
@@ -48,7 +52,23 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext.models.layers import Embedding, RMSNorm, SwiGLU, dense_init
+from jaxlib_ext.models.attention import attention
+from jaxlib_ext.models.gguf import (
+    GGUFTokenizer,
+    f32_value,
+    field,
+    gguf_tokenizer,
+    open_gguf,
+    read_tensors,
+)
+from jaxlib_ext.models.layers import (
+    ROPE_CONVENTIONS,
+    Embedding,
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    dense_init,
+)
 
 __all__ = [
     "ROPE_CONVENTIONS",
@@ -69,9 +89,6 @@ __all__ = [
     "gguf_tokenizer",
     "default_teacher_path",
 ]
-
-ROPE_CONVENTIONS = ("half", "interleaved")
-
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
@@ -143,25 +160,10 @@ class LlamaConfig:
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, *, theta: float = 10_000.0,
                      convention: str = "half") -> jax.Array:
-    """RoPE (arXiv 2104.09864, eq. 34) of ``x [B, T, H, D]`` at ``positions [B, T]`` (or
-    ``[T]``), pairs chosen by ``convention`` (``"half"`` or ``"interleaved"``, module
-    docstring); computed in float32, returned in ``x``'s dtype."""
-    if convention not in ROPE_CONVENTIONS:
-        raise ValueError(f"convention must be one of {ROPE_CONVENTIONS}, got {convention!r}")
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"rotary_embedding: head dim must be even, got {d}")
-    freqs = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [D/2]
-    angles = positions.astype(jnp.float32)[..., None] * freqs  # [B, T, D/2]
-    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # head axis
-    x32 = x.astype(jnp.float32)
-    if convention == "half":
-        x1, x2 = x32[..., : d // 2], x32[..., d // 2 :]
-        out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
-    else:
-        x1, x2 = x32[..., 0::2], x32[..., 1::2]
-        out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
-    return out.astype(x.dtype)
+    """RoPE of ``x [B, T, H, D]`` at ``positions [B, T]`` (or ``[T]``): the library's one
+    :func:`~jaxlib_ext.models.layers.apply_rope` (arXiv 2104.09864, eq. 34), pairs chosen by
+    ``convention`` (module docstring)."""
+    return apply_rope(x, positions, theta, convention=convention)
 
 
 def permute_rope_rows(w: np.ndarray, n_heads: int, *, to: str = "interleaved") -> np.ndarray:
@@ -182,25 +184,15 @@ def permute_rope_rows(w: np.ndarray, n_heads: int, *, to: str = "interleaved") -
 
 def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                             mask: jax.Array) -> jax.Array:
-    """Softmax attention with grouped key/value heads.
+    """Softmax attention with grouped key/value heads under ``mask``: the library's one
+    :func:`~jaxlib_ext.models.attention.attention` (arXiv 2305.13245).
 
     Args:
       q: ``[B, T, H, D]`` queries (RoPE applied).
-      k, v: ``[B, S, Hkv, D]`` keys and values, ``H`` a multiple of ``Hkv``: query head ``h``
-        reads key/value head ``h // (H // Hkv)``.
+      k, v: ``[B, S, Hkv, D]`` keys and values, ``H`` a multiple of ``Hkv``.
       mask: bool ``[T, S]`` or ``[B, T, S]``, True where query ``t`` may read key ``s``.
-
-    Returns ``[B, T, H, D]`` in ``v``'s dtype; scores ``q k / sqrt(D)`` and the softmax in
-    float32.
     """
-    b, t, h, d = q.shape
-    hkv = k.shape[2]
-    qg = q.reshape(b, t, hkv, h // hkv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k).astype(jnp.float32) * d**-0.5
-    mask = mask if mask.ndim == 3 else mask[None]
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, v.shape[-1])
+    return attention(q, k, v, mask)
 
 
 # --------------------------------------------------------------------------- modules
@@ -478,135 +470,12 @@ def generate_text(model: Llama, tokenizer, prompt: str, max_new_tokens: int, *,
 # --------------------------------------------------------------------------- GGUF
 
 
-class GGUFTokenizer:
-    """A byte-level BPE tokenizer rebuilt from GGUF metadata (``tokenizer.ggml.*``).
-
-    ``encode(text) -> int32[N]`` (with ``bos_id`` first when ``add_bos``), ``decode(ids) ->
-    str`` (special tokens skipped unless ``skip_special=False``); ``vocab_size``, ``bos_id``,
-    ``eos_id``; ``tokenizer`` is the underlying ``tokenizers.Tokenizer``. Same interface as
-    :class:`jaxlib_ext.core.data.ByteTokenizer`, so corpora tokenise with either.
-    """
-
-    def __init__(self, tokenizer, *, vocab_size: int, bos_id: int | None, eos_id: int | None,
-                 add_bos: bool = False):
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
-
-    def encode(self, text: str) -> np.ndarray:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if self.add_bos and self.bos_id is not None:
-            ids = [self.bos_id, *ids]
-        return np.asarray(ids, np.int32)
-
-    def decode(self, ids, *, skip_special: bool = True) -> str:
-        return self.tokenizer.decode([int(i) for i in np.asarray(ids).ravel()],
-                                     skip_special_tokens=skip_special)
-
-    def token_strings(self) -> list[str]:
-        """The vocabulary as strings in id order (for comparing two tokenizers)."""
-        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
-        out = [""] * self.vocab_size
-        for s, i in vocab.items():
-            if i < self.vocab_size:
-                out[i] = s
-        return out
-
-
 class LoadedGGUF(NamedTuple):
     """What :func:`load_gguf` returns."""
 
     model: Llama
     tokenizer: GGUFTokenizer
     config: LlamaConfig
-
-
-# llama.cpp's pre-tokenizer names whose regex is "split every digit, then GPT-2's byte-level
-# regex" (SmolLM2, StarCoder, ...); "gpt2"/"default" are GPT-2's regex alone.
-_DIGIT_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
-_GPT2_PRE = ("gpt2", "default", "gpt-2")
-
-
-def _field(reader, name, default=Any):
-    field = reader.fields.get(name)
-    if field is None:
-        if default is Any:
-            raise ValueError(f"GGUF file lacks the metadata key {name!r}")
-        return default
-    return field.contents()
-
-
-def gguf_tokenizer(reader) -> GGUFTokenizer:
-    """The :class:`GGUFTokenizer` of an open ``gguf.GGUFReader``: BPE vocabulary and merges
-    (``tokenizer.ggml.tokens``, ``.merges``), the byte-level pre-tokeniser chosen by
-    ``tokenizer.ggml.pre``, control and user-defined tokens (``token_type`` 3, 4) as special
-    tokens. Only byte-level BPE (``tokenizer.ggml.model == "gpt2"``) is supported."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(
-            f"tokenizer.ggml.model {kind!r} is not supported (only byte-level BPE, 'gpt2')"
-        )
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    merges = _field(reader, "tokenizer.ggml.merges", [])
-    types = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    bpe = models.BPE(vocab, [tuple(m.split(" ", 1)) for m in merges], ignore_merges=False)
-    tok = Tokenizer(bpe)
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _DIGIT_PRE:
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
-    elif pre in _GPT2_PRE:
-        tok.pre_tokenizer = byte_level
-    else:
-        raise ValueError(
-            f"tokenizer.ggml.pre {pre!r} is not supported; known: {_DIGIT_PRE + _GPT2_PRE}"
-        )
-    tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types, strict=True) if int(ty) in (3, 4)]
-    tok.add_special_tokens(special)
-    bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id", None)
-    add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False))
-    return GGUFTokenizer(tok, vocab_size=len(tokens), bos_id=None if bos is None else int(bos),
-                         eos_id=None if eos is None else int(eos), add_bos=add_bos)
-
-
-def _f32(value) -> float:
-    """The shortest decimal of a float32 metadata value (``1e-05``, not ``9.9999997e-06``)."""
-    return float(str(np.float32(value)))
-
-
-def _open_gguf(path):
-    import gguf
-
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"path: GGUF file {str(path)!r} does not exist")
-    try:
-        return gguf.GGUFReader(str(path), "r")
-    except Exception as e:  # bad magic, truncation, ... all mean "not a GGUF file"
-        raise ValueError(f"path: {str(path)!r} is not a valid GGUF file ({e})") from e
-
-
-def _dequantized(reader) -> dict[str, np.ndarray]:
-    """Every tensor as float32 in row-major ``[rows, cols]`` (``[out, in]`` for weights)."""
-    import gguf
-
-    out = {}
-    for t in reader.tensors:
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as e:
-            raise ValueError(f"tensor {t.name}: {e}") from e
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        out[t.name] = np.asarray(w, np.float32).reshape(shape)
-    return out
 
 
 def load_gguf(path: str | pathlib.Path, *, rope_convention: str = "half") -> LoadedGGUF:
@@ -624,15 +493,15 @@ def load_gguf(path: str | pathlib.Path, *, rope_convention: str = "half") -> Loa
         raise ValueError(
             f"rope_convention must be one of {ROPE_CONVENTIONS}, got {rope_convention!r}"
         )
-    reader = _open_gguf(path)
-    arch = _field(reader, "general.architecture")
+    reader = open_gguf(path)
+    arch = field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"path: GGUF architecture {arch!r} is not supported (only 'llama')")
     tokenizer = gguf_tokenizer(reader)
-    weights = _dequantized(reader)
+    weights = read_tensors(reader)
 
     def meta(key, default=Any):
-        return _field(reader, f"llama.{key}", default)
+        return field(reader, f"llama.{key}", default)
 
     n_heads, dim = int(meta("attention.head_count")), int(meta("embedding_length"))
     head_dim = int(meta("attention.key_length", dim // n_heads))
@@ -647,8 +516,8 @@ def load_gguf(path: str | pathlib.Path, *, rope_convention: str = "half") -> Loa
         n_kv_heads=int(meta("attention.head_count_kv", n_heads)),
         head_dim=head_dim if head_dim * n_heads != dim else None,
         hidden_dim=int(meta("feed_forward_length")),
-        rope_theta=_f32(meta("rope.freq_base", 10_000.0)),
-        rms_eps=_f32(meta("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=f32_value(meta("rope.freq_base", 10_000.0)),
+        rms_eps=f32_value(meta("attention.layer_norm_rms_epsilon", 1e-5)),
         tie_embeddings="output.weight" not in weights,
         rope_convention=rope_convention,
         max_position=int(meta("context_length", 2048)),

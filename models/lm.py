@@ -1,11 +1,11 @@
-"""Composable language models: every block is a token mixer plus a feed-forward part.
+"""Composable language models: the config, the presets and the builders.
 
-A block is pre-norm, ``x <- x + mixer(norm(x))`` then ``x <- x + ffn(norm(x))``; the model is an
-embedding, ``n_layers`` blocks, a final RMSNorm and an untied head (LLaMA-style, arXiv
-2302.13971). The two parts are chosen independently, so any mixer goes with any FFN:
+Every language model is a :class:`~jaxlib_ext.models._backbone.LanguageModel` of pre-norm
+blocks ``token mixer + feed-forward`` (LLaMA-style, arXiv 2302.13971), the two parts chosen
+independently by name from :mod:`~jaxlib_ext.models.registry`:
 
 * mixers (:data:`MIXERS`): ``"attention"`` (causal softmax attention with RoPE,
-  :class:`~jaxlib_ext.models.transformer.Attention`), ``"mdn"``
+  :class:`~jaxlib_ext.models.attention.Attention`), ``"mdn"``
   (:class:`~jaxlib_ext.models.MomentumDeltaNet`, arXiv 2605.05838), ``"gdn"``
   (:class:`~jaxlib_ext.models.GatedDeltaNet`, arXiv 2412.06464), ``"mlstm"``
   (:class:`~jaxlib_ext.models.MLSTMLayer`, the mLSTM layer of xLSTM, arXiv 2405.04517);
@@ -13,341 +13,245 @@ embedding, ``n_layers`` blocks, a final RMSNorm and an untied head (LLaMA-style,
   mixture of experts) and ``"latent_moe"`` (LatentMoE, arXiv 2601.18089), both the
   :class:`~jaxlib_ext.models.latent_moe.LatentMoE` layer (``latent_dim=None`` for ``"moe"``).
 
-:class:`LMConfig` is one flat, JSON-serialisable record of a composed model (the mixer's and the
-FFN's fields side by side; a field the chosen parts do not read is ignored). The Transformer, MDN
-and GDN language models are the presets ``attention + swiglu``, ``mdn + swiglu``, ``gdn +
-swiglu`` of :class:`LanguageModel`: their builders give the same parameters (same draws, same
-tree) as :func:`build_lm` on :meth:`LMConfig.from_config` of their configs.
+:class:`LMConfig` is nested: the backbone's sizes, then ``mixer`` and ``ffn``, each its part's
+own config (``AttentionConfig``, ``MDNConfig``, ``GDNConfig``, ``MLSTMMixerConfig``;
+``SwiGLUConfig``, ``LatentMoEConfig``). Sizes come from :func:`lm_config` and :data:`LM_PRESETS`;
+field overrides are given flat (``n_heads=8``, ``num_experts=16``: a key names a field of the
+backbone or of the chosen parts, :data:`FLAT_ALIASES` the flat names of the FFN's fields), as
+``--arch key=value`` gives them on the command line.
 
-Interfaces. A mixer is ``mixer(x [B, T, d], cache=None) -> (y [B, T, d], new_cache or None)``
-with ``init_cache(batch)`` when it can decode. An FFN is ``ffn(x [B, T, d])`` returning ``y``,
-or ``(y, metrics)`` with ``metrics`` a mapping of scalar arrays: the mixture of experts reports
-its router's load (``moe_load_max``, ``moe_load_min``, ``moe_load_cv``; 1, 1, 0 when balanced)
-and, called with ``train=True``, updates its correction bias (``update_bias``).
-:meth:`LanguageModel.logits_and_metrics` averages every metric name over the blocks that report
-it; the training loop logs them with the loss.
+:meth:`LanguageModel.logits_and_metrics` averages every metric name an FFN reports over the
+blocks that report it (the mixture of experts: ``moe_load_max``, ``moe_load_min``,
+``moe_load_cv``; 1, 1, 0 when balanced); the training loop logs them with the loss.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
 
-from jaxlib_ext.models._delta_mixer import DeltaNetConfig, LMCache
-from jaxlib_ext.models.latent_moe import LatentMoE
-from jaxlib_ext.models.layers import Embedding, LMHead, RMSNorm, SwiGLU, swiglu_hidden_size
+from jaxlib_ext.models._backbone import Block, LanguageModel
+from jaxlib_ext.models._delta_mixer import DELTANET_PRESETS
+from jaxlib_ext.models.attention import TRANSFORMER_PRESETS, TransformerConfig
+from jaxlib_ext.models.layers import SwiGLUConfig
+from jaxlib_ext.models.registry import (
+    FFN_REGISTRY,
+    FFNS,
+    MIXER_REGISTRY,
+    MIXERS,
+    ffn_part,
+    mixer_part,
+)
 
 __all__ = [
     "MIXERS",
     "FFNS",
+    "FLAT_ALIASES",
     "LMConfig",
     "LM_PRESETS",
+    "MODEL_MIXERS",
+    "MOE_SIZES",
     "Block",
     "LanguageModel",
     "build_lm",
+    "build_transformer",
+    "build_mdn",
+    "build_gdn",
     "lm_config",
+    "arch_keys",
+    "compose",
+    "check_expert_mesh",
 ]
 
-MIXERS = ("attention", "mdn", "gdn", "mlstm")
-FFNS = ("swiglu", "moe", "latent_moe")
-MOE_METHODS = ("ragged", "pallas", "dense")
+_BACKBONE = ("vocab_size", "d_model", "n_layers", "max_seq_len", "norm_eps")
+
+#: Flat names of FFN fields (the mixer's ``method`` keeps the bare name ``method``).
+FLAT_ALIASES: dict[str, str] = {
+    "mlp_hidden": "hidden",
+    "mlp_multiple_of": "multiple_of",
+    "moe_method": "method",
+    "router_bias_rate": "bias_update_rate",
+}
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+_KNOWN = set(_BACKBONE) | set(FLAT_ALIASES) | {
+    f for r in (MIXER_REGISTRY, FFN_REGISTRY) for p in r.values() for f in _fields(p.config)}
+
+
+def _route(mixer: str, ffn: str, values: Mapping, *, strict: bool):
+    """``values`` (flat keys) split into backbone, mixer and FFN fields. A field of another
+    registered part is dropped (the flat record lists every part's fields); with ``strict``, a
+    key that no part has raises."""
+    m_fields, f_fields = _fields(mixer_part(mixer).config), _fields(ffn_part(ffn).config)
+    backbone, m, f = {}, {}, {}
+    for key, value in values.items():
+        if key in _BACKBONE:
+            backbone[key] = value
+        elif key in FLAT_ALIASES and FLAT_ALIASES[key] in f_fields:
+            f[FLAT_ALIASES[key]] = value
+        elif key in m_fields:
+            m[key] = value
+        elif key in f_fields and key != "method":
+            f[key] = value
+        elif strict and key not in _KNOWN:
+            raise ValueError(
+                f"LMConfig: field {key!r} does not apply to mixer {mixer!r} or ffn {ffn!r}; "
+                f"their fields: {sorted(_BACKBONE) + sorted(m_fields)} and "
+                f"{sorted(k for k, v in FLAT_ALIASES.items() if v in f_fields) or sorted(f_fields)}"
+            )
+    return backbone, m, f
 
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
-    """A composed language model: backbone sizes, the token mixer's and the FFN's fields.
+    """A composed language model: backbone sizes, the token mixer's and the FFN's configs.
 
-    Mixer fields: ``n_heads``, ``head_dim`` (every mixer); ``rope_theta`` (attention);
-    ``expand_v`` ... ``decode_recurrent_max_len`` (mdn, gdn; see
-    :class:`~jaxlib_ext.models.DeltaNetConfig`; mlstm reads ``expand_v``, ``conv_size``,
-    ``method``, ``chunk_size``, ``decode_recurrent_max_len``, see
-    :class:`~jaxlib_ext.models.MLSTMConfig`). FFN fields: ``mlp_hidden``, ``mlp_multiple_of``
-    (swiglu: width ``mlp_hidden`` or ``swiglu_hidden_size(d, 4, mlp_multiple_of)``);
-    ``num_experts`` ... ``moe_method`` (moe, latent_moe: the arguments of
-    :class:`~jaxlib_ext.models.latent_moe.LatentMoE`, ``router_bias_rate`` its
-    ``bias_update_rate``, 0 for no balancing; ``latent_dim`` is required by
-    ``latent_moe`` and must be ``None`` for ``moe``; ``shared_expert_dim=None`` means no shared
-    expert).
+    Attributes:
+      vocab_size, d_model, n_layers, max_seq_len, norm_eps: the backbone.
+      mixer: the mixer's config, a ``config`` class of :data:`~jaxlib_ext.models.registry.
+        MIXER_REGISTRY` (its ``kind`` is the mixer's name).
+      ffn: the FFN's config, a ``config`` class of :data:`~jaxlib_ext.models.registry.
+        FFN_REGISTRY` (``kind``: ``"swiglu"``, ``"moe"`` or ``"latent_moe"``).
+
+    A part's field reads through the config too (``cfg.num_experts`` is
+    ``cfg.ffn.num_experts``); :meth:`replace` takes flat keys. :meth:`to_dict` is JSON-ready
+    (each part a dict with its ``kind``); :meth:`from_dict` reads it back, and the flat records
+    of the one-level config as well.
     """
 
-    mixer: str = "attention"
-    ffn: str = "swiglu"
     vocab_size: int = 256
     d_model: int = 128
     n_layers: int = 2
     max_seq_len: int = 256
     norm_eps: float = 1e-6
-    # token mixer
-    n_heads: int = 4
-    head_dim: int = 32
-    rope_theta: float = 10_000.0
-    expand_v: int = 2
-    conv_size: int = 4
-    tau_factor: float = 1.0
-    min_log_mu: float | None = -2.0
-    use_output_correction: bool = True
-    method: str = "auto"
-    chunk_size: int | None = None
-    decode_recurrent_max_len: int = 64
-    # feed-forward: SwiGLU
-    mlp_hidden: int | None = None
-    mlp_multiple_of: int = 32
-    # feed-forward: mixture of experts
-    num_experts: int = 8
-    top_k: int = 2
-    expert_dim: int = 128
-    latent_dim: int | None = None
-    shared_expert_dim: int | None = None
-    routed_scaling: float = 1.0
-    router_bias_rate: float = 1e-3
-    moe_method: str = "ragged"
+    mixer: Any = dataclasses.field(default_factory=lambda: MIXER_REGISTRY["attention"].config())
+    ffn: Any = dataclasses.field(default_factory=SwiGLUConfig)
 
     def __post_init__(self):
-        if self.mixer not in MIXERS:
-            raise ValueError(f"LMConfig.mixer must be one of {MIXERS}, got {self.mixer!r}")
-        if self.ffn not in FFNS:
-            raise ValueError(f"LMConfig.ffn must be one of {FFNS}, got {self.ffn!r}")
-        for name in ("vocab_size", "d_model", "n_layers", "max_seq_len", "n_heads", "head_dim",
-                     "mlp_multiple_of", "num_experts", "top_k", "expert_dim"):
+        for kind, registry, names in (("mixer", MIXER_REGISTRY, MIXERS),
+                                      ("ffn", FFN_REGISTRY, FFNS)):
+            part = getattr(self, kind)
+            name = getattr(part, "kind", None)
+            if name not in registry or not isinstance(part, registry[name].config):
+                raise ValueError(f"LMConfig.{kind} must be the config of one of {names}, got "
+                                 f"{part!r}")
+        for name in ("vocab_size", "d_model", "n_layers", "max_seq_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
-        if self.ffn in ("moe", "latent_moe"):
-            if self.top_k > self.num_experts:
-                raise ValueError(
-                    f"LMConfig.top_k {self.top_k} exceeds LMConfig.num_experts {self.num_experts}"
-                )
-            if self.moe_method not in MOE_METHODS:
-                raise ValueError(
-                    f"LMConfig.moe_method must be one of {MOE_METHODS}, got {self.moe_method!r}"
-                )
-        if self.ffn == "latent_moe" and not (
-            isinstance(self.latent_dim, int) and 0 < self.latent_dim <= self.d_model
-        ):
-            raise ValueError(
-                f"LMConfig.latent_dim must be an int in (0, d_model={self.d_model}] for ffn "
-                f"'latent_moe', got {self.latent_dim!r}"
-            )
-        if self.ffn == "moe" and self.latent_dim is not None:
-            raise ValueError(
-                "LMConfig.latent_dim must be None for ffn 'moe' (use ffn 'latent_moe'), got "
-                f"{self.latent_dim!r}"
-            )
-        self.mixer_config()  # the mixer's own validation
+        if not self.norm_eps > 0:
+            raise ValueError(f"LMConfig.norm_eps must be positive, got {self.norm_eps}")
+        latent = getattr(self.ffn, "latent_dim", None)
+        if latent is not None and latent > self.d_model:
+            raise ValueError(f"LMConfig.latent_dim must be an int in (0, d_model={self.d_model}]"
+                             f" for ffn 'latent_moe', got {latent!r}")
+        if hasattr(self.mixer, "layer_config"):  # the layer's own validation at this width
+            self.mixer.layer_config(self.d_model, self.norm_eps)
+
+    def __getattr__(self, name):
+        # a part's field, read flat (only called when normal lookup fails)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for part in ("ffn", "mixer"):
+            cfg = self.__dict__.get(part)
+            field = FLAT_ALIASES.get(name, name) if part == "ffn" else name
+            if cfg is not None and field in _fields(type(cfg)) and (
+                    part == "mixer" or name != "method"):
+                return getattr(cfg, field)
+        raise AttributeError(f"LMConfig has no field {name!r}")
 
     @property
-    def hidden(self) -> int:
-        """SwiGLU width."""
-        return self.mlp_hidden or swiglu_hidden_size(self.d_model, 4.0, self.mlp_multiple_of)
+    def mixer_name(self) -> str:
+        return self.mixer.kind
+
+    @property
+    def ffn_name(self) -> str:
+        return self.ffn.kind
 
     @property
     def is_moe(self) -> bool:
-        return self.ffn in ("moe", "latent_moe")
+        return self.ffn.kind in ("moe", "latent_moe")
 
-    def mixer_config(self):
-        """The mixer's config: a :class:`TransformerConfig` (attention), a
-        :class:`DeltaNetConfig` (mdn, gdn) or an :class:`MLSTMConfig` (mlstm) with this model's
-        sizes."""
-        from jaxlib_ext.models.mlstm import MLSTMConfig
-        from jaxlib_ext.models.transformer import TransformerConfig
+    @property
+    def hidden(self) -> int:
+        """SwiGLU width (``swiglu`` FFN)."""
+        return self.ffn.width(self.d_model)
 
-        if self.mixer == "mlstm":
-            return MLSTMConfig(
-                d_model=self.d_model, n_heads=self.n_heads, head_dim=self.head_dim,
-                expand_v=self.expand_v, conv_size=self.conv_size, norm_eps=self.norm_eps,
-                method=self.method, chunk_size=self.chunk_size,
-                decode_recurrent_max_len=self.decode_recurrent_max_len,
-            )
+    @classmethod
+    def from_flat(cls, mixer: str = "attention", ffn: str = "swiglu", **fields) -> LMConfig:
+        """The config of ``mixer + ffn`` with flat field values (module docstring); a key that
+        belongs to neither the backbone nor the chosen parts raises."""
+        return cls._compose(mixer, ffn, {}, fields)
 
-        common = dict(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
-                      n_heads=self.n_heads, head_dim=self.head_dim, mlp_hidden=self.hidden,
-                      max_seq_len=self.max_seq_len, norm_eps=self.norm_eps)
-        if self.mixer == "attention":
-            return TransformerConfig(rope_theta=self.rope_theta, **common)
-        return DeltaNetConfig(
-            expand_v=self.expand_v, conv_size=self.conv_size, mlp_multiple_of=self.mlp_multiple_of,
-            tau_factor=self.tau_factor, min_log_mu=self.min_log_mu,
-            use_output_correction=self.use_output_correction, method=self.method,
-            chunk_size=self.chunk_size, decode_recurrent_max_len=self.decode_recurrent_max_len,
-            **common,
-        )
+    @classmethod
+    def _compose(cls, mixer: str, ffn: str, base: Mapping, overrides: Mapping) -> LMConfig:
+        b0, m0, f0 = _route(mixer, ffn, base, strict=False)
+        b1, m1, f1 = _route(mixer, ffn, overrides, strict=True)
+        f = {**f0, **f1}
+        if ffn == "moe" and f.get("latent_dim") is not None:
+            raise ValueError("LMConfig.latent_dim must be None for ffn 'moe' (use ffn "
+                             f"'latent_moe'), got {f['latent_dim']!r}")
+        if ffn == "latent_moe" and not isinstance(f.get("latent_dim"), int):
+            raise ValueError("LMConfig.latent_dim must be an int in (0, d_model] for ffn "
+                             f"'latent_moe', got {f.get('latent_dim')!r}")
+        return cls(**{**b0, **b1}, mixer=mixer_part(mixer).config(**{**m0, **m1}),
+                   ffn=ffn_part(ffn).config(**f))
+
+    def flat(self) -> dict:
+        """Every field flat: the backbone's, the mixer's, then the FFN's (with the flat names
+        of :data:`FLAT_ALIASES`)."""
+        out = {k: getattr(self, k) for k in _BACKBONE}
+        out.update(dataclasses.asdict(self.mixer))
+        inverse = {v: k for k, v in FLAT_ALIASES.items()}
+        out.update({inverse.get(k, k): v for k, v in dataclasses.asdict(self.ffn).items()})
+        return out
+
+    def replace(self, **fields) -> LMConfig:
+        """A copy with flat field values replaced (keys as for :meth:`from_flat`)."""
+        return LMConfig._compose(self.mixer_name, self.ffn_name, self.flat(), fields)
 
     @classmethod
     def from_config(cls, cfg, mixer: str, ffn: str = "swiglu", **overrides) -> LMConfig:
-        """The composed config of a :class:`TransformerConfig` (``mixer="attention"``) or a
-        :class:`DeltaNetConfig` (``"mdn"``, ``"gdn"``) with ``ffn`` and field ``overrides``."""
-        from jaxlib_ext.models.transformer import TransformerConfig
-
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in dataclasses.asdict(cfg).items() if k in fields}
+        """The composed config of a size config (:class:`TransformerConfig` for
+        ``mixer="attention"``, :class:`DeltaNetConfig` for the others) with ``ffn`` and flat
+        field ``overrides``; the size config's fields the parts do not have are dropped."""
+        values = dataclasses.asdict(cfg)
         if isinstance(cfg, TransformerConfig):
             values["mlp_hidden"] = cfg.hidden
-        return cls(mixer=mixer, ffn=ffn, **{**values, **overrides})
+        return cls._compose(mixer, ffn, values, overrides)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = {k: getattr(self, k) for k in _BACKBONE}
+        out["mixer"] = {"kind": self.mixer_name, **dataclasses.asdict(self.mixer)}
+        out["ffn"] = {"kind": self.ffn_name, **dataclasses.asdict(self.ffn)}
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping) -> LMConfig:
-        return cls(**d)
-
-
-# --------------------------------------------------------------------------- parts
-
-
-def make_mixer(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """The token mixer ``cfg.mixer`` of one block."""
-    from jaxlib_ext.models.gdn import GatedDeltaNet
-    from jaxlib_ext.models.mdn import MomentumDeltaNet
-    from jaxlib_ext.models.mlstm import MLSTMLayer
-    from jaxlib_ext.models.transformer import Attention
-
-    cls = {"attention": Attention, "mdn": MomentumDeltaNet, "gdn": GatedDeltaNet,
-           "mlstm": MLSTMLayer}[cfg.mixer]
-    return cls(cfg.mixer_config(), rngs=rngs)
-
-
-def make_ffn(cfg: LMConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """The feed-forward part ``cfg.ffn`` of one block."""
-    if cfg.ffn == "swiglu":
-        return SwiGLU(cfg.d_model, cfg.hidden, rngs=rngs)
-    return LatentMoE(
-        cfg.d_model, num_experts=cfg.num_experts, top_k=cfg.top_k, expert_dim=cfg.expert_dim,
-        latent_dim=cfg.latent_dim if cfg.ffn == "latent_moe" else None,
-        shared_expert_dim=cfg.shared_expert_dim, routed_scaling=cfg.routed_scaling,
-        bias_update_rate=cfg.router_bias_rate, method=cfg.moe_method, rngs=rngs,
-    )
-
-
-class Block(nnx.Module):
-    """Pre-norm block ``x + mixer(norm(x))``, then ``x + ffn(norm(x))``.
-
-    ``mixer`` and ``ffn`` are factories ``rngs -> module``, called in that order (so the
-    parameter draws follow the block's layout). ``__call__(x, cache=None, *, train=False) ->
-    (x, cache, metrics)``; ``train`` lets a mixture-of-experts FFN update its correction bias.
-    """
-
-    def __init__(self, d_model: int, norm_eps: float, mixer: Callable, ffn: Callable, *,
-                 rngs: nnx.Rngs):
-        self.attn_norm = RMSNorm(d_model, eps=norm_eps)
-        self.attn = mixer(rngs)
-        self.mlp_norm = RMSNorm(d_model, eps=norm_eps)
-        self.mlp = ffn(rngs)
-
-    def __call__(self, x, cache=None, *, train: bool = False):
-        y, cache = self.attn(self.attn_norm(x), cache)
-        x = x + y
-        if isinstance(self.mlp, LatentMoE):
-            out = self.mlp(self.mlp_norm(x), update_bias=train)
-        else:
-            out = self.mlp(self.mlp_norm(x))
-        y, metrics = out if isinstance(out, tuple) else (out, {})
-        return x + y, cache, metrics
-
-
-class LanguageModel(nnx.Module):
-    """Embedding, ``n_layers`` x :class:`Block` (mixer + FFN), final norm, untied head.
-
-    ``__call__(tokens int32[B, T]) -> logits float32[B, T, vocab]``;
-    :meth:`logits_and_metrics` also returns the FFNs' metrics; decoding with
-    :meth:`init_cache` and :meth:`decode_step` when the mixer keeps a cache (mdn, gdn, mlstm).
-
-    Args:
-      cfg: any config with ``vocab_size, d_model, n_layers, max_seq_len, norm_eps``
-        (:class:`LMConfig`, or a mixer's own config for the preset models); kept as ``cfg``.
-      mixer, ffn: factories ``rngs -> module`` of one block's parts (default: from ``cfg``, an
-        :class:`LMConfig`).
-    """
-
-    def __init__(self, cfg, *, mixer: Callable | None = None, ffn: Callable | None = None,
-                 rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.max_seq_len = cfg.max_seq_len
-        mixer = mixer or (lambda r: make_mixer(cfg, r))
-        ffn = ffn or (lambda r: make_ffn(cfg, r))
-        self.embed = Embedding(cfg.vocab_size, cfg.d_model, rngs=rngs)
-        self.blocks = nnx.List(
-            [Block(cfg.d_model, cfg.norm_eps, mixer, ffn, rngs=rngs) for _ in range(cfg.n_layers)]
-        )
-        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, rngs=rngs)
-
-    def _check_tokens(self, tokens, what):
-        name = type(self).__name__
-        if not hasattr(tokens, "ndim") or tokens.ndim != 2:
-            shape = getattr(tokens, "shape", type(tokens).__name__)
-            raise ValueError(f"{name}.{what}: tokens must be [B, T], got {shape}")
-        if not jnp.issubdtype(tokens.dtype, jnp.integer):
-            raise ValueError(f"{name}.{what}: tokens must be integer, got dtype {tokens.dtype}")
-
-    def logits_and_metrics(self, tokens: jax.Array, *, train: bool = False
-                           ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """Full-sequence forward: ``(logits float32[B, T, vocab], metrics)``; ``metrics`` maps
-        each name an FFN reports to its mean over the blocks that report it. ``train=True``
-        lets the FFNs update their ``nnx.BatchStat`` state (a router's correction bias)."""
-        self._check_tokens(tokens, "__call__")
-        if tokens.shape[1] > self.max_seq_len:
-            raise ValueError(
-                f"{type(self).__name__}: sequence length {tokens.shape[1]} exceeds max_seq_len "
-                f"{self.max_seq_len}"
-            )
-        x = self.embed(tokens)
-        reported: dict[str, list] = {}
-        for block in self.blocks:
-            x, _, metrics = block(x, train=train)
-            for name, value in metrics.items():
-                reported.setdefault(name, []).append(jnp.asarray(value, jnp.float32))
-        metrics = {name: jnp.mean(jnp.stack(v)) for name, v in reported.items()}
-        return self.lm_head(self.final_norm(x)), metrics
-
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        """Full-sequence forward: ``int32[B, T] -> float32 logits [B, T, vocab]``."""
-        return self.logits_and_metrics(tokens)[0]
-
-    def init_cache(self, batch: int) -> LMCache:
-        """A zero :class:`LMCache` for ``batch`` sequences (states float32)."""
-        if not all(hasattr(block.attn, "init_cache") for block in self.blocks):
-            raise ValueError(
-                f"{type(self).__name__}.init_cache: the token mixer "
-                f"{type(self.blocks[0].attn).__name__} keeps no decode cache"
-            )
-        layers = tuple(block.attn.init_cache(batch) for block in self.blocks)
-        return LMCache(layers, jnp.zeros((), jnp.int32))
-
-    def decode_step(self, tokens: jax.Array, cache: LMCache) -> tuple[jax.Array, LMCache]:
-        """Consume ``tokens [B, T']`` after the cached prefix; ``T' = 1`` is one decode step.
-
-        Returns ``(logits [B, T', vocab], new_cache)``. Feeding a sequence piece by piece gives
-        the logits of one full forward.
-        """
-        self._check_tokens(tokens, "decode_step")
-        if len(cache.layers) != len(self.blocks):
-            raise ValueError(
-                f"{type(self).__name__}.decode_step: cache has {len(cache.layers)} layers, model "
-                f"has {len(self.blocks)}"
-            )
-        x = self.embed(tokens)
-        new_layers = []
-        for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
-            x, layer_cache, _ = block(x, layer_cache)
-            new_layers.append(layer_cache)
-        logits = self.lm_head(self.final_norm(x))
-        return logits, LMCache(tuple(new_layers), cache.position + tokens.shape[1])
+        d = dict(d)
+        if isinstance(d.get("mixer", "attention"), str):  # a flat record
+            return cls._compose(d.pop("mixer", "attention"), d.pop("ffn", "swiglu"), d, {})
+        mixer, ffn = dict(d.pop("mixer")), dict(d.pop("ffn"))
+        m_kind, f_kind = mixer.pop("kind"), ffn.pop("kind")
+        return cls(**d, mixer=mixer_part(m_kind).config(**mixer),
+                   ffn=ffn_part(f_kind).config(**ffn))
 
 
 # --------------------------------------------------------------------------- presets
 
 
 def _tiny(mixer: str, ffn: str, **moe) -> LMConfig:
-    base = dict(d_model=128, n_layers=2, n_heads=4, head_dim=32, max_seq_len=256,
-                mlp_multiple_of=32)
+    base = dict(d_model=128, n_layers=2, n_heads=4, head_dim=32, max_seq_len=256)
     if mixer != "attention":  # the delta-rule tiny preset: 2 heads of K = 32, V = 64
         base.update(n_heads=2, head_dim=32, expand_v=2)
-    return LMConfig(mixer=mixer, ffn=ffn, **base, **moe)
+    return LMConfig.from_flat(mixer, ffn, **base, **moe)
 
 
 #: Named presets of the composed models. ``"moe-tiny"`` and ``"latent-moe-tiny"`` are CPU-sized
@@ -371,10 +275,17 @@ MOE_SIZES: dict[str, dict] = {
     "small": dict(num_experts=16, top_k=2, expert_dim=256, shared_expert_dim=256),
 }
 
+#: The named models (``--model``): each is its mixer with a SwiGLU FFN.
+MODEL_MIXERS: dict[str, str] = {"transformer": "attention", "mdn": "mdn", "gdn": "gdn"}
 
-def lm_config(mixer: str, ffn: str = "swiglu", preset: str = "tiny", *,
+
+def _size_table(mixer: str) -> dict:
+    return TRANSFORMER_PRESETS if mixer == "attention" else DELTANET_PRESETS
+
+
+def lm_config(mixer: str | None, ffn: str | None = "swiglu", preset: str = "tiny", *,
               vocab_size: int | None = None, **overrides) -> LMConfig:
-    """The :class:`LMConfig` of ``mixer + ffn`` at a size ``preset``.
+    """The :class:`LMConfig` of ``mixer + ffn`` at a size ``preset``, with flat ``overrides``.
 
     ``preset`` is a name of :data:`LM_PRESETS` (which fixes mixer and FFN; ``mixer``/``ffn``
     then must agree or be ``None``) or a size of the mixer's table
@@ -387,20 +298,14 @@ def lm_config(mixer: str, ffn: str = "swiglu", preset: str = "tiny", *,
         overrides["vocab_size"] = vocab_size
     if preset in LM_PRESETS:
         cfg = LM_PRESETS[preset]
-        for kind, value, have in (("mixer", mixer, cfg.mixer), ("ffn", ffn, cfg.ffn)):
+        for kind, value, have in (("mixer", mixer, cfg.mixer_name), ("ffn", ffn, cfg.ffn_name)):
             if value is not None and value != have:
                 raise ValueError(f"preset {preset!r} has {kind} {have!r}, not {value!r}")
-        return dataclasses.replace(cfg, **overrides)
-    from jaxlib_ext.models._delta_mixer import DELTANET_PRESETS
-    from jaxlib_ext.models.transformer import TRANSFORMER_PRESETS
-
+        return cfg.replace(**overrides)
     mixer = mixer or "attention"
     ffn = ffn or "swiglu"
-    if mixer not in MIXERS:
-        raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
-    if ffn not in FFNS:
-        raise ValueError(f"ffn must be one of {FFNS}, got {ffn!r}")
-    table = TRANSFORMER_PRESETS if mixer == "attention" else DELTANET_PRESETS
+    mixer_part(mixer), ffn_part(ffn)  # the names, before the size
+    table = _size_table(mixer)
     if preset not in table:
         raise ValueError(
             f"unknown {mixer} preset {preset!r}; choose from {sorted(table)} or "
@@ -408,23 +313,93 @@ def lm_config(mixer: str, ffn: str = "swiglu", preset: str = "tiny", *,
         )
     moe: dict = {}
     if ffn != "swiglu":
-        size = preset if preset in MOE_SIZES else "small"
-        moe = dict(MOE_SIZES[size])
+        moe = dict(MOE_SIZES[preset if preset in MOE_SIZES else "small"])
         if ffn == "latent_moe":
-            base = table[preset]
-            moe.update(latent_dim=max(base.d_model // 4, 1), num_experts=4 * moe["num_experts"],
-                       top_k=4 * moe["top_k"])
-    return LMConfig.from_config(table[preset], mixer, ffn, **{**moe, **overrides})
+            moe.update(latent_dim=max(table[preset].d_model // 4, 1),
+                       num_experts=4 * moe["num_experts"], top_k=4 * moe["top_k"])
+    size = table[preset]
+    values = dataclasses.asdict(size)
+    if isinstance(size, TransformerConfig):
+        values["mlp_hidden"] = size.hidden
+    return LMConfig._compose(mixer, ffn, {**values, **moe}, overrides)
 
 
 def build_lm(preset: str | LMConfig = "tiny", *, mixer: str | None = None, ffn: str | None = None,
              vocab_size: int | None = None, rngs: nnx.Rngs, **overrides) -> LanguageModel:
     """A :class:`LanguageModel` of ``mixer + ffn`` (see :func:`lm_config`), or of an
-    :class:`LMConfig` given as ``preset``."""
+    :class:`LMConfig` given as ``preset`` (with flat ``overrides``)."""
     if isinstance(preset, LMConfig):
         if vocab_size is not None:
             overrides["vocab_size"] = vocab_size
-        cfg = dataclasses.replace(preset, **overrides)
+        cfg = preset.replace(**overrides) if overrides else preset
     else:
         cfg = lm_config(mixer, ffn, preset, vocab_size=vocab_size, **overrides)
     return LanguageModel(cfg, rngs=rngs)
+
+
+def _named_builder(model: str):
+    mixer = MODEL_MIXERS[model]
+
+    def build(preset: str = "tiny", *, vocab_size: int | None = None, rngs: nnx.Rngs,
+              **overrides) -> LanguageModel:
+        table = _size_table(mixer)
+        if preset not in table:
+            raise ValueError(f"unknown {model} preset {preset!r}; choose from {sorted(table)}")
+        return build_lm(preset, mixer=mixer, ffn="swiglu", vocab_size=vocab_size, rngs=rngs,
+                        **overrides)
+
+    build.__name__ = build.__qualname__ = f"build_{model}"
+    build.__doc__ = (
+        f"The ``{mixer} + swiglu`` :class:`LanguageModel` at a size of "
+        f"{'TRANSFORMER_PRESETS' if mixer == 'attention' else 'DELTANET_PRESETS'} "
+        f"(:func:`build_lm` with ``mixer={mixer!r}``), ``vocab_size`` (``None``: the "
+        "preset's) and flat field overrides."
+    )
+    return build
+
+
+build_transformer = _named_builder("transformer")
+build_mdn = _named_builder("mdn")
+build_gdn = _named_builder("gdn")
+
+
+# --------------------------------------------------------------------------- assembly rules
+
+
+def arch_keys() -> list[str]:
+    """The flat keys an override may name (``--arch key=value``): the backbone's fields but
+    ``vocab_size`` (the corpus sets it), every registered part's and :data:`FLAT_ALIASES`."""
+    keys = set(_BACKBONE) - {"vocab_size"}
+    for part in MIXER_REGISTRY.values():
+        keys |= _fields(part.config)
+    for part in FFN_REGISTRY.values():
+        keys |= _fields(part.config) - set(FLAT_ALIASES.values())
+    return sorted(keys | set(FLAT_ALIASES))
+
+
+def compose(*, model: str | None = None, mixer: str | None = None, ffn: str | None = None,
+            preset: str = "tiny", vocab_size: int, overrides: Mapping | None = None) -> LMConfig:
+    """The :class:`LMConfig` a training run asks for: a named ``model`` (:data:`MODEL_MIXERS`,
+    its mixer unless ``mixer`` is given), or ``mixer + ffn``, at ``preset``, with flat
+    ``overrides``. Errors name the argument (``model``, ``mixer``, ``ffn``, ``preset``)."""
+    if model is not None and model not in MODEL_MIXERS:
+        raise ValueError(f"model: unknown model {model!r}; choose from {sorted(MODEL_MIXERS)}")
+    mixer = mixer or (MODEL_MIXERS[model] if model else None)
+    if preset not in LM_PRESETS:
+        mixer = mixer or "attention"
+    return lm_config(mixer, ffn, preset, vocab_size=vocab_size, **dict(overrides or {}))
+
+
+def check_expert_mesh(cfg: LMConfig, mesh_shape: Mapping[str, int]) -> None:
+    """A mesh with an ``expert`` axis of size ``P > 1`` needs a mixture-of-experts FFN whose
+    ``num_experts`` ``P`` divides (ValueError naming ``mesh`` otherwise)."""
+    experts = dict(mesh_shape).get("expert", 1)
+    if experts <= 1:
+        return
+    if not cfg.is_moe:
+        raise ValueError(f"mesh: an expert axis ({experts}) needs a model with ffn moe or "
+                         "latent_moe")
+    if cfg.ffn.num_experts % experts:
+        raise ValueError(f"mesh: the expert axis ({experts}) does not divide the model's "
+                         f"{cfg.ffn.num_experts} experts; use an expert axis that divides it "
+                         "(or num_experts=...)")

@@ -1,4 +1,4 @@
-"""Momentum DeltaNet (MDN): the token mixer and language model in Flax NNX.
+"""Momentum DeltaNet (MDN): the token mixer in Flax NNX.
 
 Huang et al., "MDN: Parallelizing Stepwise Momentum for Delta Linear Attention", arXiv 2605.05838
 (ICML 2026), Section 3. The layer is a :class:`~jaxlib_ext.models._delta_mixer.DeltaMixer` over
@@ -36,36 +36,45 @@ Conventions (beside those of :mod:`jaxlib_ext.models._delta_mixer`):
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxlib_ext.models._delta_mixer import (
-    DELTANET_PRESETS,
     DeltaMixer,
     DeltaNetConfig,
+    DeltaRuleConfig,
     dt_bias_init,
     head_param,
     l2_normalize,
     linear,
     log_uniform_open,
 )
-from jaxlib_ext.models.layers import SwiGLU
-from jaxlib_ext.models.lm import LanguageModel
-from jaxlib_ext.models.presets import config_from_preset
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
 
 __all__ = [
+    "MDNConfig",
     "MDNGates",
     "mdn_gates",
     "momentum_transition_matrix",
     "momentum_eigenvalues",
     "MomentumDeltaNet",
-    "MDNLanguageModel",
-    "build_mdn",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class MDNConfig(DeltaRuleConfig):
+    """The ``"mdn"`` mixer of a language-model block: :class:`DeltaRuleConfig`'s fields and
+    MDN's ``tau_factor`` (``tau = sqrt(d / tau_factor)``, eq. (4)), ``min_log_mu`` (the clamp of
+    eq. (3)) and ``use_output_correction`` (eq. (1))."""
+
+    kind: ClassVar[str] = "mdn"
+    tau_factor: float = 1.0
+    min_log_mu: float | None = -2.0
+    use_output_correction: bool = True
 
 
 class MDNGates(NamedTuple):
@@ -203,29 +212,3 @@ class MomentumDeltaNet(DeltaMixer):
             q_hat, k_hat, v, p, gates.log_alpha, gates.log_mu, gates.beta, gates.eta,
             **op_options,
         )
-
-
-class MDNLanguageModel(LanguageModel):
-    """Momentum DeltaNet LM: embedding, ``n_layers`` x (MDN mixer + SwiGLU), norm, untied head.
-
-    ``__call__(tokens int32[B, T]) -> logits float32[B, T, vocab]``; decoding with
-    :meth:`init_cache` and :meth:`decode_step`.
-    """
-
-    def __init__(self, cfg: DeltaNetConfig, *, rngs: nnx.Rngs):
-        super().__init__(
-            cfg, mixer=lambda r: MomentumDeltaNet(cfg, rngs=r),
-            ffn=lambda r: SwiGLU(cfg.d_model, cfg.hidden, rngs=r), rngs=rngs,
-        )
-
-
-def build_mdn(
-    preset: str = "tiny", *, vocab_size: int | None = None, rngs: nnx.Rngs, **overrides
-) -> MDNLanguageModel:
-    """An :class:`MDNLanguageModel` from a size preset of
-    :data:`~jaxlib_ext.models.DELTANET_PRESETS` (``"tiny"``, ``"400m"``, ``"1.3b"``) with
-    ``vocab_size`` (``None``: the preset's) and :class:`DeltaNetConfig` field overrides."""
-    cfg = config_from_preset(
-        DELTANET_PRESETS, preset, model="mdn", vocab_size=vocab_size, **overrides
-    )
-    return MDNLanguageModel(cfg, rngs=rngs)

@@ -42,7 +42,7 @@ Choices where the block is simplified, and why:
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +55,7 @@ from jaxlib_ext.pallas_kernels import SUPPORTED_CHUNK_SIZES
 from jaxlib_ext.pallas_kernels.mlstm import METHODS as MLSTM_METHODS
 from jaxlib_ext.pallas_kernels.mlstm import MLSTMState, mlstm, zero_state
 
-__all__ = ["MLSTMConfig", "MLSTMCache", "MLSTMLayer"]
+__all__ = ["MLSTMConfig", "MLSTMMixerConfig", "MLSTMCache", "MLSTMLayer"]
 
 #: Forget-gate bias at init, ``(first head, last head)`` of a linspace.
 FORGET_BIAS_INIT = (3.0, 6.0)
@@ -113,6 +113,28 @@ class MLSTMConfig:
     def inner_dim(self) -> int:
         """Width ``H*V`` of the up-projected branches."""
         return self.n_heads * self.value_dim
+
+
+@dataclasses.dataclass(frozen=True)
+class MLSTMMixerConfig:
+    """The ``"mlstm"`` mixer of a language-model block: :class:`MLSTMConfig` without the fields
+    the backbone sets (``d_model``, ``norm_eps``); :meth:`layer_config` adds them."""
+
+    kind: ClassVar[str] = "mlstm"
+    n_heads: int = 4
+    head_dim: int = 32
+    expand_v: int = 2
+    conv_size: int = 4
+    method: str = "auto"
+    chunk_size: int | None = None
+    decode_recurrent_max_len: int = 64
+
+    def __post_init__(self):
+        self.layer_config(128, 1e-6)  # the layer's own validation, at a neutral width
+
+    def layer_config(self, d_model: int, norm_eps: float) -> MLSTMConfig:
+        """The :class:`MLSTMConfig` of this mixer in a model of width ``d_model``."""
+        return MLSTMConfig(d_model=d_model, norm_eps=norm_eps, **dataclasses.asdict(self))
 
 
 class MLSTMCache(NamedTuple):

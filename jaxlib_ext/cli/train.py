@@ -1,14 +1,12 @@
 """``python -m jaxlib_ext train ...``: composes a model, an optimizer and the training loop.
 
-The command that knows the method families. Models come from a
-registry mapping a name to ``"module:function"``, imported lazily, so ``import jaxlib_ext``
-stays cheap and a family that fails to import only breaks the runs that ask for it;
-factories are called as ``factory(preset, vocab_size=..., rngs=...)``. The composable
-models (:func:`jaxlib_ext.models.build_lm`) take ``--mixer`` and ``--ffn`` (and ``--arch
-key=value`` for any :class:`~jaxlib_ext.models.LMConfig` field); ``--model transformer|mdn|gdn``
-are their ``attention|mdn|gdn + swiglu`` presets. The composed config is recorded with every
-checkpoint, so that ``--init-from`` (a new run from a checkpoint's parameters, e.g. one that
-``python -m jaxlib_ext grow`` grew) rebuilds its model. Optimizers are the
+The command that knows the method families. Every model is a composed language model
+(:func:`jaxlib_ext.models.lm.compose`, imported when the command runs so ``import jaxlib_ext``
+stays cheap): ``--mixer`` and ``--ffn`` (and ``--arch key=value`` for any flat
+:class:`~jaxlib_ext.models.LMConfig` field); ``--model transformer|mdn|gdn`` are the
+``attention|mdn|gdn + swiglu`` presets (:data:`jaxlib_ext.models.lm.MODEL_MIXERS`). The
+composed config is recorded with every checkpoint, so that ``--init-from`` (a new run from a
+checkpoint's parameters, e.g. one that ``python -m jaxlib_ext grow`` grew) rebuilds its model. Optimizers are the
 recipes of :func:`jaxlib_ext.optim.make_optimizer`; ``--opt key=value`` overrides any of a
 recipe's hyperparameters.
 
@@ -19,14 +17,11 @@ The library raises errors that name its own arguments (``TrainConfig.batch_size`
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import sys
 
 __all__ = [
-    "MODELS",
-    "PRESET_MIXERS",
     "FLAGS",
     "build_model",
     "model_config",
@@ -37,15 +32,6 @@ __all__ = [
     "parse_opt",
     "run_train",
 ]
-
-MODELS: dict[str, str] = {
-    "transformer": "jaxlib_ext.models:build_transformer",
-    "mdn": "jaxlib_ext.models:build_mdn",
-    "gdn": "jaxlib_ext.models:build_gdn",
-}
-
-#: ``--model`` names that are ``mixer + swiglu`` presets of the composable LM
-PRESET_MIXERS: dict[str, str] = {"transformer": "attention", "mdn": "mdn", "gdn": "gdn"}
 
 #: ``TrainConfig`` field -> the flag that sets it
 FLAGS: dict[str, str] = {
@@ -76,75 +62,49 @@ def _renamed(error: Exception, names: dict[str, str]) -> ValueError:
     return ValueError(re.sub(pattern, lambda m: names[m[1]], str(error)))
 
 
-def _load(registry: dict[str, str], kind: str, name: str):
-    if name not in registry:
-        raise ValueError(f"--{kind}: unknown {kind} {name!r}; choose from {sorted(registry)}")
-    module, _, attr = registry[name].partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--{kind} {name!r} is registered but not importable: {e}") from e
-
-
 def build_model(name: str, preset: str = "tiny", *, vocab_size: int = 256, seed: int = 0):
+    """The model ``--model name --preset preset`` trains."""
     from flax import nnx
 
-    return _load(MODELS, "model", name)(preset, vocab_size=vocab_size, rngs=nnx.Rngs(seed))
+    from jaxlib_ext.models.lm import build_lm, compose
+
+    return build_lm(compose(model=name, preset=preset, vocab_size=vocab_size),
+                    rngs=nnx.Rngs(seed))
 
 
 def parse_arch(items: list[str]) -> dict:
-    """``--arch key=value`` items as :class:`~jaxlib_ext.models.LMConfig` field overrides (a
-    value is read as ``none``, a bool, an int, a float or else a string)."""
-    import dataclasses
+    """``--arch key=value`` items as flat :class:`~jaxlib_ext.models.LMConfig` field overrides
+    (a value is read as ``none``, a bool, an int, a float or else a string)."""
+    from jaxlib_ext.models.lm import arch_keys
 
-    from jaxlib_ext.models import LMConfig
-
-    fields = {f.name for f in dataclasses.fields(LMConfig)} - {"mixer", "ffn", "vocab_size"}
+    fields = arch_keys()
     out: dict = {}
     for key, text in _assignments(items, "--arch"):
         if key not in fields:
-            raise ValueError(f"--arch: unknown key {key!r}; known keys: {sorted(fields)}")
+            raise ValueError(f"--arch: unknown key {key!r}; known keys: {fields}")
         out[key] = None if text.lower() == "none" else _parse_value(text)
     return out
 
 
 def model_config(args, vocab_size: int):
-    """The :class:`~jaxlib_ext.models.LMConfig` the flags select, or ``None`` for a registered
-    ``--model`` that is not a composed preset (built by its own factory)."""
-    from jaxlib_ext.models import LM_PRESETS, lm_config
+    """The :class:`~jaxlib_ext.models.LMConfig` the flags select."""
+    from jaxlib_ext.models.lm import compose
 
-    composed = args.mixer or args.ffn or args.preset in LM_PRESETS or args.arch
-    if args.model is not None and args.model not in PRESET_MIXERS:
-        if composed:
-            raise ValueError(
-                f"--model {args.model} is not a composable model; --mixer, --ffn, --arch and "
-                f"the presets {sorted(LM_PRESETS)} apply to --model "
-                f"{'|'.join(PRESET_MIXERS)} or to no --model"
-            )
-        return None
-    mixer = args.mixer or (PRESET_MIXERS[args.model] if args.model else None)
-    if args.preset not in LM_PRESETS:
-        mixer = mixer or "attention"
     try:
-        return lm_config(mixer, args.ffn, args.preset, vocab_size=vocab_size,
-                         **parse_arch(args.arch))
+        return compose(model=args.model, mixer=args.mixer, ffn=args.ffn, preset=args.preset,
+                       vocab_size=vocab_size, overrides=parse_arch(args.arch))
     except (ValueError, TypeError) as e:
-        raise _renamed(e, {"preset": "--preset", "mixer": "--mixer", "ffn": "--ffn"}) from None
+        raise _renamed(e, {"preset": "--preset", "mixer": "--mixer", "ffn": "--ffn",
+                           "model": "--model"}) from None
 
 
 def _build_from_args(args, vocab_size: int):
-    """``(model, lm_config or None)`` of the flags; a ``--model`` preset with no composing
-    flag is built by its registered factory (the same parameters as ``build_lm``)."""
+    """``(model, lm_config)`` of the flags."""
     from flax import nnx
 
-    from jaxlib_ext.models import build_lm
+    from jaxlib_ext.models.lm import build_lm
 
     lm_cfg = model_config(args, vocab_size)
-    plain = args.model or "transformer"
-    if lm_cfg is None or (not (args.mixer or args.ffn or args.arch)
-                          and plain in PRESET_MIXERS and lm_cfg.ffn == "swiglu"
-                          and lm_cfg.mixer == PRESET_MIXERS[plain]):
-        return build_model(plain, args.preset, vocab_size=vocab_size, seed=args.seed), lm_cfg
     return build_lm(lm_cfg, rngs=nnx.Rngs(args.seed)), lm_cfg
 
 
@@ -208,13 +168,14 @@ def parse_opt(items: list[str], optimizer: str, steps: int) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     from jaxlib_ext.core.train import PARALLEL_MODES
     from jaxlib_ext.models import FFNS, MIXERS
+    from jaxlib_ext.models.lm import MODEL_MIXERS
     from jaxlib_ext.optim import OPTIMIZER_NAMES
 
     t = argparse.ArgumentParser(prog="python -m jaxlib_ext train",
                                 description="train a language model on a text corpus")
     t.add_argument("--model", default=None,
-                   help=f"one of {sorted(MODELS)} (default: transformer); transformer, mdn and "
-                        "gdn are the attention, mdn and gdn mixers with a swiglu FFN")
+                   help=f"one of {sorted(MODEL_MIXERS)} (default: transformer); transformer, "
+                        "mdn and gdn are the attention, mdn and gdn mixers with a swiglu FFN")
     t.add_argument("--mixer", default=None, choices=MIXERS,
                    help="token mixer of every block (composable model); mlstm is the xLSTM "
                         "paper's mLSTM layer")
@@ -232,8 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "by python -m jaxlib_ext grow; the model is the config "
                         "recorded there (the model flags are not read). With --resume, the "
                         "run continues from its own newest checkpoint when it has one")
-    t.add_argument("--optimizer", default="adamw", choices=OPTIMIZER_NAMES,
-                   help="a recipe of jaxlib_ext.optim.make_optimizer (OPTIMIZER_NAMES)")
+    # checked by the recipes themselves (their error names the flag), so no argparse choices
+    t.add_argument("--optimizer", default="adamw",
+                   help=f"a recipe of jaxlib_ext.optim.make_optimizer: "
+                        f"{', '.join(OPTIMIZER_NAMES)} (default: adamw)")
     t.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                    help="set a hyperparameter of the --optimizer recipe, e.g. --opt level=4 "
                         "--opt density=0.1 (repeatable; keys: jaxlib_ext.optim."
@@ -346,7 +309,11 @@ def run_train(args: argparse.Namespace):
         raise ValueError(f"--lr must be positive, got {args.lr}")
     if args.steps <= 0:
         raise ValueError(f"--steps must be positive, got {args.steps}")
-    _load(MODELS, "model", args.model or "transformer")
+    from jaxlib_ext.models.lm import MODEL_MIXERS
+
+    if args.model is not None and args.model not in MODEL_MIXERS:
+        raise ValueError(f"--model: unknown model {args.model!r}; choose from "
+                         f"{sorted(MODEL_MIXERS)}")
     parse_opt(args.opt, args.optimizer, args.steps)  # the keys and types, before any I/O
     try:
         mesh = sharding.make_mesh(args.mesh)
@@ -371,27 +338,24 @@ def run_train(args: argparse.Namespace):
         from jaxlib_ext.models import growth
 
         model, lm_cfg = growth.load_model(args.init_from)
-        name = f"{lm_cfg.mixer}+{lm_cfg.ffn} (from {args.init_from})"
+        name = f"{lm_cfg.mixer_name}+{lm_cfg.ffn_name} (from {args.init_from})"
     else:
         model, lm_cfg = _build_from_args(args, corpus.vocab_size)
         from jaxlib_ext.models import LM_PRESETS
 
-        composed = lm_cfg is not None and bool(args.mixer or args.ffn or args.arch
-                                               or args.preset in LM_PRESETS)
-        name = (f"{lm_cfg.mixer}+{lm_cfg.ffn}:{args.preset}" if composed
+        composed = bool(args.mixer or args.ffn or args.arch or args.preset in LM_PRESETS)
+        name = (f"{lm_cfg.mixer_name}+{lm_cfg.ffn_name}:{args.preset}" if composed
                 else f"{args.model or 'transformer'}:{args.preset}")
         _check_recorded_model(args, cfg.ckpt_dir, lm_cfg)
-    experts = dict(mesh.shape).get("expert", 1)
-    if experts > 1 and (lm_cfg is None or not lm_cfg.is_moe):
-        raise ValueError(f"--mesh: an expert axis ({experts}) needs a model with --ffn moe or "
-                         "latent_moe")
-    if experts > 1 and lm_cfg.num_experts % experts:
-        raise ValueError(f"--mesh: the expert axis ({experts}) does not divide the model's "
-                         f"{lm_cfg.num_experts} experts; use an expert axis that divides it "
-                         "(or --arch num_experts=...)")
+    from jaxlib_ext.models.lm import check_expert_mesh
+
+    try:
+        check_expert_mesh(lm_cfg, mesh.shape)
+    except ValueError as e:
+        raise _renamed(e, {"mesh": "--mesh", "ffn": "--ffn",
+                           "num_experts=...": "--arch num_experts=..."}) from None
     cfg.meta["run"] = f"{name} + {args.optimizer}"
-    if lm_cfg is not None:
-        cfg.meta["model"] = lm_cfg.to_dict()
+    cfg.meta["model"] = lm_cfg.to_dict()
     from jaxlib_ext.optim import build_optimizer, prepare_model
 
     model = prepare_model(args.optimizer, model, **hyperparams)

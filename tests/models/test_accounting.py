@@ -48,7 +48,7 @@ SMALL = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=2, head_dim=8, max_s
 @pytest.mark.parametrize("mixer", ["attention", "mdn", "gdn", "mlstm"])
 def test_counts_equal_the_built_models(mixer, ffn):
     extra = {"latent_dim": 8, "shared_expert_dim": 24} if ffn == "latent_moe" else {}
-    cfg = LMConfig(mixer=mixer, ffn=ffn, **SMALL, **extra)
+    cfg = LMConfig.from_flat(mixer=mixer, ffn=ffn, **SMALL, **extra)
     model = nnx.eval_shape(lambda: build_lm(cfg, rngs=nnx.Rngs(0)))
     acc = lm_cost(cfg)
     assert acc.params == param_count(model)

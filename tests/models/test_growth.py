@@ -31,7 +31,7 @@ SMALL = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=2, head_dim=8, max_s
 
 
 def _model(**kw):
-    cfg = LMConfig(**{"mixer": "attention", "ffn": "latent_moe", **SMALL, **kw})
+    cfg = LMConfig.from_flat(**{"mixer": "attention", "ffn": "latent_moe", **SMALL, **kw})
     model = build_lm(cfg, rngs=nnx.Rngs(0))
     for block in model.blocks:  # a trained-looking bias, so that selection depends on it
         mlp = block.mlp
@@ -46,7 +46,7 @@ def _blocks(model):
 def test_interposition_puts_layer_i_at_2i_and_2i_plus_1():
     assert interposition_order(3) == [0, 0, 1, 1, 2, 2]
     assert stacking_order(3) == [0, 1, 2, 0, 1, 2]
-    parent = build_lm(LMConfig(**{**SMALL, "latent_dim": None}), rngs=nnx.Rngs(1))
+    parent = build_lm(LMConfig.from_flat(**{**SMALL, "latent_dim": None}), rngs=nnx.Rngs(1))
     grown = grow_model(parent, depth=True, width=False)
     assert len(grown.blocks) == 4 and grown.cfg.n_layers == 4
     for j, i in enumerate(interposition_order(2)):

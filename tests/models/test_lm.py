@@ -68,7 +68,7 @@ SMALL = dict(vocab_size=61, d_model=32, n_layers=1, n_heads=2, head_dim=8, max_s
 
 def _small(mixer, ffn, **kw) -> LMConfig:
     latent = {"latent_dim": 8} if ffn == "latent_moe" else {}
-    return LMConfig(mixer=mixer, ffn=ffn, **{**SMALL, **latent, **kw})
+    return LMConfig.from_flat(mixer=mixer, ffn=ffn, **{**SMALL, **latent, **kw})
 
 
 # Each mixer and each FFN once in the default run; the other pairs in the slow run.
@@ -134,9 +134,9 @@ def test_mdn_with_latent_moe_decodes_as_one_forward():
 
 def test_presets_and_configs():
     moe = nnx.eval_shape(lambda: build_lm("moe-tiny", rngs=nnx.Rngs(0)))
-    assert moe.cfg == LM_PRESETS["moe-tiny"] and moe.cfg.ffn == "moe"
+    assert moe.cfg == LM_PRESETS["moe-tiny"] and moe.cfg.ffn_name == "moe"
     cfg = lm_config("mdn", "latent_moe", "tiny", vocab_size=99, top_k=4)
-    assert (cfg.mixer, cfg.ffn, cfg.vocab_size, cfg.top_k) == ("mdn", "latent_moe", 99, 4)
+    assert (cfg.mixer_name, cfg.ffn_name, cfg.vocab_size, cfg.top_k) == ("mdn", "latent_moe", 99, 4)
     assert cfg.latent_dim == cfg.d_model // 4
     assert LMConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="has ffn 'moe'"):
@@ -150,14 +150,14 @@ def test_presets_and_configs():
     [
         (dict(mixer="rnn"), "LMConfig.mixer must be one of"),
         (dict(ffn="glu"), "LMConfig.ffn must be one of"),
-        (dict(ffn="moe", num_experts=4, top_k=5), "top_k 5 exceeds LMConfig.num_experts 4"),
+        (dict(ffn="moe", num_experts=4, top_k=5), "top_k 5 exceeds LatentMoEConfig.num_experts 4"),
         (dict(ffn="latent_moe", latent_dim=64), r"latent_dim must be an int in \(0, d_model=32"),
         (dict(ffn="latent_moe"), "latent_dim must be an int"),
         (dict(ffn="moe", latent_dim=8), "latent_dim must be None for ffn 'moe'"),
-        (dict(ffn="moe", moe_method="sparse"), "moe_method must be one of"),
+        (dict(ffn="moe", moe_method="sparse"), "method must be one of"),
         (dict(d_model=0), "LMConfig.d_model must be a positive int"),
     ],
 )
 def test_bad_configs_name_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
-        LMConfig(**{**SMALL, **fields})
+        LMConfig.from_flat(**{**SMALL, **fields})

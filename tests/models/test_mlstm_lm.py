@@ -75,7 +75,7 @@ def test_layer_is_its_equations(method, perturb, rel):
 def test_decode_matches_full_forward_with_a_constant_cache(perturb, rel):
     # 12 single steps (the recurrent path), then a 12-token piece from the carried state (longer
     # than decode_recurrent_max_len: the chunk path); the full forward is the chunk path from zero
-    model = build_lm(LMConfig(mixer="mlstm", decode_recurrent_max_len=8,
+    model = build_lm(LMConfig.from_flat(mixer="mlstm", decode_recurrent_max_len=8,
                               **{**SMALL, "n_layers": 1}), rngs=nnx.Rngs(0))
     perturb(model, jax.random.key(7), scale=0.2)
     tokens = jax.random.randint(jax.random.key(2), (2, 24), 0, 61)
@@ -100,7 +100,7 @@ def test_decode_matches_full_forward_with_a_constant_cache(perturb, rel):
 
 
 def test_every_parameter_gets_a_finite_gradient_and_logical_axes():
-    model = build_lm(LMConfig(mixer="mlstm", method="recurrent", **{**SMALL, "n_layers": 1}),
+    model = build_lm(LMConfig.from_flat(mixer="mlstm", method="recurrent", **{**SMALL, "n_layers": 1}),
                      rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 61)
 
@@ -126,7 +126,7 @@ def _train_losses(mesh, steps=3, batch_size=8, seq_len=32):
     """Losses of ``steps`` jit training steps (``fit``'s jit mode without eval and checkpoints)
     of a one-layer mLSTM LM on ``mesh``, and the train state's shardings."""
     corpus = data.load_corpus()
-    model = build_lm(LMConfig(mixer="mlstm", **{**SMALL, "vocab_size": 256, "n_layers": 1}),
+    model = build_lm(LMConfig.from_flat(mixer="mlstm", **{**SMALL, "vocab_size": 256, "n_layers": 1}),
                      rngs=nnx.Rngs(0))
     tx = optax.adamw(1e-2)
     graphdef, rest, state = train.init_state(model, tx, seed=0)
@@ -165,7 +165,7 @@ def test_the_cli_selects_the_mlstm_mixer():
     args = train_cmd.build_parser().parse_args(
         ["--mixer", "mlstm", "--ffn", "latent_moe", "--arch", "method=chunk"])
     cfg = train_cmd.model_config(args, vocab_size=256)
-    assert (cfg.mixer, cfg.ffn, cfg.method, cfg.vocab_size) == ("mlstm", "latent_moe", "chunk",
+    assert (cfg.mixer_name, cfg.ffn_name, cfg.method, cfg.vocab_size) == ("mlstm", "latent_moe", "chunk",
                                                                  256)
     args = train_cmd.build_parser().parse_args(["--mixer", "mlstm", "--arch", "method=pallas"])
     with pytest.raises(ValueError, match="method must be one of"):
@@ -194,7 +194,7 @@ def test_presets_use_the_delta_rule_sizes():
 )
 def test_bad_configs_name_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
-        LMConfig(mixer="mlstm", **{**SMALL, **fields})
+        LMConfig.from_flat(mixer="mlstm", **{**SMALL, **fields})
 
 
 def test_bad_inputs_name_the_argument():

@@ -39,7 +39,7 @@ def test_mixer_and_ffn_flags_train_and_log_the_router_load(tmp_path, capsys):
     assert all({"moe_load_max", "moe_load_min", "moe_load_cv"} <= set(r) for r in train_rows)
     meta = json.loads((tmp_path / "checkpoints" / "2" / "meta" / "metadata").read_text())
     cfg = LMConfig.from_dict(meta["model"])
-    assert (cfg.mixer, cfg.ffn, cfg.n_layers, cfg.num_experts) == ("gdn", "moe", 1, 4)
+    assert (cfg.mixer_name, cfg.ffn_name, cfg.n_layers, cfg.num_experts) == ("gdn", "moe", 1, 4)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_bad_flags_are_named(tmp_path, capsys, flags, message):
 
 def test_router_bias_is_trained_state_checkpointed_and_resumed_exactly(tmp_path):
     corpus = data.load_corpus()
-    cfg = LMConfig(ffn="latent_moe", vocab_size=256, d_model=32, n_layers=1, n_heads=2,
+    cfg = LMConfig.from_flat(ffn="latent_moe", vocab_size=256, d_model=32, n_layers=1, n_heads=2,
                    head_dim=16, max_seq_len=32, num_experts=8, top_k=2, expert_dim=16,
                    latent_dim=8, router_bias_rate=1e-2)
     mesh = sharding.make_mesh("data=2,expert=4")

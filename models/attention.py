@@ -1,0 +1,203 @@
+"""Softmax attention: the pure grouped-query function and the attention token mixer.
+
+One attention for every model of :mod:`jaxlib_ext.models`: :func:`attention` is scaled
+dot-product softmax attention (Vaswani et al. 2017, arXiv 1706.03762) with grouped key/value
+heads (Ainslie et al. 2023, arXiv 2305.13245) under a boolean mask; :func:`causal_attention` is
+its causal, ungrouped case. :class:`Attention` is the ``"attention"`` token mixer of the
+composable language model (:class:`AttentionConfig`: heads, key/value heads, RoPE base and pair
+convention); the Llama teacher's mixer (:class:`~jaxlib_ext.models.llama.LlamaAttention`) and
+the students' sliding-window attention (:mod:`~jaxlib_ext.models.xlstm`) call the same
+:func:`attention` and :func:`~jaxlib_ext.models.layers.apply_rope`.
+
+:class:`TransformerConfig` and :data:`TRANSFORMER_PRESETS` are the size table of the Transformer
+baseline (the ``attention + swiglu`` preset of :func:`~jaxlib_ext.models.build_lm`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxlib_ext.models.layers import ROPE_CONVENTIONS, apply_rope, swiglu_hidden_size
+
+__all__ = [
+    "attention",
+    "causal_attention",
+    "AttentionConfig",
+    "Attention",
+    "TransformerConfig",
+    "TRANSFORMER_PRESETS",
+]
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
+              scale: float | None = None) -> jax.Array:
+    """Softmax attention with grouped key/value heads, ``softmax(q k^T * scale + mask) v``.
+
+    Args:
+      q: ``[B, T, H, D]`` queries (RoPE applied).
+      k, v: ``[B, S, Hkv, D]`` keys and ``[B, S, Hkv, Dv]`` values, ``H`` a multiple of
+        ``Hkv``: query head ``h`` reads key/value head ``h // (H // Hkv)``.
+      mask: bool ``[T, S]`` or ``[B, T, S]``, True where query ``t`` may read key ``s``.
+      scale: defaults to ``D ** -0.5``.
+
+    Returns:
+      ``[B, T, H, Dv]`` in ``v``'s dtype; scores and the softmax in float32.
+    """
+    b, t, h, d = q.shape
+    hkv = k.shape[2]
+    if h % hkv:
+        raise ValueError(f"attention: q heads {h} are not a multiple of k heads {hkv}")
+    scale = d**-0.5 if scale is None else scale
+    qg = q.reshape(b, t, hkv, h // hkv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k).astype(jnp.float32) * scale
+    mask = mask if mask.ndim == 3 else mask[None]
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, v.shape[-1])
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float | None = None):
+    """Causal softmax attention: :func:`attention` with ``Hkv = H`` and a lower-triangular mask.
+
+    Args:
+      q, k, v: ``[B, T, H, D]``.
+      scale: defaults to ``D ** -0.5``.
+
+    Returns:
+      ``[B, T, H, D]`` in ``v``'s dtype; the softmax is computed in float32.
+    """
+    if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"causal_attention: expected q, k [B, T, H, D] and v [B, T, H, Dv], "
+            f"got q {q.shape}, k {k.shape}, v {v.shape}"
+        )
+    t = q.shape[1]
+    return attention(q, k, v, jnp.tril(jnp.ones((t, t), dtype=bool)), scale=scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """The attention token mixer of a language-model block.
+
+    ``n_heads`` query heads of width ``head_dim``; ``n_kv_heads`` key/value heads (``None``:
+    ``n_heads``, multi-head attention; fewer: grouped-query attention, arXiv 2305.13245);
+    RoPE with base ``rope_theta`` and pair layout ``rope_convention``
+    (:data:`~jaxlib_ext.models.layers.ROPE_CONVENTIONS`).
+    """
+
+    kind: ClassVar[str] = "attention"
+    n_heads: int = 4
+    head_dim: int = 32
+    n_kv_heads: int | None = None
+    rope_theta: float = 10_000.0
+    rope_convention: str = "half"
+
+    def __post_init__(self):
+        for name in ("n_heads", "head_dim", "n_kv_heads"):
+            value = getattr(self, name)
+            if value is None and name == "n_kv_heads":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"AttentionConfig.{name} must be a positive int, got {value!r}")
+        if self.head_dim % 2:
+            raise ValueError(f"AttentionConfig.head_dim must be even (RoPE), got {self.head_dim}")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"AttentionConfig.n_heads ({self.n_heads}) must be a multiple of "
+                             f"n_kv_heads ({self.kv_heads})")
+        if self.rope_convention not in ROPE_CONVENTIONS:
+            raise ValueError(f"AttentionConfig.rope_convention must be one of "
+                             f"{ROPE_CONVENTIONS}, got {self.rope_convention!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"AttentionConfig.rope_theta must be positive, got {self.rope_theta}")
+
+    @property
+    def kv_heads(self) -> int:
+        """The number of key/value heads."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+
+class Attention(nnx.Module):
+    """Causal (grouped-query) attention with RoPE, as a token mixer.
+
+    Parameters: ``qkv [d, (H + 2 Hkv) D]`` (the q, k and v columns side by side) and
+    ``out [H D, d]``, the latter at the scaled init ``0.02 / sqrt(2 n_layers)`` (GPT-2 style,
+    which keeps deep stacks stable).
+
+    ``__call__(x [B, T, d], cache=None) -> (y [B, T, d], None)``: full sequences only (positions
+    ``0 .. T-1``); there is no decode cache.
+    """
+
+    def __init__(self, cfg: AttentionConfig, *, d_model: int, n_layers: int, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = cfg.head_dim
+
+        def lin(i, o, axes, std=0.02):
+            return nnx.Linear(
+                i, o, use_bias=False, kernel_init=nnx.initializers.normal(std),
+                kernel_metadata={"logical_axes": axes}, rngs=rngs,
+            )
+
+        self.qkv = lin(d_model, (cfg.n_heads + 2 * cfg.kv_heads) * d, ("embed", "heads"))
+        self.out = lin(cfg.n_heads * d, d_model, ("heads", "embed"), 0.02 / math.sqrt(2 * n_layers))
+
+    def __call__(self, x: jax.Array, cache=None) -> tuple[jax.Array, None]:
+        if cache is not None:
+            raise ValueError("Attention: cache must be None (this mixer keeps no decode cache)")
+        b, t, _ = x.shape
+        c = self.cfg
+        positions = jnp.arange(t)
+        hq, hkv, d = c.n_heads * c.head_dim, c.kv_heads * c.head_dim, c.head_dim
+        qkv = self.qkv(x)
+        q = qkv[..., :hq].reshape(b, t, c.n_heads, d)
+        k = qkv[..., hq : hq + hkv].reshape(b, t, c.kv_heads, d)
+        v = qkv[..., hq + hkv :].reshape(b, t, c.kv_heads, d)
+        rope = dict(theta=c.rope_theta, convention=c.rope_convention)
+        q, k = apply_rope(q, positions, **rope), apply_rope(k, positions, **rope)
+        mask = jnp.tril(jnp.ones((t, t), dtype=bool))
+        return self.out(attention(q, k, v, mask).reshape(b, t, -1)), None
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """A size of the Transformer baseline (the ``attention + swiglu`` language model)."""
+
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    head_dim: int = 32
+    mlp_hidden: int | None = None  # None: LLaMA SwiGLU width for d_model
+    max_seq_len: int = 256
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "max_seq_len"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"TransformerConfig.{name} must be positive, got {value}")
+        if self.head_dim % 2:
+            raise ValueError(f"TransformerConfig.head_dim must be even (RoPE), got {self.head_dim}")
+
+    @property
+    def hidden(self) -> int:
+        return self.mlp_hidden or swiglu_hidden_size(self.d_model, multiple_of=32)
+
+
+#: Size presets. ``"tiny"`` is sized for CPU tests and demos; ``"400m"`` is the Transformer
+#: baseline of arXiv 2605.05838 (24 layers, 16 heads at d = 1024).
+TRANSFORMER_PRESETS: dict[str, TransformerConfig] = {
+    "tiny": TransformerConfig(d_model=128, n_layers=2, n_heads=4, head_dim=32, max_seq_len=256),
+    "small": TransformerConfig(d_model=256, n_layers=4, n_heads=4, head_dim=64, max_seq_len=512),
+    "125m": TransformerConfig(d_model=768, n_layers=12, n_heads=12, head_dim=64, max_seq_len=2048),
+    "400m": TransformerConfig(
+        d_model=1024, n_layers=24, n_heads=16, head_dim=64, max_seq_len=4096,
+        mlp_hidden=swiglu_hidden_size(1024),
+    ),
+}
