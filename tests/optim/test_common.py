@@ -221,3 +221,46 @@ def test_state_shards_like_the_parameters(name):
     chex.assert_trees_all_close(s1, s_ref, rtol=1e-6)
     for leaf, sh in zip(jax.tree.leaves(s1), jax.tree.leaves(state_sh), strict=True):
         assert leaf.sharding.is_equivalent_to(sh, leaf.ndim)
+
+
+def _poet_layer(dtype, n=8, m=8, b=4):
+    """The five leaves of one POET layer (base weight, rotations, permutations)."""
+    p = b * (b - 1) // 2
+    w = np.random.default_rng(0).normal(size=(n, m))
+    return {"poet_base": jnp.asarray(w, dtype), "theta_in": jnp.zeros((n // b, p), dtype),
+            "theta_out": jnp.zeros((m // b, p), dtype),
+            "perm_in": jnp.arange(n, dtype=jnp.int32), "perm_out": jnp.arange(m, dtype=jnp.int32)}
+
+
+# POET-X's merge is a lax.cond traced only for trees that hold a POET layer.
+EXTRA_LEAVES = {"poet_x": lambda dtype: {"poet": _poet_layer(dtype)}}
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("param_dtype, grad_dtype",
+                         [(jnp.bfloat16, jnp.float32), (jnp.float32, jnp.bfloat16)])
+def test_gradients_in_another_dtype_than_the_params(name, param_dtype, grad_dtype):
+    """Mixed precision: gradients in another dtype than the params, plain and through
+    ``MultiSteps`` (float32 accumulator), over a merge step for POET-X: the params keep their
+    dtypes and end where gradients in the params' dtype take them."""
+    params = {**params_like(param_dtype), **EXTRA_LEAVES.get(name, lambda _: {})(param_dtype)}
+    target = {**TARGET, **{k: v for k, v in params.items() if k not in TARGET}}
+
+    def run(opt, dtype, steps=2):
+        update = jax.jit(opt.update)
+        p, s = params, opt.init(params)
+        for _ in range(steps):
+            g = jax.tree.map(lambda p, t: (2.0 * (p - t)).astype(
+                dtype if jnp.issubdtype(p.dtype, jnp.floating) else p.dtype), p, target)
+            u, s = update(g, s, p)
+            p = optax.apply_updates(p, u)
+        return p
+
+    # POET-X merges at step 2 (the lax.cond whose branches must agree)
+    for opt in (make(name, **({"merge_every": 2} if name == "poet_x" else {})),
+                optax.MultiSteps(make(name), every_k_schedule=2)):
+        mixed, same = run(opt, grad_dtype), run(opt, param_dtype)
+        chex.assert_trees_all_equal_dtypes(mixed, params)
+        chex.assert_trees_all_close(mixed, same, rtol=1e-2, atol=1e-2)
+        if name == "poet_x" and not isinstance(opt, optax.MultiSteps):
+            np.testing.assert_array_equal(np.asarray(mixed["poet"]["theta_in"], np.float32), 0.0)

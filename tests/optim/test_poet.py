@@ -209,3 +209,61 @@ def test_cli_trains_the_tiny_transformer_with_poet_x(tmp_path):
     rows = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows and all(np.isfinite(r.get("loss", r.get("eval_loss", 0.0))) for r in rows)
     assert any("eval_loss" in r for r in rows)
+
+
+def test_cayley_neumann_drift_is_rho_to_the_fourth_and_rotation_radius_bounds_rho():
+    """A truncated block's singular values are ``|1 - lambda^4|``; ``rotation_radius`` is an
+    upper bound on ``rho = max lambda`` within 1.1%."""
+    from jaxlib_ext.optim.poet import rotation_radius
+    from jaxlib_ext.pallas_kernels.poet.reference import cayley_neumann, skew
+
+    b = 8
+    theta = 0.15 * jax.random.normal(jax.random.key(0), (4, b * (b - 1) // 2))
+    rho = np.max(np.abs(np.linalg.eigvals(np.asarray(skew(theta, b), np.float64))), axis=-1)
+    sv = np.linalg.svd(np.asarray(cayley_neumann(theta, b), np.float64), compute_uv=False)
+    np.testing.assert_allclose(np.max(np.abs(sv - 1), axis=-1), rho**4, rtol=1e-4, atol=1e-6)
+    bound = np.asarray(rotation_radius(theta, b))
+    assert np.all(bound >= rho * (1 - 1e-6)) and np.all(bound <= 1.011 * rho)
+
+
+def _orthogonality_error(params):
+    from jaxlib_ext.pallas_kernels.poet.reference import cayley_neumann
+
+    g = cayley_neumann(params["poet"]["theta_in"][...], 8)
+    return float(np.max(np.abs(np.linalg.svd(np.asarray(g), compute_uv=False) - 1)))
+
+
+def test_rotations_past_the_orthogonality_bound_warn_or_are_clipped():
+    """Long merge intervals at a large learning rate: silent while the drift is within the
+    bound, then ``"warn"`` names the layers; ``"clip"`` keeps every block within it."""
+    params, loss, _ = _split()
+    kw = dict(merge_every=200, orthogonality_bound=1e-3)
+    p, s, step = _steps(poet_x(3e-2, **kw), params, loss, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p, s = step(p, s)  # one step: rho^4 ~ 1e-5
+        jax.effects_barrier()
+    assert _orthogonality_error(p) < 1e-3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(11):
+            p, s = step(p, s)
+        jax.effects_barrier()
+    messages = {str(w.message).split(" passed")[0] for w in caught}
+    assert messages == {"poet_x: the rotations of poet/theta_in",
+                        "poet_x: the rotations of poet/theta_out"}
+    assert "orthogonality_bound=0.001" in str(caught[0].message)
+    assert _orthogonality_error(p) > 1e-3
+    clipped, _, _ = _steps(poet_x(3e-2, on_orthogonality="clip", **kw), params, loss, 12)
+    assert _orthogonality_error(clipped) <= 1e-3 * (1 + 1e-3)
+    assert float(loss(clipped)) < float(loss(params))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(orthogonality_bound=0.0), "orthogonality_bound"),
+    (dict(orthogonality_bound=1.5), "orthogonality_bound"),
+    (dict(on_orthogonality="raise"), "on_orthogonality"),
+])
+def test_bad_orthogonality_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        poet_x(1e-2, **kwargs)
