@@ -12,11 +12,14 @@
   The trained parameters are the token mixers' (``blocks[i].attention``), plus low-rank
   adapters on the MLPs when ``lora_rank > 0`` (folded into the weights at the end).
 
-Each stage writes Orbax checkpoints (:class:`jaxlib_ext.core.checkpoint.Checkpointer`) and a
-``metrics.jsonl`` into its folder (rows ``{"step", "loss", "seconds"}``, ``seconds`` of wall
-time since the stage (re)started); a rerun resumes from the newest checkpoint, and a finished
-stage (its last checkpoint marked done) is loaded without training. Batches are a pure function
-of ``(seed, step)``, so a resumed stage ends where an uninterrupted one would.
+Both stages run on the library's loop engine (:func:`jaxlib_ext.core.loop.run_loop`): Orbax
+checkpoints in ``<folder>/checkpoints`` every ``checkpoint_every`` steps with the
+learning-rate schedule recorded, a ``<folder>/metrics.jsonl`` row every ``log_every`` steps
+(``"step"`` counts the steps done; ``"seconds"`` of wall time since the stage (re)started), a
+resume from the newest committed checkpoint, and a stop with
+:class:`~jaxlib_ext.core.loop.NonFiniteLossError` on a NaN or Inf loss. A finished stage
+resumes at its last step and is loaded without training. Batches are a pure function of
+``(seed, step)``, so a resumed stage ends where an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxlib_ext.core import loop
 from jaxlib_ext.core.checkpoint import Checkpointer
+from jaxlib_ext.core.schedule import WarmupCosine
 from jaxlib_ext.models.distill.lora import LoRAParam, add_lora_to_mlps, merge_lora
 from jaxlib_ext.models.distill.losses import alignment_loss, sparse_kd_loss
 from jaxlib_ext.models.distill.teacher_cache import TeacherCache
@@ -49,9 +54,8 @@ __all__ = [
     "read_metrics",
 ]
 
-
-class NonFiniteLossError(FloatingPointError):
-    """A stage's loss became NaN or Inf; names the step."""
+#: raised when a stage's loss becomes NaN or Inf; names the step and the last good checkpoint
+NonFiniteLossError = loop.NonFiniteLossError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,19 +85,35 @@ class StageConfig:
                 f"StageConfig.learning_rate must be positive, got {self.learning_rate}"
             )
 
-    def optimizer(self) -> optax.GradientTransformation:
-        """The stage's optax transformation; one object per setting, so that the compiled
-        steps (which take it as a static argument) are reused across calls."""
-        return _optimizer(self.steps, self.learning_rate, self.warmup_fraction, self.clip_norm)
+    def schedule(self, horizon: int | None = None) -> WarmupCosine:
+        r"""The learning rate of step ``t``, over a curve of ``horizon`` steps (default
+        ``steps``): with ``w = max(1, floor(warmup_fraction * horizon))``,
+        ``T = max(horizon, w + 1)`` and ``eta = learning_rate``,
+
+        .. math::
+            \eta_t = \eta\, t / w \ (t < w), \quad
+            \eta_t = \tfrac{\eta}{10} + \tfrac{9\eta}{20}
+                     \bigl(1 + \cos \tfrac{\pi (t - w)}{T - w}\bigr) \ (w \le t < T), \quad
+            \eta_t = \eta / 10 \ (t \ge T)
+
+        (``optax.warmup_cosine_decay_schedule(0, eta, w, T, eta / 10)``)."""
+        horizon = self.steps if horizon is None else int(horizon)
+        warmup = max(1, int(self.warmup_fraction * horizon))
+        return WarmupCosine(peak_lr=self.learning_rate, warmup_steps=warmup,
+                            total_steps=max(horizon, warmup + 1),
+                            end_lr=self.learning_rate / 10)
+
+    def optimizer(self, horizon: int | None = None) -> optax.GradientTransformation:
+        """The stage's optax transformation (schedule :meth:`schedule`); one object per
+        setting, so that the compiled steps (which take it as a static argument) are reused
+        across calls."""
+        return _optimizer(self.schedule(horizon), self.clip_norm)
 
 
 @functools.lru_cache(maxsize=64)
-def _optimizer(steps, learning_rate, warmup_fraction, clip_norm):
-    warmup = max(1, int(warmup_fraction * steps))
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, learning_rate, warmup, max(steps, warmup + 1), end_value=learning_rate / 10)
+def _optimizer(schedule: WarmupCosine, clip_norm: float):
     return optax.chain(optax.clip_by_global_norm(clip_norm),
-                       optax.adamw(schedule, weight_decay=0.0))
+                       optax.adamw(schedule.to_optax(), weight_decay=0.0))
 
 
 class StageResult(NamedTuple):
@@ -114,76 +134,47 @@ def read_metrics(directory: str | pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _abstract(tree):
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        tree,
-    )
+def _check_folder(directory: pathlib.Path, name: str, meta: dict) -> None:
+    """Refuses checkpoints of another stage setting in ``directory`` (the engine checks only
+    the schedule, which does not see the layers, the cache or the adapters)."""
+    ckpt_dir = directory / "checkpoints"
+    if not ckpt_dir.exists():
+        return
+    with Checkpointer(ckpt_dir, async_save=False) as ckpt:
+        step = ckpt.latest_step()
+        recorded = {} if step is None else ckpt.restore_meta(step)
+    for key, value in meta.items():
+        if key in recorded and recorded[key] != value:
+            raise ValueError(
+                f"{name}: the checkpoints in {str(directory)!r} were written with "
+                f"{key}={recorded[key]!r}, this run has {value!r}; use another folder"
+            )
 
 
-class _Run:
-    """Checkpoints, metrics file and progress bar of one stage."""
+def _run(step_fn, state, batch_fn, config: StageConfig, directory, name: str, meta: dict, *,
+         horizon: int | None, tokens_per_step: int) -> loop.LoopResult:
+    """Runs one stage on the loop engine, checkpointing into ``directory``."""
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _check_folder(directory, name, meta)
+    t0 = time.perf_counter()
 
-    def __init__(self, directory, cfg: StageConfig, name: str, meta: dict):
-        self.directory = pathlib.Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.cfg, self.name, self.meta = cfg, name, meta
-        self.ckpt = Checkpointer(self.directory / "checkpoints", max_to_keep=2)
-        self.bar = None
+    def timed(state, batch):  # the "seconds" column: wall time since the stage (re)started
+        state, metrics = step_fn(state, batch)
+        return state, {**metrics, "seconds": round(time.perf_counter() - t0, 3)}
 
-    def restore(self, state):
-        """``(state, start_step, done)`` from the newest checkpoint, or the given state."""
-        step = self.ckpt.latest_step()
-        if step is None:
-            (self.directory / "metrics.jsonl").unlink(missing_ok=True)
-            return state, 0, False
-        meta = self.ckpt.restore_meta(step)
-        for key, value in self.meta.items():
-            if key in meta and meta[key] != value:
-                raise ValueError(
-                    f"{self.name}: the checkpoints in {str(self.directory)!r} were written with "
-                    f"{key}={meta[key]!r}, this run has {value!r}; use another folder"
-                )
-        state, _ = self.ckpt.restore(step, _abstract(state))
-        rows = [r for r in read_metrics(self.directory) if r["step"] < step]
-        (self.directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return state, step, bool(meta.get("done"))
-
-    def start(self, start):
-        self.t0 = time.perf_counter()
-        if self.cfg.progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=self.cfg.steps, initial=start, desc=self.name, unit="step")
-
-    def log(self, step, row: dict, show: str):
-        with open(self.directory / "metrics.jsonl", "a") as f:
-            seconds = round(time.perf_counter() - self.t0, 3)
-            f.write(json.dumps({"step": step, **row, "seconds": seconds}) + "\n")
-        if self.bar is not None:
-            self.bar.set_postfix_str(show)
-
-    def advance(self):
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def save(self, step, state, done=False):
-        self.ckpt.save(step, state, {**self.meta, "done": done})
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-        self.ckpt.close()
+    cfg = loop.LoopConfig(
+        steps=config.steps, log_every=config.log_every,
+        checkpoint_every=config.checkpoint_every, checkpoint_dir=directory / "checkpoints",
+        max_to_keep=2, metrics_path=directory / "metrics.jsonl", progress=config.progress,
+        desc=name, items_per_step=tokens_per_step, items_name="tokens",
+        schedule=config.schedule(horizon), meta=meta)
+    return loop.run_loop(timed, state, batch_fn, cfg)
 
 
 def _batch_indices(seed: int, step: int, n: int, batch_size: int) -> np.ndarray:
     rng = np.random.default_rng([seed, step])
     return np.sort(rng.choice(n, size=min(batch_size, n), replace=False))
-
-
-def _check_finite(loss, step, name):
-    if not np.all(np.isfinite(loss)):
-        raise NonFiniteLossError(f"{name}: non-finite loss {loss} at step {step}")
 
 
 # --------------------------------------------------------------------------- stage I
@@ -224,15 +215,43 @@ def _shard_layer_axis(tree, n_layers):
     return jax.device_put(tree, spec)
 
 
+def _per_layer(row: dict, layers: Sequence[int]) -> dict:
+    """A stage I metrics row with ``"loss"`` as the list of per-layer losses (the file holds
+    their mean as ``"loss"`` and each as ``"loss_layer<i>"``)."""
+    keys = [f"loss_layer{i}" for i in layers]
+    if not all(k in row for k in keys):
+        return row
+    out = {k: v for k, v in row.items() if k not in keys}
+    out["mean_loss"], out["loss"] = row["loss"], [row[k] for k in keys]
+    return out
+
+
 def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequence[int],
                  config: StageConfig, directory: str | pathlib.Path, *,
-                 shard_layers: bool = False, desc: str = "stage I") -> StageResult:
-    """Stage I: trains ``mixers[j]`` to reproduce the cached teacher attention layer
+                 shard_layers: bool = False, desc: str = "stage I",
+                 schedule_steps: int | None = None) -> StageResult:
+    r"""Stage I: trains ``mixers[j]`` to reproduce the cached teacher attention layer
     ``layers[j]`` (module docstring); the mixers are not changed, trained copies are returned
-    (``StageResult.trained``). Metrics rows: ``{"step", "loss": [per layer]}``.
+    (``StageResult.trained``).
 
-    All mixers must have one architecture (one ``nnx`` graph), as the student's mixers do.
-    ``desc`` names the progress bar.
+    Each mixer ``f_j`` minimises the relative MSE
+    ``||f_j(x_l) - y_l||^2 / ||y_l||^2`` on the cached input ``x_l`` and output ``y_l`` of
+    teacher layer ``l = layers[j]`` (arXiv 2603.15590, stage I), all layers in one ``vmap``-ed
+    step. The engine logs the mean over layers as ``"loss"`` (what the NaN stop watches) and
+    each layer's as ``"loss_layer<l>"``; the rows of ``StageResult.metrics`` read
+    ``{"step", "loss": [per layer], "mean_loss", "seconds", "tokens_per_s"}``.
+
+    Args:
+      mixers: the student mixers, of one architecture (one ``nnx`` graph), as the student's.
+      cache: the teacher cache holding ``layers``.
+      layers: the teacher layer of each mixer.
+      config: the stage's optimisation.
+      directory: the stage folder (checkpoints, ``metrics.jsonl``); a rerun resumes from it.
+      shard_layers: split the layer axis over the devices.
+      desc: the progress bar's label.
+      schedule_steps: the horizon of the learning-rate schedule (default ``config.steps``):
+        a run of fewer steps stops partway along the curve, and a later call with more steps
+        continues it.
     """
     mixers, layers = list(mixers), [int(i) for i in layers]
     if len(mixers) != len(layers) or not mixers:
@@ -243,40 +262,38 @@ def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequ
         raise ValueError("mixers: stage I trains mixers of one architecture (one nnx graph)")
     for i in layers:
         cache.layer_io(i)  # names an uncached layer
-    tx = config.optimizer()
+    tx = config.optimizer(schedule_steps)
     params = _stack([p for _, p, _ in splits])
     rest = _stack([r for _, _, r in splits])
     state = {"params": params, "opt_state": jax.vmap(tx.init)(params)}
-    run = _Run(directory, config, desc, {"stage": "align", "layers": layers,
-                                               "steps": config.steps, "cache": cache.spec.windows})
-    state, start, done = run.restore(state)
-    if shard_layers:
+    if shard_layers:  # the restore follows the shardings of the initial state
         state, rest = _shard_layer_axis((state, rest), len(layers))
     ios = [cache.layer_io(i) for i in layers]
-    try:
-        if not done:
-            run.start(start)
-            for step in range(start, config.steps):
-                idx = _batch_indices(config.seed, step, len(cache), config.batch_size)
-                x = jnp.asarray(np.stack([xi[idx] for xi, _ in ios]), jnp.float32)
-                y = jnp.asarray(np.stack([yi[idx] for _, yi in ios]), jnp.float32)
-                params, opt_state, loss = _align_step(graphdef, tx, state["params"], rest,
-                                                      state["opt_state"], x, y)
-                state = {"params": params, "opt_state": opt_state}
-                if step % config.log_every == 0 or step == config.steps - 1:
-                    loss = np.asarray(loss)
-                    _check_finite(loss, step, "stage I")
-                    run.log(step, {"loss": loss.tolist()}, f"mean loss {loss.mean():.4f}")
-                run.advance()
-                last = step + 1 == config.steps
-                if last or (step + 1) % config.checkpoint_every == 0:
-                    run.save(step + 1, state, done=last)
-    finally:
-        run.close()
+
+    def batch_fn(step):
+        idx = _batch_indices(config.seed, step, len(cache), config.batch_size)
+        x = jnp.asarray(np.stack([xi[idx] for xi, _ in ios]), jnp.float32)
+        y = jnp.asarray(np.stack([yi[idx] for _, yi in ios]), jnp.float32)
+        return x, y
+
+    def step_fn(state, batch):
+        params, opt_state, loss = _align_step(graphdef, tx, state["params"], rest,
+                                              state["opt_state"], *batch)
+        loss = np.asarray(loss)
+        metrics = {"loss": float(loss.mean())}
+        metrics.update({f"loss_layer{i}": float(v) for i, v in zip(layers, loss, strict=True)})
+        return {"params": params, "opt_state": opt_state}, metrics
+
+    seq_len = ios[0][0].shape[1]
+    result = _run(step_fn, state, batch_fn, config, directory, desc,
+                  {"stage": "align", "layers": layers, "cache": cache.spec.windows},
+                  horizon=schedule_steps,
+                  tokens_per_step=min(config.batch_size, len(cache)) * seq_len)
     trained = [nnx.merge(graphdef, p, r) for p, r in
-               zip(_unstack(state["params"], len(layers)), _unstack(rest, len(layers)),
+               zip(_unstack(result.state["params"], len(layers)), _unstack(rest, len(layers)),
                    strict=True)]
-    return StageResult(trained, read_metrics(directory), start)
+    rows = [_per_layer(r, layers) for r in read_metrics(directory)]
+    return StageResult(trained, rows, result.start_step)
 
 
 # --------------------------------------------------------------------------- stage II
@@ -301,11 +318,29 @@ def _kd_step(graphdef, tx, params, frozen, opt_state, tokens, log_probs, ids):
 
 def distill_end_to_end(student, cache: TeacherCache, config: StageConfig,
                        directory: str | pathlib.Path, *, lora_rank: int = 0,
-                       lora_alpha: float | None = None, desc: str = "stage II") -> StageResult:
-    """Stage II: sparse top-k KD of a copy of ``student`` (a
+                       lora_alpha: float | None = None, desc: str = "stage II",
+                       schedule_steps: int | None = None) -> StageResult:
+    r"""Stage II: sparse top-k KD of a copy of ``student`` (a
     :class:`~jaxlib_ext.models.llama.Llama` whose mixers may be students) on the cached
-    teacher distributions; returns the trained copy (LoRA folded in). Metrics rows:
-    ``{"step", "loss"}`` (nats per token). ``desc`` names the progress bar."""
+    teacher distributions; returns the trained copy (LoRA folded in).
+
+    The loss per position is the KL divergence of the student from the teacher on the
+    teacher's top ``k`` tokens plus one bucket for all others
+    (:func:`~jaxlib_ext.models.distill.losses.sparse_kd_loss`, arXiv 2603.15590, stage II),
+    averaged over positions. Metrics rows: ``{"step", "loss", "seconds", "tokens_per_s"}``
+    (loss in nats per token).
+
+    Args:
+      student: the model to distil (not changed).
+      cache: the teacher cache (same vocabulary as ``student``).
+      config: the stage's optimisation.
+      directory: the stage folder (checkpoints, ``metrics.jsonl``); a rerun resumes from it.
+      lora_rank: rank of the adapters added to the MLPs (``0``: none).
+      lora_alpha: the adapters' scale numerator (default: the rank).
+      desc: the progress bar's label.
+      schedule_steps: the horizon of the learning-rate schedule (default ``config.steps``),
+        as in :func:`align_layers`.
+    """
     if student.cfg.vocab_size != cache.spec.vocab_size:
         raise ValueError(
             f"student: vocabulary of {student.cfg.vocab_size} tokens, the teacher cache has "
@@ -316,34 +351,23 @@ def distill_end_to_end(student, cache: TeacherCache, config: StageConfig,
         add_lora_to_mlps(model, lora_rank, alpha=lora_alpha, rngs=nnx.Rngs(config.seed))
     graphdef, params, frozen = nnx.split(model, _trainable(bool(lora_rank)), ...)
     params = jax.tree.map(jnp.copy, params)  # the step donates them; the student keeps its own
-    tx = config.optimizer()
+    tx = config.optimizer(schedule_steps)
     state = {"params": params, "opt_state": tx.init(params)}
-    run = _Run(directory, config, desc, {"stage": "kd", "steps": config.steps,
-                                                "lora_rank": lora_rank,
-                                                "cache": cache.spec.windows})
-    state, start, done = run.restore(state)
     t = cache.spec.seq_len
-    try:
-        if not done:
-            run.start(start)
-            for step in range(start, config.steps):
-                idx = _batch_indices(config.seed, step, len(cache), config.batch_size)
-                tokens = jnp.asarray(cache.tokens[idx, :t], jnp.int32)
-                lp = jnp.asarray(cache.top_log_probs[idx])
-                ids = jnp.asarray(cache.top_ids[idx])
-                p, o, loss = _kd_step(graphdef, tx, state["params"], frozen, state["opt_state"],
-                                      tokens, lp, ids)
-                state = {"params": p, "opt_state": o}
-                if step % config.log_every == 0 or step == config.steps - 1:
-                    loss = float(loss)
-                    _check_finite(loss, step, "stage II")
-                    run.log(step, {"loss": loss}, f"KD {loss:.4f}")
-                run.advance()
-                last = step + 1 == config.steps
-                if last or (step + 1) % config.checkpoint_every == 0:
-                    run.save(step + 1, state, done=last)
-    finally:
-        run.close()
-    model = nnx.merge(graphdef, state["params"], frozen)
+
+    def batch_fn(step):
+        idx = _batch_indices(config.seed, step, len(cache), config.batch_size)
+        return (jnp.asarray(cache.tokens[idx, :t], jnp.int32),
+                jnp.asarray(cache.top_log_probs[idx]), jnp.asarray(cache.top_ids[idx]))
+
+    def step_fn(state, batch):
+        p, o, loss = _kd_step(graphdef, tx, state["params"], frozen, state["opt_state"], *batch)
+        return {"params": p, "opt_state": o}, {"loss": loss}
+
+    result = _run(step_fn, state, batch_fn, config, directory, desc,
+                  {"stage": "kd", "lora_rank": lora_rank, "cache": cache.spec.windows},
+                  horizon=schedule_steps,
+                  tokens_per_step=min(config.batch_size, len(cache)) * t)
+    model = nnx.merge(graphdef, result.state["params"], frozen)
     merge_lora(model)
-    return StageResult(model, read_metrics(directory), start)
+    return StageResult(model, read_metrics(directory), result.start_step)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxlib_ext.core import loop
+from jaxlib_ext.core.schedule import ScheduleMismatchError
 from jaxlib_ext.models import distill as D
 from jaxlib_ext.models.distill import stages as stages_lib
 from jaxlib_ext.models.llama import LlamaAttention
@@ -163,7 +165,7 @@ def test_stage1_on_a_student_initialised_as_the_teacher_has_loss_zero(teacher, c
                                                             n_sinks=0, chunk_size=16))
     mixers = [b.attention for b in student.blocks]
     result = D.align_layers(mixers, cache, [0, 1], _stage(2), tmp_path)
-    assert [r["step"] for r in result.metrics] == [0, 1]
+    assert [r["step"] for r in result.metrics] == [1, 2]  # steps done
     for row in result.metrics:
         assert max(row["loss"]) < 1e-10
     # stage II on the teacher itself: zero sparse KD
@@ -215,6 +217,41 @@ def test_stage1_trains_and_resumes_exactly(teacher, cache, tmp_path, monkeypatch
     assert again.start_step == 6
     with pytest.raises(ValueError, match="steps"):
         D.align_layers(fresh(), cache, [0, 1], _stage(8), tmp_path / "whole")
+
+
+def test_stage2_records_its_schedule_and_stops_on_a_non_finite_loss(teacher, cache, tmp_path,
+                                                                     monkeypatch):
+    # a short run on a longer curve, continued: one run of the whole curve
+    whole = D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "whole",
+                                 lora_rank=2)
+    D.distill_end_to_end(teacher.model, cache, _stage(2), tmp_path / "split", lora_rank=2,
+                         schedule_steps=4)
+    split = D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "split",
+                                 lora_rank=2)
+    assert split.start_step == 2
+    assert [r["loss"] for r in split.metrics] == [r["loss"] for r in whole.metrics]
+    for x, y in zip(jax.tree.leaves(nnx.state(whole.trained, nnx.Param)),
+                    jax.tree.leaves(nnx.state(split.trained, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ScheduleMismatchError, match="peak_lr"):
+        D.distill_end_to_end(teacher.model, cache, _stage(4, learning_rate=1.0),
+                             tmp_path / "whole", lora_rank=2)
+    with pytest.raises(ValueError, match="lora_rank"):
+        D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "whole")
+
+    real, calls = stages_lib._kd_step, []
+
+    def nan_at_the_fifth(*args):
+        p, o, loss = real(*args)
+        calls.append(1)
+        return p, o, loss * (jnp.nan if len(calls) == 5 else 1.0)
+
+    monkeypatch.setattr(stages_lib, "_kd_step", nan_at_the_fifth)
+    with pytest.raises(D.NonFiniteLossError, match="at step 5") as err:  # one compiled step
+        D.distill_end_to_end(teacher.model, cache, _stage(6), tmp_path / "nan", lora_rank=2,
+                             schedule_steps=4)
+    assert D.NonFiniteLossError is loop.NonFiniteLossError
+    assert (err.value.step, err.value.last_good) == (5, 3)
 
 
 # --------------------------------------------------------------------------- domains, errors
