@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxlib_ext.samplers.smc.weights import check_log_weights
+from jaxlib_ext.samplers.smc.weights import check_log_weights, concrete_values
 
 __all__ = ["SCHEMES", "multinomial", "resample", "stratified", "systematic"]
 
@@ -32,11 +33,13 @@ def _check(weights, num_samples):
         raise TypeError(f"weights: expected a float array, got dtype {w.dtype}")
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples: expected a positive int, got {num_samples!r}")
-    if not isinstance(w, jax.core.Tracer):
-        if bool(jnp.any(~jnp.isfinite(w))) or bool(jnp.any(w < 0)):
+    values = concrete_values(w)  # known values (closed-over constants too) are checked
+    if values is not None:
+        if np.any(~np.isfinite(values)) or np.any(values < 0):
             raise ValueError("weights: must be finite and non-negative")
-        if not abs(float(w.sum()) - 1.0) < 1e-3:
-            raise ValueError(f"weights: must sum to 1, got {float(w.sum())}")
+        total = float(values.sum(dtype=np.float64))
+        if not abs(total - 1.0) < 1e-3:
+            raise ValueError(f"weights: must sum to 1, got {total}")
     return w
 
 

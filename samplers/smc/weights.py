@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 __all__ = [
@@ -40,16 +41,22 @@ __all__ = [
 ]
 
 
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+def concrete_values(x) -> np.ndarray | None:
+    """``x`` as a NumPy array when its values are known (an array, or a constant closed over
+    by a ``jit``-ed function), ``None`` for a tracer. The checks then run in NumPy: a ``jnp``
+    operation inside a trace returns a tracer even on constants, which ``bool()`` rejects."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
 
 
 def check_log_weights(log_weights, name: str = "log_weights") -> jax.Array:
     """Validates a 1-D array of log-weights and returns it as a float array.
 
     Rules: a 1-D float array with at least 2 entries; no NaN, no ``+inf``; ``-inf`` (zero weight)
-    is allowed but not for every entry. The value checks run only on concrete arrays (under
-    ``jit``/``vmap`` the shape check still runs, the value check cannot).
+    is allowed but not for every entry. The value checks run whenever the values are known,
+    constants closed over by a ``jit``-ed function included; on traced arguments (under
+    ``jit``/``vmap``) only the shape check runs.
     Raises ``ValueError``/``TypeError`` naming ``name``.
     """
     lw = jnp.asarray(log_weights)
@@ -57,10 +64,11 @@ def check_log_weights(log_weights, name: str = "log_weights") -> jax.Array:
         raise TypeError(f"{name}: expected a float array, got dtype {lw.dtype}")
     if lw.ndim != 1 or lw.shape[0] < 2:
         raise ValueError(f"{name}: expected shape (N,) with N >= 2, got {lw.shape}")
-    if _is_concrete(lw):
-        if bool(jnp.any(jnp.isnan(lw))) or bool(jnp.any(lw == jnp.inf)):
+    values = concrete_values(lw)
+    if values is not None:
+        if np.any(np.isnan(values)) or np.any(values == np.inf):
             raise ValueError(f"{name}: non-finite entries (NaN or +inf) in the log-weights")
-        if bool(jnp.all(lw == -jnp.inf)):
+        if np.all(values == -np.inf):
             raise ValueError(f"{name}: every log-weight is -inf (all weights zero)")
     return lw
 
