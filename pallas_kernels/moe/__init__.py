@@ -163,6 +163,8 @@ def tgmm(lhs, grad, group_sizes, *, method="auto", config=None):
 
     Raises:
       ValueError: as :func:`gmm`, and a ``grad`` whose row count differs from ``lhs``.
+      NotImplementedError: when differentiated with ``method="pallas"`` (also what ``"auto"``
+        picks on a GPU): that kernel is itself a gradient; ``method="xla"`` is differentiable.
     """
     _check_matrix("lhs", lhs, 2, "[M, K]")
     _check_matrix("grad", grad, 2, "[M, N]")

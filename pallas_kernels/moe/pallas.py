@@ -225,7 +225,23 @@ def gmm_pallas(lhs, rhs, group_sizes, *, config: GMMKernelConfig | None = None):
     return _gmm(lhs, rhs.astype(lhs.dtype), group_sizes.astype(jnp.int32), _config(config))
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _tgmm(lhs, grad, group_sizes, config):
+    return _tgmm_call(lhs, grad, group_sizes, config)
+
+
+@_tgmm.defjvp
+def _tgmm_jvp(config, primals, tangents):
+    # Without this rule JAX fails inside pallas_call with a bare AssertionError.
+    del config, primals, tangents
+    raise NotImplementedError(
+        'moe.tgmm(method="pallas") is not differentiable (its kernel is itself a gradient); '
+        'differentiate tgmm with method="xla"'
+    )
+
+
 def tgmm_pallas(lhs, grad, group_sizes, *, config: GMMKernelConfig | None = None):
     """Per-group ``lhs^T grad``, ``[M, K] x [M, N] -> [G, K, N]``, by the Pallas kernel; not
-    differentiable (it is itself a gradient)."""
-    return _tgmm_call(lhs, grad, group_sizes.astype(jnp.int32), _config(config))
+    differentiable (it is itself a gradient): differentiating it raises
+    ``NotImplementedError`` naming ``method="xla"``, which is."""
+    return _tgmm(lhs, grad, group_sizes.astype(jnp.int32), _config(config))

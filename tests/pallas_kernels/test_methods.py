@@ -102,3 +102,22 @@ def test_default_chunk_size_follows_the_compiled_kernels_limit(
 
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     assert _common.default_chunk_size(method, jnp.dtype(dtype), head_dim) == expected
+
+
+def test_tgmm_pallas_under_grad_names_the_differentiable_method():
+    """``moe.tgmm``'s Pallas kernel is not differentiable: ``grad`` raises an error naming
+    ``method="xla"``, which differentiates (and matches the loop over groups)."""
+    from jaxlib_ext.pallas_kernels import moe
+    from jaxlib_ext.pallas_kernels.moe.reference import tgmm_loop
+
+    rng = np.random.default_rng(73)
+    lhs, grad = rng.standard_normal((12, 8), np.float32), rng.standard_normal((12, 8), np.float32)
+    sizes = np.array([5, 0, 7], np.int32)
+
+    def loss(method, tgmm=moe.tgmm):
+        return lambda x: (tgmm(x, grad, sizes, **({"method": method} if method else {})) ** 2).sum()
+
+    with pytest.raises(NotImplementedError, match='method="xla"'):
+        jax.grad(loss("pallas"))(lhs)
+    want = jax.grad(loss(None, tgmm_loop))(lhs)
+    assert rel_rmse(jax.grad(loss("xla"))(lhs), want) < TOL
