@@ -32,7 +32,9 @@ scripts' :math:`\eta \propto 1/d`. :func:`smet` then moves the active entries by
 :math:`-\eta_t u` and sets every inactive entry to 0.
 
 **Topology update** every ``update_every`` steps, a pure function of (params, state, key):
-score active blocks by the L1 norm of their weights, prune the
+score active blocks by the L1 norm of their weights (rounded to ``RANK_BITS`` = 10 significant
+bits, ties broken by block index, so that data-parallel runs on any device count, whose
+weights differ in their last bits, prune the same blocks), prune the
 ``K - max(1, floor(K (1 - r_t)))`` smallest, regrow as many blocks drawn uniformly among the blocks
 inactive *before* the update (a pruned block cannot come straight back), in the pruned slots'
 places, with :math:`m = v = 0` and a reset step. The prune rate decays by a cosine from
@@ -157,9 +159,33 @@ def _n_prune(k: int, rate, num_inactive: int):
     return jnp.minimum(k - keep, num_inactive)
 
 
-def _slot_ranks(scores):
-    """Rank of each slot by ascending score (ties by slot order)."""
-    order = jnp.argsort(scores, stable=True)
+#: Significant bits the L1 scores keep before ranking (relative resolution 2^-10, about 1e-3).
+RANK_BITS = 10
+
+
+def _rounded_scores(scores):
+    """Non-negative float32 scores rounded to ``RANK_BITS`` significant bits (to nearest, on
+    the bit pattern, which is monotone for non-negative floats); inf and NaN pass through."""
+    s = scores.astype(jnp.float32)
+    drop = 23 - RANK_BITS
+    bits = jax.lax.bitcast_convert_type(s, jnp.int32)
+    bits = (bits + (1 << (drop - 1))) & ~((1 << drop) - 1)
+    return jnp.where(jnp.isfinite(s), jax.lax.bitcast_convert_type(bits, jnp.float32), s)
+
+
+def _slot_ranks(scores, index=None):
+    """Rank of each slot by ascending score, rounded to ``RANK_BITS`` bits, ties by ``index``
+    (the block index; slot order when ``None``).
+
+    The rounding makes the ranking reproducible across device counts: a data-parallel step
+    sums gradients in another order, so the parameters, and the L1 scores, of two runs differ
+    in their last bits, which would reorder near-ties. Scores that agree to about 1e-3 are
+    tied and ordered by block index instead. (A score whose noise straddles a rounding
+    boundary can still move; the two runs agree except for such scores.)
+    """
+    if index is None:
+        index = jnp.arange(scores.shape[0])
+    order = jnp.lexsort((index, _rounded_scores(scores)))
     return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
 
 
@@ -189,7 +215,7 @@ def topology_update_slots(
     if num_inactive == 0:
         return slots
     scores = jnp.sum(jnp.abs(param_blocks[slots.idx]), axis=-1)
-    rank = _slot_ranks(scores)
+    rank = _slot_ranks(scores, slots.idx)
     n_prune = _n_prune(k, rate, num_inactive)
     pruned = rank < n_prune
     # candidates: uniform among blocks inactive before this update

@@ -309,3 +309,28 @@ def test_numpy_params_are_accepted_like_optax():
     updates, _ = tx.update(grads, state, params)
     new = optax.apply_updates(params, updates)
     assert int(np.sum(np.asarray(new["w"]) != 0)) == 24  # exactly K = density * size active
+
+
+def test_topology_update_ranks_near_ties_by_block_index():
+    """Weights that differ only in their last bits (a data-parallel run sums gradients in
+    another order) prune the same blocks: scores equal to ``RANK_BITS`` bits are ranked by
+    block index."""
+    from jaxlib_ext.optim.smet import RANK_BITS
+
+    rng = np.random.default_rng(3)
+    nb, bs, k = 40, 4, 12
+    idx = np.asarray(rng.choice(nb, k, replace=False), np.int32)
+    blocks = np.full((nb, bs), 2.0, np.float32)
+    tied = idx[:8]  # eight active blocks of L1 exactly 1.0, the four others larger
+    blocks[tied] = 0.25
+    slots = SparseSlots(idx=jnp.asarray(idx), step=jnp.ones((k,), jnp.int32),
+                        mu=jnp.zeros((k, bs)), nu=jnp.zeros((k, bs)))
+    pruned = []
+    for seed in range(4):
+        noise = 1 + 1e-6 * np.random.default_rng(seed).standard_normal(blocks.shape)
+        new = topology_update_slots(slots, jnp.asarray(blocks * noise, jnp.float32),
+                                    jax.random.key(7), 0.3, 60, "code")
+        pruned.append(np.asarray(idx)[np.asarray(new.idx) != idx])
+    assert RANK_BITS < 20  # the 1e-6 noise lies below the resolution
+    for p in pruned:  # 12 - floor(12 * 0.7) = 4: the tied blocks of smallest index
+        np.testing.assert_array_equal(np.sort(p), np.sort(tied)[:4])
