@@ -6,8 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from jaxlib_ext.core import images
+from jaxlib_ext.core.loop import NonFiniteLossError
+from jaxlib_ext.core.schedule import ScheduleMismatchError
 from jaxlib_ext.samplers import energy as en
 from jaxlib_ext.samplers.energy import train as T
 
@@ -68,18 +71,32 @@ def test_checkpoint_resume_and_load(tmp_path):
     cov = en.Covariance(jnp.full(x.shape, 0.1))
     np.testing.assert_allclose(en.energy_fn_of(loaded)(x, cov),
                                en.energy_fn_of(r1.model)(x, cov), rtol=1e-5)
-    # resuming to 8 steps runs only the 2 missing ones
+    # resuming to 8 steps runs only the 2 missing ones and ends where 8 steps in one go end
     r2 = T.train(T.build_model("mlp", meta["kwargs"]), data, steps=8, batch_size=32,
                  checkpoint_dir=tmp_path / "ck", model_meta=meta, progress=False)
     assert len(r2.history["loss"]) == 2
+    r8 = T.train(T.build_model("mlp", meta["kwargs"]), data, steps=8, batch_size=32,
+                 progress=False)
+    np.testing.assert_array_equal(r8.history["loss"][6:], r2.history["loss"])
+    for a, b in zip(jax.tree.leaves(nnx.state(r8.model, nnx.Param)),
+                    jax.tree.leaves(nnx.state(T.load(tmp_path / "ck"), nnx.Param))):
+        np.testing.assert_array_equal(a, b)
+    assert not np.allclose(en.energy_fn_of(T.load(tmp_path / "ck", ema=False))(x, cov),
+                           en.energy_fn_of(T.load(tmp_path / "ck"))(x, cov))
+    # a resume at another learning rate would leave the recorded curve
+    with pytest.raises(ScheduleMismatchError, match="peak_lr"):
+        T.train(T.build_model("mlp", meta["kwargs"]), data, steps=10, batch_size=32,
+                learning_rate=2e-3, checkpoint_dir=tmp_path / "ck", model_meta=meta,
+                progress=False)
 
 
 def test_non_finite_loss_names_the_step():
     data = _mixture(64)
     data[:] = np.nan
-    with pytest.raises(FloatingPointError, match="step 0"):
+    with pytest.raises(NonFiniteLossError, match="step 1") as e:
         T.train(T.build_model("mlp", {"dim": 2, "hidden": 8, "depth": 1}), data, steps=2,
                 batch_size=8, progress=False)
+    assert isinstance(e.value, FloatingPointError) and e.value.step == 1
 
 
 def _digits_unet():
