@@ -8,9 +8,10 @@
 * :func:`make_pmap_train_step` is the classic data-parallel step (``jax.pmap`` with a
   ``pmean`` of the gradients) and :func:`make_shard_map_train_step` the same written with
   ``jax.shard_map``: same numbers, replicated state.
-* :func:`fit` runs the loop: a progress bar (step, loss, tokens/s, ETA), periodic eval,
-  a metrics JSONL file, a loss-curve PNG, Orbax checkpoints every N steps and exact
-  resume. A non-finite loss stops the run, naming the step and the last good checkpoint.
+* :func:`fit` runs the loop on the library's engine (:func:`jaxlib_ext.core.loop.run_loop`):
+  a progress bar (step, loss, tokens/s, ETA), periodic eval, a metrics JSONL file, Orbax
+  checkpoints every N steps and exact resume, then a loss-curve PNG. A non-finite loss stops
+  the run, naming the step and the last good checkpoint.
 
 Models may report metrics and keep state that their forward pass updates (a mixture of
 experts' router load and its correction bias): a model with
@@ -33,9 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import pathlib
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -46,8 +45,8 @@ import optax
 from flax import nnx
 
 from jaxlib_ext.core import data as data_lib
+from jaxlib_ext.core import loop
 from jaxlib_ext.core import sharding as sharding_lib
-from jaxlib_ext.core.checkpoint import Checkpointer, abstract_like
 from jaxlib_ext.core.schedule import ScheduleMismatchError, WarmupCosine
 
 __all__ = [
@@ -71,8 +70,8 @@ __all__ = [
 PARALLEL_MODES = ("jit", "pmap", "shard_map")
 
 
-class NonFiniteLossError(FloatingPointError):
-    """Raised when the training loss becomes NaN or Inf; names the step."""
+#: raised when the training loss becomes NaN or Inf; names the step and the last good checkpoint
+NonFiniteLossError = loop.NonFiniteLossError
 
 
 class TrainState(NamedTuple):
@@ -361,96 +360,6 @@ def _validate(cfg: TrainConfig, model, mesh, corpus: data_lib.Corpus) -> None:
         )
 
 
-def _check_schedule(cfg: TrainConfig, meta: dict, step: int, directory) -> None:
-    """A resumed run follows the schedule its checkpoint recorded, or stops here."""
-    recorded = meta.get("schedule")
-    if cfg.schedule is None or recorded is None:
-        return
-    recorded = WarmupCosine.from_dict(recorded)
-    fields = cfg.schedule.mismatch(recorded)
-    if fields:
-        raise ScheduleMismatchError(
-            f"TrainConfig.schedule {cfg.schedule} differs in {', '.join(fields)} from the "
-            f"schedule recorded at step {step} in {directory}: {recorded}. A resumed run "
-            "follows the recorded curve: pass it again, or its extended_to(steps) to train "
-            "longer on it",
-            fields,
-        )
-
-
-class _RunLog:
-    """The run's record: metrics rows (kept in ``history``, appended to a JSONL file by
-    process 0), the progress bar and the throughput between train rows.
-
-    On resume, the file's rows past the restored step are dropped.
-    """
-
-    def __init__(self, cfg: TrainConfig, start: int, enabled: bool):
-        self.cfg, self.enabled = cfg, enabled
-        self.path = pathlib.Path(cfg.out_dir) / "metrics.jsonl"
-        self.history: list[dict] = []
-        self.bar = None
-        if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            keep = []
-            if cfg.resume and self.path.exists():
-                keep = [line for line in self.path.read_text().splitlines()
-                        if line and json.loads(line)["step"] <= start]
-            self.path.write_text("".join(line + "\n" for line in keep))
-            if cfg.progress:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step",
-                                dynamic_ncols=True)
-        self._t_last, self._steps_since = time.perf_counter(), 0
-
-    def _write(self, row: dict) -> None:
-        self.history.append(row)
-        if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-
-    def train_step(self, done: int, loss: float, metrics: dict) -> None:
-        """Counts step ``done``; every ``log_every`` steps (and at the end) writes a row: the
-        loss, the gradient norm, the throughput and every metric the model reports."""
-        self._steps_since += 1
-        if self.bar is not None:
-            self.bar.update(1)
-        if not _due(done, self.cfg.log_every, self.cfg.steps):
-            return
-        now = time.perf_counter()
-        tokens = self._steps_since * self.cfg.batch_size * self.cfg.seq_len
-        row = {
-            "step": done,
-            "loss": loss,
-            "grad_norm": _first(metrics["grad_norm"]),
-            "tokens_per_s": tokens / max(now - self._t_last, 1e-9),
-        }
-        row.update({k: _first(v) for k, v in metrics.items() if k not in row})
-        self._t_last, self._steps_since = now, 0
-        self._write(row)
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-
-    def eval(self, done: int, eval_loss: float) -> None:
-        self._write({"step": done, "eval_loss": eval_loss})
-        if self.bar is not None:
-            self.bar.write(f"step {done}: eval loss {eval_loss:.4f}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _due(done: int, every: int, steps: int) -> bool:
-    return done % every == 0 or done == steps
-
-
-def _first(x) -> float:
-    """The value of a replicated scalar (a pmap step returns one per local device)."""
-    return float(np.asarray(x).reshape(-1)[0])
-
-
 def plot_metrics(metrics_path, png_path, *, reference: float | None = None, title: str = ""):
     """Train and eval loss against step, from a metrics JSONL file, saved as a PNG."""
     import matplotlib
@@ -563,8 +472,7 @@ def _make_evaluate(loss_fn, mode: _ParallelMode, cfg: TrainConfig, corpus, mesh)
         eval_fn = _under_mesh(eval_fn, mesh)
     offsets = data_lib.eval_batches(corpus.eval, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
 
-    def evaluate(state) -> float:
-        state = mode.gather(state)
+    def evaluate(state) -> float:  # ``state`` as ``mode.gather`` returns it
         extra = () if state.model_state is None else (state.model_state,)
         losses = [
             eval_fn(state.params,
@@ -574,55 +482,6 @@ def _make_evaluate(loss_fn, mode: _ParallelMode, cfg: TrainConfig, corpus, mesh)
         return float(np.mean([float(x) for x in losses]))
 
     return evaluate
-
-
-def _start(ckpt: Checkpointer, cfg: TrainConfig, host_state: TrainState, state_sh):
-    """``(step, state)`` to start from: the newest committed checkpoint when resuming (its
-    recorded schedule checked first), else ``host_state`` placed step 0."""
-    step = ckpt.latest_step() if cfg.resume else None
-    if step is None:
-        # Place the freshly initialised state; every leaf becomes a global array.
-        return 0, jax.device_put(_distinct_buffers(host_state), state_sh)
-    _check_schedule(cfg, ckpt.restore_meta(step), step, ckpt.directory)
-    state, _ = ckpt.restore(step, abstract_like(host_state, state_sh))
-    return int(step), state
-
-
-def _checkpoint_meta(cfg: TrainConfig, step: int) -> dict:
-    meta = {**cfg.meta, "step": step, "seed": cfg.seed, "steps": cfg.steps}
-    if cfg.schedule is not None:
-        meta["schedule"] = cfg.schedule.to_dict()
-    return meta
-
-
-def _non_finite(loss: float, step: int, ckpt: Checkpointer) -> NonFiniteLossError:
-    ckpt.wait()
-    good = ckpt.latest_step()
-    good = "none" if good is None else f"step {good}"
-    return NonFiniteLossError(
-        f"loss became {loss} at step {step}; stopped without saving it. Last good "
-        f"checkpoint: {good} in {ckpt.directory}. Lower the learning rate or check the "
-        "data, then resume from it (TrainConfig.resume)."
-    )
-
-
-def _train_loop(mode, state, start, cfg, corpus, evaluate, ckpt, log: _RunLog):
-    """Steps ``start .. cfg.steps``; logs, evaluates and saves when due. Returns the state."""
-    for step in range(start, cfg.steps):
-        offsets = data_lib.batch_offsets(
-            cfg.seed, step, cfg.batch_size, cfg.seq_len, len(corpus.train)
-        )
-        state, metrics = mode.step(state, mode.batch(offsets))
-        loss = _first(metrics["loss"])
-        done = step + 1
-        if not math.isfinite(loss):
-            raise _non_finite(loss, done, ckpt)
-        log.train_step(done, loss, metrics)
-        if _due(done, cfg.eval_every, cfg.steps):
-            log.eval(done, evaluate(state))
-        if _due(done, cfg.checkpoint_every, cfg.steps):
-            ckpt.save(done, mode.gather(state), _checkpoint_meta(cfg, done))
-    return state
 
 
 def fit(
@@ -639,32 +498,44 @@ def fit(
     """
     mesh = mesh or sharding_lib.make_mesh(None)
     _validate(cfg, model, mesh, corpus)
-    main = jax.process_index() == 0
     graphdef, rest, host_state = init_state(model, tx, cfg.seed)
     loss_fn = make_loss_fn(graphdef, rest)
     train_loss_fn = make_loss_fn(graphdef, rest, with_metrics=True)
     state_sh = train_state_shardings(host_state, mesh)
-
-    ckpt = Checkpointer(cfg.ckpt_dir, max_to_keep=cfg.max_to_keep)
-    log = None
-    try:
-        start, state = _start(ckpt, cfg, host_state, state_sh)
-        del host_state
-        mode = _MODES[cfg.parallel](tx, train_loss_fn, cfg, corpus, state_sh, mesh)
-        evaluate = _make_evaluate(loss_fn, mode, cfg, corpus, mesh)
-        log = _RunLog(cfg, start, enabled=main)
-        state = _train_loop(mode, mode.place(state), start, cfg, corpus, evaluate, ckpt, log)
-    finally:
-        if log is not None:
-            log.close()
-        ckpt.close()
-
+    # the fresh state, placed; a resume restores into its shapes and shardings instead
+    state = jax.device_put(_distinct_buffers(host_state), state_sh)
+    del host_state
+    mode = _MODES[cfg.parallel](tx, train_loss_fn, cfg, corpus, state_sh, mesh)
     out_dir = pathlib.Path(cfg.out_dir)
-    if main and log.path.exists():
+    config = loop.LoopConfig(
+        steps=cfg.steps, log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every,
+        checkpoint_dir=cfg.ckpt_dir, max_to_keep=cfg.max_to_keep, resume=cfg.resume,
+        metrics_path=out_dir / "metrics.jsonl", progress=cfg.progress, desc="train",
+        items_per_step=cfg.batch_size * cfg.seq_len, items_name="tokens",
+        eval_every=cfg.eval_every, schedule=cfg.schedule,
+        meta={**cfg.meta, "seed": cfg.seed},
+    )
+
+    def batch_fn(step: int):
+        return mode.batch(data_lib.batch_offsets(cfg.seed, step, cfg.batch_size, cfg.seq_len,
+                                                 len(corpus.train)))
+
+    try:
+        result = loop.run_loop(mode.step, state, batch_fn, config,
+                               evaluate=_make_evaluate(loss_fn, mode, cfg, corpus, mesh),
+                               place=mode.place, gather=mode.gather)
+    except ScheduleMismatchError as e:  # name the field of this function's config
+        raise ScheduleMismatchError(str(e).replace("LoopConfig.", "TrainConfig."),
+                                    e.fields) from None
+    except loop.NonFiniteLossError as e:
+        raise NonFiniteLossError(f"{e} (TrainConfig.resume)", step=e.step,
+                                 last_good=e.last_good) from None
+
+    if jax.process_index() == 0 and config.metrics_path.exists():
         plot_metrics(
-            log.path,
+            config.metrics_path,
             out_dir / "loss.png",
             reference=data_lib.unigram_entropy(corpus.train, corpus.vocab_size),
             title=str(cfg.meta.get("run", "")),
         )
-    return TrainResult(mode.gather(state), log.history, start, out_dir)
+    return TrainResult(result.state, result.history, result.start_step, out_dir)
