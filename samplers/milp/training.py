@@ -35,7 +35,10 @@ predict a HiGHS-optimal assignment ``z*`` of each training instance (``(z* - l)/
 general integers); ``diving.neural_diving`` then predicts, fixes and completes.
 
 Instances of one family are padded to common sizes (``energy.pad_energy_data``) and stacked, so
-one ``jit``-compiled step serves the whole training set.
+one ``jit``-compiled step serves the whole training set. Both trainers run on
+:func:`jaxlib_ext.core.loop.run_loop` (Adam at a constant rate): optional Orbax checkpoints of
+the parameters and the optimiser state with resume, a stop with
+:class:`~jaxlib_ext.core.loop.NonFiniteLossError` on a non-finite loss, a time limit.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from tqdm.auto import tqdm
 
+from jaxlib_ext.core import loop
 from jaxlib_ext.samplers.milp.energy import EnergyData, energy, energy_data, pad_energy_data
 from jaxlib_ext.samplers.milp.gnn import BipartiteGNN
 from jaxlib_ext.samplers.milp.highs import solve_highs
@@ -99,30 +102,43 @@ def _collect_states(key, stacked: EnergyData, num_chains, num_steps, snapshots, 
     return (idx, np.concatenate(states), np.concatenate(taus), np.concatenate(lams))
 
 
-def _train_loop(model, loss_fn, batches, steps, lr, progress, desc):
+def _train_loop(model, loss_fn, batch_fn, *, steps, lr, progress, desc, checkpoint_dir,
+                checkpoint_every, resume, max_seconds, metrics_path, meta):
+    """Adam on ``loss_fn(model, batch_fn(t))`` through :func:`jaxlib_ext.core.loop.run_loop`;
+    returns ``(model, losses)``, the per-step losses of the steps this call ran."""
     graphdef, params = nnx.split(model, nnx.Param)
     rest = nnx.state(model, nnx.Not(nnx.Param))
     tx = optax.adam(lr)
-    opt_state = tx.init(params)
 
     @jax.jit
-    def step(params, opt_state, batch):
+    def step(state, batch):
+        params, opt_state = state["params"], state["opt_state"]
+
         def f(params):
             m = nnx.merge(graphdef, params, rest)
             return loss_fn(m, batch)
         loss, grads = jax.value_and_grad(f)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return ({"params": optax.apply_updates(params, updates), "opt_state": opt_state},
+                {"loss": loss})
 
-    losses = []
-    bar = tqdm(range(steps), desc=desc, disable=not progress)
-    for t in bar:
-        params, opt_state, loss = step(params, opt_state, batches(t))
-        losses.append(float(loss))
-        if progress and t % 20 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.4g}")
-    nnx.update(model, params)
-    return model, np.asarray(losses)
+    config = loop.LoopConfig(
+        steps=steps, log_every=1, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every if checkpoint_dir is not None else 0,
+        resume=resume, metrics_path=metrics_path, progress=progress, desc=desc,
+        max_seconds=max_seconds, schedule={"kind": "constant", "peak_lr": float(lr)},
+        meta=meta)
+    res = loop.run_loop(step, {"params": params, "opt_state": tx.init(params)}, batch_fn,
+                        config)
+    nnx.update(model, res.state["params"])
+    return model, np.asarray([row["loss"] for row in res.history], np.float64)
+
+
+def _check_run(steps, batch_size, checkpoint_every):
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps, batch_size: expected >= 1, got {steps}, {batch_size}")
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every: expected >= 0, got {checkpoint_every}")
 
 
 def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layers: int = 2,
@@ -130,13 +146,44 @@ def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layer
                        num_chains: int = 8, num_steps: int = 400, snapshots: int = 8,
                        num_flips: int = 4, temperature=(0.5, 0.005), penalty=(1.0, 10.0),
                        move_weight: float = 0.1, objective: str = "reinforce",
-                       num_samples: int = 8, progress: bool = False):
+                       num_samples: int = 8, progress: bool = False, checkpoint_dir=None,
+                       checkpoint_every: int = 0, resume: bool = True,
+                       max_seconds: float | None = None, metrics_path=None):
     """Train a :class:`~jaxlib_ext.samplers.milp.gnn.BipartiteGNN` without labels on
     ``problems``: ``objective="reinforce"`` (T.2, ``num_samples`` moves per state) or
-    ``"relaxed"`` (T.1, ``move_weight`` is its ``mu``). Returns ``(model, losses)``; the losses of
-    (T.2) are the mean energies of the sampled next states."""
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"steps, batch_size: expected >= 1, got {steps}, {batch_size}")
+    ``"relaxed"`` (T.1, ``move_weight`` is its ``mu``).
+
+    The states are collected from ``key`` before training (again on resume, alike); step
+    ``t`` draws its batch and its sampled moves from ``(key, t)`` alone.
+
+    Args:
+      key: the PRNG key of the network's initialisation, the states and the batches.
+      problems: the training instances (one family).
+      hidden, num_layers: the network's width and depth.
+      steps, batch_size, learning_rate: the Adam run (a resumed run continues up to
+        ``steps``).
+      num_chains, num_steps, snapshots, num_flips, temperature, penalty: the untrained
+        sampler's chains whose snapshots are the training states.
+      move_weight, objective, num_samples: the loss (T.1 or T.2).
+      checkpoint_dir: the checkpoint folder (Orbax, the parameters and the optimiser state
+        every ``checkpoint_every`` steps and at the end), or ``None`` for none.
+      checkpoint_every: steps between checkpoints; ``0``: only the last step.
+      resume: start from the newest checkpoint in ``checkpoint_dir``, if any (the same
+        ``key``, problems and learning rate continue the same run; another learning rate
+        raises :class:`~jaxlib_ext.core.schedule.ScheduleMismatchError`).
+      max_seconds: stop early (with a checkpoint) after this wall time.
+      metrics_path: a JSONL file of the per-step losses, or ``None``.
+      progress: show a progress bar.
+
+    Returns:
+      ``(model, losses)``: the trained network and the per-step losses of the steps this call
+      ran; the losses of (T.2) are the KL up to ``log Z``, whose value is the mean energy of
+      the sampled next states over ``tau`` minus the entropy, plus the move term.
+
+    Raises:
+      jaxlib_ext.core.loop.NonFiniteLossError: the loss became NaN or Inf.
+    """
+    _check_run(steps, batch_size, checkpoint_every)
     if objective not in ("reinforce", "relaxed"):
         raise ValueError(f"objective: expected 'reinforce' or 'relaxed', got {objective!r}")
     stacked = stack_problems(problems)
@@ -144,9 +191,10 @@ def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layer
     idx, states, taus, lams = _collect_states(k_states, stacked, num_chains, num_steps, snapshots,
                                               num_flips, temperature, penalty)
     model = BipartiteGNN(hidden, num_layers, rngs=nnx.Rngs(k_model))
-    rng = np.random.default_rng(int(jax.random.randint(k_batch, (), 0, 2**31 - 1)))
+    batch_seed = int(jax.random.randint(k_batch, (), 0, 2**31 - 1))
 
     def batches(t):
+        rng = np.random.default_rng([batch_seed, t])
         b = rng.integers(len(idx), size=batch_size)
         return idx[b], states[b], taus[b], lams[b], rng.integers(2**31 - 1, size=batch_size)
 
@@ -190,22 +238,53 @@ def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layer
         fn = one_reinforce if objective == "reinforce" else one
         return jnp.mean(jax.vmap(fn)(pi, z, tau, lam, seeds))
 
-    return _train_loop(model, loss_fn, batches, steps, learning_rate, progress,
-                       "unsupervised GNN")
+    meta = {"trainer": "milp.unsupervised", "hidden": hidden, "num_layers": num_layers,
+            "objective": objective}
+    return _train_loop(model, loss_fn, batches, steps=steps, lr=learning_rate,
+                       progress=progress, desc="unsupervised GNN",
+                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                       resume=resume, max_seconds=max_seconds, metrics_path=metrics_path,
+                       meta=meta)
 
 
 def train_supervised(key, problems: list[MILP], *, solutions=None, hidden: int = 32,
                      num_layers: int = 2, steps: int = 300, batch_size: int = 8,
                      learning_rate: float = 1e-3, time_limit: float = 10.0,
-                     progress: bool = False):
-    """Train the same network on HiGHS-optimal assignments (Neural Diving's labels).
+                     progress: bool = False, checkpoint_dir=None, checkpoint_every: int = 0,
+                     resume: bool = True, max_seconds: float | None = None,
+                     metrics_path=None):
+    """Train the same network on HiGHS-optimal assignments (Neural Diving's labels, arXiv
+    2012.13349): binary cross-entropy of the logits at the all-lower-bound state against
+    ``(z* - l) / (u - l)``, averaged over the real columns. Step ``t`` draws its batch of
+    problems from ``t`` alone.
 
-    ``solutions``: optional list of full ``x`` vectors; by default each problem is solved with
-    HiGHS under ``time_limit`` seconds (problems without a solution are skipped). Returns
-    ``(model, losses)``.
+    Args:
+      key: the PRNG key of the network's initialisation.
+      problems: the training instances (one family).
+      solutions: optional list of full ``x`` vectors; by default each problem is solved with
+        HiGHS under ``time_limit`` seconds (problems without a solution are skipped).
+      hidden, num_layers: the network's width and depth.
+      steps, batch_size, learning_rate: the Adam run (a resumed run continues up to
+        ``steps``).
+      time_limit: HiGHS's limit per problem, in seconds.
+      checkpoint_dir: the checkpoint folder (Orbax, the parameters and the optimiser state
+        every ``checkpoint_every`` steps and at the end), or ``None`` for none.
+      checkpoint_every: steps between checkpoints; ``0``: only the last step.
+      resume: start from the newest checkpoint in ``checkpoint_dir``, if any (the same
+        ``key``, problems and learning rate continue the same run; another learning rate
+        raises :class:`~jaxlib_ext.core.schedule.ScheduleMismatchError`).
+      max_seconds: stop early (with a checkpoint) after this wall time.
+      metrics_path: a JSONL file of the per-step losses, or ``None``.
+      progress: show a progress bar.
+
+    Returns:
+      ``(model, losses)``: the trained network and the per-step losses of the steps this call
+      ran.
+
+    Raises:
+      jaxlib_ext.core.loop.NonFiniteLossError: the loss became NaN or Inf.
     """
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"steps, batch_size: expected >= 1, got {steps}, {batch_size}")
+    _check_run(steps, batch_size, checkpoint_every)
     if solutions is None:
         solutions = [solve_highs(p, time_limit=time_limit).x for p in problems]
     if len(solutions) != len(problems):
@@ -222,10 +301,8 @@ def train_supervised(key, problems: list[MILP], *, solutions=None, hidden: int =
         targets[i, : iz.size] = (x[iz] - lo) / np.maximum(up - lo, 1.0)
     targets = jnp.asarray(targets)
     model = BipartiteGNN(hidden, num_layers, rngs=nnx.Rngs(key))
-    rng = np.random.default_rng(0)
-
     def batches(t):
-        return rng.integers(len(kept), size=batch_size)
+        return np.random.default_rng([0, t]).integers(len(kept), size=batch_size)
 
     def loss_fn(m, pi):
         def one(pi):
@@ -238,5 +315,9 @@ def train_supervised(key, problems: list[MILP], *, solutions=None, hidden: int =
 
         return jnp.mean(jax.vmap(one)(pi))
 
-    return _train_loop(model, loss_fn, batches, steps, learning_rate, progress,
-                       "supervised GNN")
+    meta = {"trainer": "milp.supervised", "hidden": hidden, "num_layers": num_layers}
+    return _train_loop(model, loss_fn, batches, steps=steps, lr=learning_rate,
+                       progress=progress, desc="supervised GNN",
+                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                       resume=resume, max_seconds=max_seconds, metrics_path=metrics_path,
+                       meta=meta)

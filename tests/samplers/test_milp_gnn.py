@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxlib_ext.core.schedule import ScheduleMismatchError
 from jaxlib_ext.samplers import milp
 
 
@@ -78,6 +79,27 @@ def test_supervised_training_fits_labels_and_dives(family):
         milp.neural_diving(p, model, coverage=1.5)
     with pytest.raises(ValueError, match="solutions"):
         milp.train_supervised(jax.random.key(0), family, solutions=[None])
+
+
+def test_supervised_training_resumes_from_its_checkpoint(family, tmp_path):
+    """Two steps, then a resume to four, end where four steps in one go end; another learning
+    rate on the same folder is refused."""
+    labels = [milp.solve_highs(p).x for p in family]
+    kw = dict(solutions=labels, hidden=4, num_layers=1, batch_size=2, learning_rate=1e-2)
+    whole, lw = milp.train_supervised(jax.random.key(0), family, steps=4, **kw)
+    ck = tmp_path / "ck"
+    _, l1 = milp.train_supervised(jax.random.key(0), family, steps=2, checkpoint_dir=ck,
+                                  checkpoint_every=1, **kw)
+    part, l2 = milp.train_supervised(jax.random.key(0), family, steps=4, checkpoint_dir=ck,
+                                     **kw)
+    assert l1.shape == (2,) and l2.shape == (2,)
+    np.testing.assert_array_equal(np.concatenate([l1, l2]), lw)
+    for a, b in zip(jax.tree.leaves(nnx.state(whole, nnx.Param)),
+                    jax.tree.leaves(nnx.state(part, nnx.Param))):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ScheduleMismatchError):
+        milp.train_supervised(jax.random.key(0), family, steps=4, checkpoint_dir=ck,
+                              **{**kw, "learning_rate": 2e-2})
 
 
 def test_stack_problems_pads_to_common_shape(family):
