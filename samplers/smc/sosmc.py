@@ -55,6 +55,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxlib_ext.samplers.smc.moves import MOVES
@@ -62,6 +63,7 @@ from jaxlib_ext.samplers.smc.objectives import weighted_potential_grad
 from jaxlib_ext.samplers.smc.resampling import SCHEMES, resample
 from jaxlib_ext.samplers.smc.weights import (
     check_log_weights,
+    concrete_values,
     ess,
     invariant_log_increment,
     ula_log_increment,
@@ -174,7 +176,8 @@ def check_particles(particles, num_particles: int, name: str = "particles"):
         if a.ndim < 1 or a.shape[0] != num_particles:
             raise ValueError(f"{name}: every leaf needs a leading axis of size num_particles="
                              f"{num_particles}, got shape {a.shape}")
-        if _is_concrete(a) and not bool(jnp.all(jnp.isfinite(a))):
+        values = concrete_values(a)  # NumPy: a jnp op on a closed-over constant traces
+        if values is not None and not np.all(np.isfinite(values)):
             raise ValueError(f"{name}: non-finite values")
     return jax.tree.map(jnp.asarray, particles)
 

@@ -44,3 +44,13 @@ def test_known_bad_values_still_raise_under_jit():
     assert np.isnan(jax.jit(weights.ess)(bad_log_w))
     with pytest.raises(ValueError, match="log_weights: expected shape"):
         jax.jit(weights.ess)(jnp.zeros((2, 2)))
+
+
+def test_sosmc_particle_check_takes_closed_over_constants_under_jit():
+    from jaxlib_ext.samplers.smc.sosmc import check_particles
+
+    particles = jnp.arange(8.0).reshape(4, 2)
+    np.testing.assert_array_equal(jax.jit(lambda: check_particles(particles, 4))(), particles)
+    bad = particles.at[0, 0].set(jnp.nan)
+    with pytest.raises(ValueError, match="particles: non-finite"):
+        jax.jit(lambda: check_particles(bad, 4))()
