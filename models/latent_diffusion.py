@@ -31,9 +31,11 @@ Conventions (everything a latent inverse solver needs):
 
 Training: :func:`train` fits the autoencoder (MSE + ``kl_weight`` KL), fixes ``latent_scale``,
 then the noise model (Ho et al.'s simple loss, Eq. 14, uniform ``t``) with an exponential moving
-average of its parameters, which is what is kept. Both stages show a progress bar and write Orbax
-checkpoints (:class:`jaxlib_ext.core.checkpoint.Checkpointer`); :func:`load_or_train` reuses a
-finished checkpoint of the same configuration. From the command line::
+average of its parameters, which is what is kept. Each stage is one run of the training-loop
+engine (:func:`jaxlib_ext.core.loop.run_loop`: progress bar, metrics rows, Orbax checkpoints from
+which a stage killed mid-way resumes, a stop on a non-finite loss); the model after each stage is
+checkpointed for :func:`load`, and :func:`load_or_train` reuses a finished checkpoint of the same
+configuration. From the command line::
 
     python -m jaxlib_ext ldm --out DIR --ae-steps N --diffusion-steps M
 """
@@ -42,11 +44,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
+import json
 import pathlib
+import shutil
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +57,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxlib_ext.core.schedule import WarmupCosine
 from jaxlib_ext.models.unet import ResBlock, UNet
 
 __all__ = [
@@ -505,48 +509,112 @@ def diffusion_loss(unet: UNet, schedule: Schedule, key: jax.Array,
 # --------------------------------------------------------------------------- training
 
 
+class _FitState(NamedTuple):
+    """A stage's training state, as its checkpoints hold it (beside the EMA): the trained
+    module's parameters (a pure dict) and the optimizer's state."""
+
+    params: dict
+    opt_state: Any
+
+
+def _stage_schedule(lr: float | WarmupCosine, steps: int) -> WarmupCosine:
+    """The learning rate of a stage of ``steps`` steps: linear warm-up from 0 to ``lr`` over
+    ``min(100, steps // 10 + 1)`` steps, cosine decay to ``lr / 10`` at ``steps`` (a
+    :class:`~jaxlib_ext.core.schedule.WarmupCosine` ``lr`` is taken as is)."""
+    if isinstance(lr, WarmupCosine):
+        return lr
+    warmup = min(100, steps // 10 + 1)
+    # a one-step stage has warmup == steps: its single step gets lr(0) = 0 on either curve
+    return WarmupCosine(float(lr), warmup, max(steps, warmup + 1), 0.1 * float(lr))
+
+
+def _check_stage(directory: pathlib.Path, run: dict, resume: bool) -> None:
+    """A stage folder that holds checkpoints is resumed only by the run that wrote them (the
+    engine checks the schedule; this checks the configuration, seed and batch size)."""
+    if not directory.is_dir():
+        return
+    from jaxlib_ext.core.checkpoint import Checkpointer
+
+    with Checkpointer(directory, async_save=False) as ckpt:
+        step = ckpt.latest_step()
+        if step is None:
+            return
+        if not resume:
+            raise ValueError(f"out: {directory} already holds checkpoints; pass resume=True to "
+                             "continue that run, or another out for a new one")
+        recorded = ckpt.restore_meta(step).get("run")
+    if recorded != json.loads(json.dumps(run)):
+        raise ValueError(f"out: {directory} holds another run ({recorded}), not {run}")
+
+
 def _fit(module: nnx.Module, loss_fn: Callable, data: jax.Array, *, steps: int, batch_size: int,
-         lr: float, key: jax.Array, desc: str, ema_decay: float | None = None,
-         progress: bool = True, log_every: int = 50) -> tuple[nnx.State, list[dict]]:
-    """Adam with warm-up and cosine decay on random batches of ``data``; returns the trained
-    parameters (their EMA when ``ema_decay`` is given) and the logged metrics."""
+         lr: float | WarmupCosine, key: jax.Array, desc: str, ema_decay: float | None = None,
+         progress: bool = True, log_every: int = 50,
+         checkpoint_dir: pathlib.Path | None = None, checkpoint_every: int = 0,
+         resume: bool = True, run: dict | None = None) -> tuple[nnx.State, list[dict]]:
+    """One training stage on the engine (:func:`jaxlib_ext.core.loop.run_loop`).
+
+    Adam (Kingma & Ba, arXiv 1412.6980) on gradients clipped to global norm 1, the learning
+    rate of :func:`_stage_schedule`. Step ``i`` draws ``batch_size`` rows of ``data`` uniformly
+    with replacement and the key of ``loss_fn(module, key, batch) -> (loss, aux)`` from
+    ``fold_in(key, i)``: a stage resumed from its newest checkpoint in ``checkpoint_dir`` ends
+    equal to an uninterrupted one. With ``ema_decay = d`` the engine keeps
+    ``ema <- d * ema + (1 - d) * params`` after every step (``d`` fixed, no warm-up).
+
+    Args:
+      checkpoint_dir: the stage's folder (checkpoints every ``checkpoint_every`` steps and at
+        the last, ``metrics.jsonl``), or ``None`` for none.
+      resume: continue from the newest checkpoint of ``checkpoint_dir``.
+      run: the record of the run (checked by :func:`_check_stage` before a resume).
+
+    Returns:
+      The trained parameters (their EMA with ``ema_decay``) and the stage's metrics rows
+      ``{"step", "loss", <aux>, "images_per_s"}``: every row of ``metrics.jsonl`` (all the runs
+      of the stage) with ``checkpoint_dir``, this call's otherwise.
+    """
+    from jaxlib_ext.core import loop
+
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-    sched = optax.warmup_cosine_decay_schedule(0.0, lr, min(100, steps // 10 + 1), steps,
-                                               lr * 0.1)
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(sched))
-    opt_state = opt.init(params)
-    ema = params if ema_decay else None
+    schedule = _stage_schedule(lr, steps)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule.to_optax()))
+    pure = nnx.to_pure_dict(params)
+    state = _FitState(pure, opt.init(pure))
 
     @jax.jit
-    def step(params, opt_state, ema, key):
-        kb, kl = jax.random.split(key)
-        batch = data[jax.random.randint(kb, (batch_size,), 0, data.shape[0])]
+    def draw(data, k):
+        kb, kl = jax.random.split(k)
+        return data[jax.random.randint(kb, (batch_size,), 0, data.shape[0])], kl
+
+    @jax.jit
+    def step(state, batch):
+        x, k = batch
 
         def f(p):
-            return loss_fn(nnx.merge(graphdef, p, rest), kl, batch)
+            return loss_fn(nnx.merge(graphdef, p, rest), k, x)
 
-        (loss, aux), grads = jax.value_and_grad(f, has_aux=True)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        if ema is not None:
-            ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, ema, params)
-        return params, opt_state, ema, loss, aux
+        (loss, aux), grads = jax.value_and_grad(f, has_aux=True)(state.params)
+        updates, opt_state = opt.update(grads, state.opt_state, state.params)
+        return (_FitState(optax.apply_updates(state.params, updates), opt_state),
+                {"loss": loss, **aux})
 
-    from tqdm.auto import tqdm
-
-    log, t0 = [], time.perf_counter()
-    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, mininterval=2.0)
-    for i in bar:
-        params, opt_state, ema, loss, aux = step(params, opt_state, ema,
-                                                 jax.random.fold_in(key, i))
-        if i % log_every == 0 or i == steps - 1:
-            loss = float(loss)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"{desc}: non-finite loss {loss} at step {i}")
-            log.append({"step": i, "loss": loss, **{k: float(v) for k, v in aux.items()},
-                        "seconds": time.perf_counter() - t0})
-            bar.set_postfix(loss=f"{loss:.4f}")
-    return (ema if ema_decay else params), log
+    metrics_path = None
+    if checkpoint_dir is not None:
+        checkpoint_dir = pathlib.Path(checkpoint_dir)
+        _check_stage(checkpoint_dir, run or {}, resume)
+        metrics_path = checkpoint_dir / "metrics.jsonl"
+    config = loop.LoopConfig(
+        steps=steps, log_every=log_every,
+        checkpoint_every=checkpoint_every if checkpoint_dir is not None else 0,
+        checkpoint_dir=checkpoint_dir, max_to_keep=2, resume=resume, metrics_path=metrics_path,
+        progress=progress, desc=desc, items_per_step=batch_size, items_name="images",
+        ema=loop.EMA(ema_decay, select=lambda s: s.params) if ema_decay else None,
+        schedule=schedule, meta={"run": run or {}})
+    result = loop.run_loop(step, state, lambda i: draw(data, jax.random.fold_in(key, i)), config)
+    log = result.history
+    if metrics_path is not None and metrics_path.exists():
+        log = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    nnx.replace_by_pure_dict(params, result.ema if ema_decay else result.state.params)
+    return params, log
 
 
 def _encode_all(model: LatentDiffusion, x: np.ndarray, batch: int = 500) -> jax.Array:
@@ -557,11 +625,16 @@ def _encode_all(model: LatentDiffusion, x: np.ndarray, batch: int = 500) -> jax.
 
 def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
           ae_steps: int = 2000, diffusion_steps: int = 4000, batch_size: int = 64,
-          ae_lr: float = 1e-3, diffusion_lr: float = 5e-4, ema_decay: float = 0.999,
-          seed: int = 0, out: str | pathlib.Path | None = None, progress: bool = True,
+          ae_lr: float | WarmupCosine = 1e-3, diffusion_lr: float | WarmupCosine = 5e-4,
+          ema_decay: float = 0.999, seed: int = 0, out: str | pathlib.Path | None = None,
+          progress: bool = True, checkpoint_every: int = 500, resume: bool = True,
           autoencoder_from: LatentDiffusion | None = None,
           autoencoder_info: dict | None = None) -> tuple[LatentDiffusion, dict]:
     """Train the autoencoder, fix ``latent_scale``, then train the latent noise model.
+
+    Each stage is one run of the training-loop engine (:func:`_fit`): a progress bar, metrics
+    rows, Orbax checkpoints from which a stage killed mid-way resumes, and
+    :class:`~jaxlib_ext.core.loop.NonFiniteLossError` on a NaN or Inf loss.
 
     Args:
       config: model sizes.
@@ -569,16 +642,28 @@ def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
         train split (``jaxlib_ext.core.images.load_mnist("train", value_range=(-1, 1))``).
       ae_steps, diffusion_steps: optimizer steps of each stage (``diffusion_steps = 0`` leaves
         the noise model untrained).
-      out: folder for Orbax checkpoints (one after each stage; the last records
-        ``"complete": True``), or ``None`` to keep nothing on disk.
+      ae_lr, diffusion_lr: each stage's peak learning rate (the curve of
+        :func:`_stage_schedule`), or its whole schedule as a
+        :class:`~jaxlib_ext.core.schedule.WarmupCosine`.
+      ema_decay: the decay of the noise model's parameter average, which is what is kept.
+      out: the run's folder, or ``None`` to keep nothing on disk. Each stage writes its
+        checkpoints (every ``checkpoint_every`` steps and at its last) and ``metrics.jsonl``
+        into ``out/autoencoder`` and ``out/diffusion``; the model after each stage is
+        checkpoint 1 (autoencoder) and 2 (both) of ``out`` itself, with ``info`` as its JSON
+        record (the last records ``"complete": True``): what :func:`load` reads.
+      resume: continue each stage from the newest checkpoint of its folder (one written by
+        another configuration, seed or batch size raises ``ValueError``); ``False``: a stage
+        folder holding checkpoints raises ``ValueError``.
       autoencoder_from: a model whose trained autoencoder and ``latent_scale`` are kept
         (the autoencoder stage is skipped; ``ae_steps`` is only recorded), with the
         ``autoencoder_info`` of its run (``ae_log``, ``ae_seconds``) copied into ``info``.
     Returns ``(model, info)``: ``info`` (also the checkpoint's JSON record) has the
-    configuration, step counts, ``latent_scale``, seconds per stage, the logged metrics, the
-    last ``stage`` trained and whether the run is ``complete``.
+    configuration, step counts, ``latent_scale``, seconds per stage, the logged metrics
+    (``ae_log``, ``diffusion_log``: rows of every 50th step and the last), the last ``stage``
+    trained and whether the run is ``complete``.
     """
-    for name, v in (("ae_steps", ae_steps), ("diffusion_steps", diffusion_steps)):
+    for name, v in (("ae_steps", ae_steps), ("diffusion_steps", diffusion_steps),
+                    ("checkpoint_every", checkpoint_every)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
     if images is None:
@@ -591,11 +676,11 @@ def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
     model = LatentDiffusion(config, rngs=nnx.Rngs(int(jax.random.randint(k_init, (), 0, 2**30))))
     info: dict = {"config": config.to_dict(), "seed": seed, "batch_size": batch_size,
                   "ae_steps": ae_steps, "diffusion_steps": diffusion_steps}
-    ckpt = None
-    if out is not None:
-        from jaxlib_ext.core.checkpoint import Checkpointer
-
-        ckpt = Checkpointer(out, max_to_keep=2, async_save=False)
+    out = None if out is None else pathlib.Path(out)
+    # what a stage folder records and a resume must match (its length is the schedule's)
+    run = {"config": info["config"], "seed": seed, "batch_size": batch_size}
+    common = dict(progress=progress, checkpoint_every=checkpoint_every, resume=resume,
+                  batch_size=batch_size)
 
     t0 = time.perf_counter()
     if autoencoder_from is not None:
@@ -604,8 +689,9 @@ def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
         kl_weight = config.kl_weight
         params, info["ae_log"] = _fit(
             model.autoencoder, lambda ae, k, x: autoencoder_loss(ae, k, x, kl_weight),
-            jnp.asarray(images), steps=ae_steps, batch_size=batch_size, lr=ae_lr, key=k_ae,
-            desc="autoencoder", progress=progress)
+            jnp.asarray(images), steps=ae_steps, lr=ae_lr, key=k_ae, desc="autoencoder",
+            checkpoint_dir=None if out is None else out / "autoencoder",
+            run={**run, "stage": "autoencoder"}, **common)
         nnx.update(model.autoencoder, params)
     latents = _encode_all(model, images)
     if autoencoder_from is not None:
@@ -619,23 +705,24 @@ def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
         info.update({k: autoencoder_info[k] for k in ("ae_log", "ae_seconds")
                      if k in autoencoder_info})
     info.update(stage="autoencoder", complete=diffusion_steps == 0)
-    if ckpt is not None and autoencoder_from is None:
-        ckpt.save(1, _pure_state(model), info)
+    if out is not None and autoencoder_from is None:
+        _save_model(out, 1, model, info)
 
     t0 = time.perf_counter()
     if diffusion_steps:
         schedule = model.schedule
         params, info["diffusion_log"] = _fit(
             model.unet, lambda u, k, z: diffusion_loss(u, schedule, k, z),
-            latents * scale, steps=diffusion_steps, batch_size=batch_size, lr=diffusion_lr,
-            key=k_diff, desc="diffusion", ema_decay=ema_decay, progress=progress)
+            latents * scale, steps=diffusion_steps, lr=diffusion_lr, key=k_diff,
+            desc="diffusion", ema_decay=ema_decay,
+            checkpoint_dir=None if out is None else out / "diffusion",
+            run={**run, "stage": "diffusion", "ae_steps": ae_steps, "ema_decay": ema_decay},
+            **common)
         nnx.update(model.unet, params)
         info.update(stage="diffusion", complete=True)
     info["diffusion_seconds"] = time.perf_counter() - t0
-    if ckpt is not None:
-        if diffusion_steps:
-            ckpt.save(2, _pure_state(model), info)
-        ckpt.close()
+    if out is not None and diffusion_steps:
+        _save_model(out, 2, model, info)
     return model, info
 
 
@@ -643,13 +730,39 @@ def _pure_state(model: LatentDiffusion) -> dict:
     return nnx.to_pure_dict(nnx.state(model))
 
 
+def _model_step(path: pathlib.Path) -> int | None:
+    """The newest model checkpoint of ``path`` (1: autoencoder, 2: both stages), or ``None``."""
+    if not path.is_dir():
+        return None
+    from jaxlib_ext.core.checkpoint import Checkpointer
+
+    with Checkpointer(path, async_save=False) as ckpt:
+        return ckpt.latest_step()
+
+
+def _save_model(out: pathlib.Path, step: int, model: LatentDiffusion, info: dict) -> None:
+    """Writes the model as checkpoint ``step`` of ``out``; the model checkpoints of that step
+    and later ones, written by an earlier run into the same folder, are replaced."""
+    from jaxlib_ext.core.checkpoint import Checkpointer
+
+    if out.is_dir():
+        for stale in out.iterdir():
+            if stale.is_dir() and stale.name.isdigit() and int(stale.name) >= step:
+                shutil.rmtree(stale)
+    with Checkpointer(out, max_to_keep=2, async_save=False) as ckpt:
+        ckpt.save(step, _pure_state(model), info)
+
+
 def load(path: str | pathlib.Path) -> tuple[LatentDiffusion, dict]:
-    """The model and ``info`` of the newest checkpoint in ``path`` (see :func:`train`)."""
+    """The model and ``info`` of the newest model checkpoint in ``path`` (see :func:`train`)."""
     from jaxlib_ext.core.checkpoint import Checkpointer
 
     path = pathlib.Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"path: no checkpoint folder at {path}")
+    if _model_step(path) is None:
+        raise FileNotFoundError(f"path: no model checkpoint in {path} (a run stopped during its "
+                                "autoencoder stage: resume it with load_or_train or train)")
     with Checkpointer(path, async_save=False) as ckpt:
         meta = ckpt.restore_meta()
         config = LDMConfig.from_dict(meta["config"])
@@ -670,11 +783,12 @@ def load_or_train(path: str | pathlib.Path, config: LDMConfig = LDMConfig(), *,
 
     A finished checkpoint of the same ``config``, ``ae_steps`` and ``diffusion_steps`` is
     loaded as is; a checkpoint of the autoencoder stage alone (a run stopped during the
-    diffusion stage) is resumed from there; an empty or missing ``path`` is trained into. A
-    ``path`` holding another run raises ``ValueError``.
+    diffusion stage) is resumed from there, the diffusion stage from its newest checkpoint; a
+    run stopped during its autoencoder stage resumes that stage; an empty or missing ``path``
+    is trained into. A ``path`` holding another run raises ``ValueError``.
     """
     path = pathlib.Path(path)
-    if path.is_dir() and any(path.iterdir()):
+    if _model_step(path) is not None:
         model, meta = load(path)
         same = meta.get("config") == config.to_dict() and meta.get("ae_steps") == ae_steps
         if same and meta.get("diffusion_steps") == diffusion_steps and meta.get("complete"):

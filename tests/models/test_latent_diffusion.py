@@ -197,6 +197,47 @@ def test_checkpoint_is_reused(trained):
         ld.load_or_train(out, TINY, ae_steps=201, diffusion_steps=0)
 
 
+def test_a_run_stopped_in_its_autoencoder_stage_resumes_from_its_checkpoint(tmp_path,
+                                                                              monkeypatch):
+    """A stage stopped mid-way leaves only its own checkpoints: load_or_train resumes it and
+    ends where an uninterrupted run does; another seed is refused."""
+    from jaxlib_ext.core import loop
+
+    cfg = ld.LDMConfig(image_size=4, ae_channels=(4,), latent_channels=1, unet_channels=4,
+                       unet_mults=(1,), timesteps=10)
+    x = np.random.default_rng(0).uniform(-1, 1, (8, *cfg.image_shape)).astype(np.float32)
+    kw = dict(images=x, ae_steps=4, diffusion_steps=3, batch_size=4, checkpoint_every=2,
+              progress=False)
+    want, _ = ld.train(cfg, **kw)
+    run_loop = loop.run_loop
+
+    def stopped_at_step_3(step_fn, state, batch_fn, config, **kwargs):
+        def batch(step):
+            if step == 3:
+                raise KeyboardInterrupt
+            return batch_fn(step)
+
+        return run_loop(step_fn, state, batch, config, **kwargs)
+
+    monkeypatch.setattr(loop, "run_loop", stopped_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        ld.train(cfg, out=tmp_path, **kw)
+    monkeypatch.undo()
+    assert not any(p.name.isdigit() for p in tmp_path.iterdir())  # no model checkpoint yet
+    with pytest.raises(FileNotFoundError, match="autoencoder stage"):
+        ld.load(tmp_path)
+    with pytest.raises(ValueError, match="another run"):
+        ld.load_or_train(tmp_path, cfg, **{**kw, "seed": 1})
+    got, info = ld.load_or_train(tmp_path, cfg, **kw)
+    assert info["complete"] and [r["step"] for r in info["ae_log"]] == [4]
+    for a, b in zip(jax.tree.leaves(nnx.state(got)), jax.tree.leaves(nnx.state(want))):
+        np.testing.assert_array_equal(a, b)
+    loaded, meta = ld.load(tmp_path)
+    assert meta["stage"] == "diffusion"
+    for a, b in zip(jax.tree.leaves(nnx.state(loaded)), jax.tree.leaves(nnx.state(want))):
+        np.testing.assert_array_equal(a, b)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
