@@ -85,10 +85,12 @@ class EMA:
 
     def update(self, ema, state, t):
         """The average after step ``t`` (an int32 scalar) has produced ``state``."""
-        decay = jnp.asarray(self.decay, jnp.float32)
+        # a fixed decay stays a Python float, so that ``1 - decay`` is rounded once, from
+        # double precision, into the leaves' dtype
+        decay = self.decay
         if self.warmup:
             tf = t.astype(jnp.float32)
-            decay = jnp.minimum(decay, (1.0 + tf) / (10.0 + tf))
+            decay = jnp.minimum(jnp.float32(self.decay), (1.0 + tf) / (10.0 + tf))
         return jax.tree.map(lambda e, p: (decay * e + (1.0 - decay) * p).astype(e.dtype),
                             ema, self.select(state))
 
