@@ -28,7 +28,6 @@ the whole grid printed; validation and test are the two halves of the held-out s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import platform
 import tempfile
 
@@ -48,7 +47,7 @@ from jaxlib_ext.optim import build_optimizer
 def _ffn(cfg: LMConfig):
     parts = moe_cost(cfg.d_model, num_experts=cfg.num_experts, top_k=cfg.top_k,
                      expert_dim=cfg.expert_dim,
-                     latent_dim=cfg.latent_dim if cfg.ffn == "latent_moe" else None,
+                     latent_dim=cfg.latent_dim if cfg.ffn_name == "latent_moe" else None,
                      shared_expert_dim=cfg.shared_expert_dim)
     return sum(c.flops for c in parts.values()), sum(c.params for c in parts.values())
 
@@ -57,13 +56,14 @@ def quality_configs(base: LMConfig) -> dict[str, LMConfig]:
     """The baseline MoE and the two LatentMoE variants matched to it (module docstring)."""
     flops, params = _ffn(base)
     ell = base.d_model // 4
-    latent = dataclasses.replace(base, ffn="latent_moe", latent_dim=ell,
-                                 num_experts=4 * base.num_experts, top_k=4 * base.top_k)
+    latent = LMConfig.from_flat(base.mixer_name, "latent_moe", **{
+        **base.flat(), "latent_dim": ell, "num_experts": 4 * base.num_experts,
+        "top_k": 4 * base.top_k})
     out = {"MoE": base}
     for name, target, index in (("LatentMoE (FLOPs)", flops, 0), ("LatentMoE (params)", params, 1)):
         m = min(range(8, 8 * base.expert_dim + 1, 4),
-                key=lambda w: abs(_ffn(dataclasses.replace(latent, expert_dim=w))[index] - target))
-        out[name] = dataclasses.replace(latent, expert_dim=m)
+                key=lambda w: abs(_ffn(latent.replace(expert_dim=w))[index] - target))
+        out[name] = latent.replace(expert_dim=m)
     return out
 
 
@@ -88,9 +88,9 @@ def main(argv=None):
     corpus, test_batches = comparison.validation_and_test(
         data.load_corpus(None), args.batch_size, args.seq_len, args.eval_batches)
     mesh = sharding.make_mesh(None, devices=jax.devices()[:1])
-    base = LMConfig(mixer="attention", ffn="moe", vocab_size=corpus.vocab_size, d_model=128,
-                    n_layers=2, n_heads=4, head_dim=32, max_seq_len=args.seq_len,
-                    num_experts=8, top_k=2, expert_dim=128)
+    base = LMConfig.from_flat("attention", "moe", vocab_size=corpus.vocab_size, d_model=128,
+                              n_layers=2, n_heads=4, head_dim=32, max_seq_len=args.seq_len,
+                              num_experts=8, top_k=2, expert_dim=128)
     budget = (f"{args.steps} steps x batch {args.batch_size} x seq {args.seq_len} byte tokens, "
               "AdamW (warm-up + cosine), clip 1.0")
     h = data.unigram_entropy(corpus.train, corpus.vocab_size)
@@ -159,8 +159,8 @@ def main(argv=None):
               f"{result.total_seconds():.0f} s", flush=True)
 
     if args.only in (None, "growth"):
-        large = dataclasses.replace(base, n_layers=2 * base.n_layers,
-                                    num_experts=2 * base.num_experts, top_k=2 * base.top_k)
+        large = base.replace(n_layers=2 * base.n_layers, num_experts=2 * base.num_experts,
+                             top_k=2 * base.top_k)
         print("\n## Growth: a grown MoE vs the large shape from scratch\n")
         print(f"- parent: {lm_cost(base).summary()}, {args.parent_steps} steps at lr "
               f"{args.parent_lr:g} per seed (sunk cost)")

@@ -25,14 +25,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxlib_ext.models.latent_moe import LatentMoE
+from jaxlib_ext.models.latent_moe import LatentMoE, LatentMoEConfig
 
 
 def layer_fns(args, method):
-    layer = LatentMoE(
-        args.d, num_experts=args.experts, top_k=args.top_k, expert_dim=args.expert_dim,
-        latent_dim=args.latent, method=method, rngs=nnx.Rngs(0),
+    config = LatentMoEConfig(
+        num_experts=args.experts, top_k=args.top_k, expert_dim=args.expert_dim,
+        latent_dim=args.latent, method=method,
     )  # fmt: skip
+    layer = LatentMoE(args.d, config, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
 
     def forward(params, x):

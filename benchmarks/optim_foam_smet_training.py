@@ -48,8 +48,7 @@ import optax
 from flax import nnx
 
 from jaxlib_ext.core import data as data_lib
-from jaxlib_ext.models.mdn import build_mdn
-from jaxlib_ext.models.transformer import build_transformer
+from jaxlib_ext.models import build_mdn, build_transformer
 from jaxlib_ext.optim import make_optimizer
 
 _DST = ("naive_dst", "naive_dst_lr_d", "smet_reset", "smet")

@@ -109,6 +109,19 @@ def _route(mixer: str, ffn: str, values: Mapping, *, strict: bool):
     return backbone, m, f
 
 
+def _part_config(cls, fields: Mapping):
+    """``cls(**fields)`` whose errors name the flat ``LMConfig`` fields (the names that
+    :meth:`LMConfig.from_flat` and ``--arch`` take) rather than the part's class."""
+    for name in ("n_heads", "head_dim"):  # every mixer's sizes, named as flat fields
+        value = fields.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
+    try:
+        return cls(**fields)
+    except ValueError as e:
+        raise ValueError(str(e).replace(f"{cls.__name__}.", "LMConfig.")) from e
+
+
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
     """A composed language model: backbone sizes, the token mixer's and the FFN's configs.
@@ -201,8 +214,8 @@ class LMConfig:
         if ffn == "latent_moe" and not isinstance(f.get("latent_dim"), int):
             raise ValueError("LMConfig.latent_dim must be an int in (0, d_model] for ffn "
                              f"'latent_moe', got {f.get('latent_dim')!r}")
-        return cls(**{**b0, **b1}, mixer=mixer_part(mixer).config(**{**m0, **m1}),
-                   ffn=ffn_part(ffn).config(**f))
+        return cls(**{**b0, **b1}, mixer=_part_config(mixer_part(mixer).config, {**m0, **m1}),
+                   ffn=_part_config(ffn_part(ffn).config, f))
 
     def flat(self) -> dict:
         """Every field flat: the backbone's, the mixer's, then the FFN's (with the flat names

@@ -37,7 +37,6 @@ except ImportError:  # pragma: no cover
     raise
 
 # %%
-import dataclasses
 import os
 import tempfile
 
@@ -52,7 +51,7 @@ from jaxlib_ext.core import sharding, train
 from jaxlib_ext.models import LMConfig, build_lm
 from jaxlib_ext.models.accounting import NEMOTRON_3_SUPER, hybrid_cost, moe_cost
 from jaxlib_ext.models.growth import grow_model
-from jaxlib_ext.models.latent_moe import LatentMoE
+from jaxlib_ext.models.latent_moe import LatentMoE, LatentMoEConfig
 from jaxlib_ext.optim import build_optimizer
 
 FAST = os.environ.get("FAST") == "1"
@@ -87,13 +86,13 @@ def fit(model, steps, lr=6e-3, seed=0):
 # and a bias step of 1e-3 (the layer's default) would not keep up within a few hundred steps.
 
 # %%
-base = LMConfig(mixer="attention", ffn="latent_moe", vocab_size=corpus.vocab_size, d_model=D,
-                n_layers=1, n_heads=2, head_dim=32, max_seq_len=SEQ, num_experts=16, top_k=4,
-                expert_dim=64, latent_dim=D // 4, router_bias_rate=5e-2)
+base = LMConfig.from_flat("attention", "latent_moe", vocab_size=corpus.vocab_size, d_model=D,
+                          n_layers=1, n_heads=2, head_dim=32, max_seq_len=SEQ, num_experts=16,
+                          top_k=4, expert_dim=64, latent_dim=D // 4, router_bias_rate=5e-2)
 batch = jnp.asarray(np.stack([corpus.eval[i:i + SEQ] for i in range(0, 16 * SEQ, SEQ)]))
 loads = {}
 for label, rate in (("with correction bias", 5e-2), ("without (rate 0)", 0.0)):
-    model = build_lm(dataclasses.replace(base, router_bias_rate=rate), rngs=nnx.Rngs(0))
+    model = build_lm(base.replace(router_bias_rate=rate), rngs=nnx.Rngs(0))
     fit(model, STEPS)
     _, metrics = model.logits_and_metrics(batch)
     loads[label] = np.asarray(model.blocks[0].mlp.expert_load[...])
@@ -149,9 +148,9 @@ print(f"Nemotron 3 Super: {acc.params / 1e9:.1f}B params, {acc.active_params / 1
 # trained further; the large shape is trained from scratch for the same number of steps.
 
 # %%
-small = LMConfig(mixer="attention", ffn="moe", vocab_size=corpus.vocab_size, d_model=D,
-                 n_layers=1, n_heads=2, head_dim=32, max_seq_len=SEQ, num_experts=4, top_k=1,
-                 expert_dim=64)
+small = LMConfig.from_flat("attention", "moe", vocab_size=corpus.vocab_size, d_model=D,
+                           n_layers=1, n_heads=2, head_dim=32, max_seq_len=SEQ, num_experts=4,
+                           top_k=1, expert_dim=64)
 parent = build_lm(small, rngs=nnx.Rngs(0))
 parent_run = fit(parent, STEPS)
 grown = grow_model(parent, noise_scale=0.01, key=jax.random.key(0))
@@ -177,8 +176,9 @@ print(f"after {STEPS} more steps: grown {grown_run.eval_losses[-1][1]:.3f}, "
 # `"dense"` (every expert on every token, masked), same parameters, float32.
 
 # %%
-layer = LatentMoE(64, num_experts=8, top_k=3, expert_dim=32, latent_dim=16,
-                  shared_expert_dim=32, routed_scaling=2.5, rngs=nnx.Rngs(0))
+layer = LatentMoE(64, LatentMoEConfig(num_experts=8, top_k=3, expert_dim=32, latent_dim=16,
+                                      shared_expert_dim=32, routed_scaling=2.5),
+                  rngs=nnx.Rngs(0))
 x = jax.random.normal(jax.random.key(1), (4, 33, 64))
 y_ragged, _ = layer(x)
 layer.method = "dense"

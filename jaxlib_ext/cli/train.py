@@ -6,9 +6,9 @@ stays cheap): ``--mixer`` and ``--ffn`` (and ``--arch key=value`` for any flat
 :class:`~jaxlib_ext.models.LMConfig` field); ``--model transformer|mdn|gdn`` are the
 ``attention|mdn|gdn + swiglu`` presets (:data:`jaxlib_ext.models.lm.MODEL_MIXERS`). The
 composed config is recorded with every checkpoint, so that ``--init-from`` (a new run from a
-checkpoint's parameters, e.g. one that ``python -m jaxlib_ext grow`` grew) rebuilds its model. Optimizers are the
-recipes of :func:`jaxlib_ext.optim.make_optimizer`; ``--opt key=value`` overrides any of a
-recipe's hyperparameters.
+checkpoint's parameters, e.g. one that ``python -m jaxlib_ext grow`` grew) rebuilds its model.
+Optimizers are the recipes of :func:`jaxlib_ext.optim.make_optimizer`; ``--opt key=value``
+overrides any of a recipe's hyperparameters.
 
 The library raises errors that name its own arguments (``TrainConfig.batch_size``,
 ``spec: ...``); this module maps them to the flags a user typed (:func:`flag_message`).

@@ -15,7 +15,7 @@ from flax import nnx
 
 from jaxlib_ext.models import (
     GatedDeltaNet,
-    GDNLanguageModel,
+    LanguageModel,
     build_gdn,
     build_mdn,
     gdn_gates,
@@ -68,5 +68,6 @@ def test_presets_param_counts():
     n400 = 417_537_012  # preset_param_count(build_mdn, "400m"), checked in test_mdn.py
     assert 0.99 * n400 < g400 < n400  # GDN lacks m/e projections and three gate vectors
     tiny = nnx.eval_shape(lambda: build_gdn("tiny", rngs=nnx.Rngs(0)))
-    assert isinstance(tiny, GDNLanguageModel) and tiny.cfg.vocab_size == 256
+    assert isinstance(tiny, LanguageModel) and tiny.cfg.mixer_name == "gdn"
+    assert tiny.cfg.vocab_size == 256
     assert param_count(tiny) < preset_param_count(build_mdn, "tiny")

@@ -16,7 +16,13 @@ import pytest
 from flax import nnx
 
 from jaxlib_ext.core import sharding
-from jaxlib_ext.models.latent_moe import LatentMoE, load_metrics, route, router_bias_update
+from jaxlib_ext.models.latent_moe import (
+    LatentMoE,
+    LatentMoEConfig,
+    load_metrics,
+    route,
+    router_bias_update,
+)
 from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
 
 D, E, K, M, L, MS = 32, 8, 3, 24, 16, 20
@@ -31,14 +37,16 @@ def _rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def _layer(method="ragged", *, latent=L, shared=MS, seed=0, dtype=jnp.float32, **kw):
+def _layer(method="ragged", *, latent=L, shared=MS, seed=0, dtype=jnp.float32, mesh=None,
+           **kw):
     """A layer with parameters drawn at scale 0.3 (so no term is negligible), two tied router
-    columns and one expert biased out of every selection."""
-    layer = LatentMoE(
-        D, num_experts=E, top_k=K, expert_dim=M, latent_dim=latent, shared_expert_dim=shared,
-        routed_scaling=2.5, method=method, gmm_config=CFG, param_dtype=dtype,
-        rngs=nnx.Rngs(seed), **kw,
+    columns and one expert biased out of every selection; ``kw`` are config fields."""
+    config = LatentMoEConfig(
+        num_experts=E, top_k=K, expert_dim=M, latent_dim=latent, shared_expert_dim=shared,
+        routed_scaling=2.5, method=method, **kw,
     )  # fmt: skip
+    layer = LatentMoE(D, config, gmm_config=CFG, mesh=mesh, param_dtype=dtype,
+                      rngs=nnx.Rngs(seed))
     params = nnx.state(layer, nnx.Param)
     keys = iter(jax.random.split(jax.random.key(seed + 100), 16))
     params = jax.tree.map(lambda p: 0.3 * jax.random.normal(next(keys), p.shape, p.dtype), params)
@@ -214,19 +222,25 @@ def test_expert_parallel_with_mesh_argument():
 
 
 def test_bad_arguments():
-    kw = dict(num_experts=E, top_k=K, expert_dim=M, rngs=nnx.Rngs(0))
+    kw = dict(num_experts=E, top_k=K, expert_dim=M)
+
+    def make(*, mesh=None, **fields):
+        return LatentMoE(D, LatentMoEConfig(**{**kw, **fields}), mesh=mesh, rngs=nnx.Rngs(0))
+
     with pytest.raises(ValueError, match="top_k"):
-        LatentMoE(D, **{**kw, "top_k": E + 1})
+        make(top_k=E + 1)
     with pytest.raises(ValueError, match="latent_dim"):
-        LatentMoE(D, latent_dim=D + 1, **kw)
+        make(latent_dim=D + 1)
     with pytest.raises(ValueError, match="method"):
-        LatentMoE(D, method="megablox", **kw)
+        make(method="megablox")
     with pytest.raises(ValueError, match="expert_dim"):
-        LatentMoE(D, **{**kw, "expert_dim": 0})
+        make(expert_dim=0)
+    with pytest.raises(TypeError, match="config must be a LatentMoEConfig"):
+        LatentMoE(D, {"num_experts": E}, rngs=nnx.Rngs(0))
     bad_mesh = sharding.make_mesh("data=2,expert=3", jax.devices()[:6])
     with pytest.raises(ValueError, match="does not divide num_experts"):
-        LatentMoE(D, mesh=bad_mesh, **kw)
-    layer = LatentMoE(D, **kw)
+        make(mesh=bad_mesh)
+    layer = make()
     with pytest.raises(ValueError, match="does not divide num_experts"), jax.set_mesh(bad_mesh):
         layer(_tokens(shape=(6, 1)))
     with pytest.raises(ValueError, match="x must have shape"):

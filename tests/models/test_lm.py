@@ -150,7 +150,7 @@ def test_presets_and_configs():
     [
         (dict(mixer="rnn"), "LMConfig.mixer must be one of"),
         (dict(ffn="glu"), "LMConfig.ffn must be one of"),
-        (dict(ffn="moe", num_experts=4, top_k=5), "top_k 5 exceeds LatentMoEConfig.num_experts 4"),
+        (dict(ffn="moe", num_experts=4, top_k=5), "top_k 5 exceeds LMConfig.num_experts 4"),
         (dict(ffn="latent_moe", latent_dim=64), r"latent_dim must be an int in \(0, d_model=32"),
         (dict(ffn="latent_moe"), "latent_dim must be an int"),
         (dict(ffn="moe", latent_dim=8), "latent_dim must be None for ffn 'moe'"),

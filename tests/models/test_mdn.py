@@ -16,8 +16,8 @@ from flax import nnx
 
 from jaxlib_ext.models import (
     DELTANET_PRESETS,
+    LanguageModel,
     MDNGates,
-    MDNLanguageModel,
     MomentumDeltaNet,
     build_mdn,
     l2_normalize,
@@ -186,7 +186,8 @@ def test_presets_param_counts_and_shapes():
     assert attn.o_proj.kernel.shape == (1536, 1024) and attn.q_conv.weight.shape == (4, 768)
     assert abstract.blocks[0].mlp.gate.kernel.shape == (1024, 2816)
     tiny = nnx.eval_shape(lambda: build_mdn("tiny", rngs=nnx.Rngs(0)))
-    assert tiny.max_seq_len == 256 and isinstance(tiny, MDNLanguageModel)
+    assert tiny.max_seq_len == 256 and isinstance(tiny, LanguageModel)
+    assert tiny.cfg.mixer_name == "mdn"
     assert tiny.cfg.vocab_size == 256
     assert param_count(tiny) == preset_param_count(build_mdn, "tiny")
 

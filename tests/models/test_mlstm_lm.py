@@ -100,8 +100,8 @@ def test_decode_matches_full_forward_with_a_constant_cache(perturb, rel):
 
 
 def test_every_parameter_gets_a_finite_gradient_and_logical_axes():
-    model = build_lm(LMConfig.from_flat(mixer="mlstm", method="recurrent", **{**SMALL, "n_layers": 1}),
-                     rngs=nnx.Rngs(0))
+    cfg = LMConfig.from_flat(mixer="mlstm", method="recurrent", **{**SMALL, "n_layers": 1})
+    model = build_lm(cfg, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 61)
 
     def loss(m, t):
@@ -126,8 +126,8 @@ def _train_losses(mesh, steps=3, batch_size=8, seq_len=32):
     """Losses of ``steps`` jit training steps (``fit``'s jit mode without eval and checkpoints)
     of a one-layer mLSTM LM on ``mesh``, and the train state's shardings."""
     corpus = data.load_corpus()
-    model = build_lm(LMConfig.from_flat(mixer="mlstm", **{**SMALL, "vocab_size": 256, "n_layers": 1}),
-                     rngs=nnx.Rngs(0))
+    cfg = LMConfig.from_flat(mixer="mlstm", **{**SMALL, "vocab_size": 256, "n_layers": 1})
+    model = build_lm(cfg, rngs=nnx.Rngs(0))
     tx = optax.adamw(1e-2)
     graphdef, rest, state = train.init_state(model, tx, seed=0)
     state_sh = train.train_state_shardings(state, mesh)
@@ -165,8 +165,8 @@ def test_the_cli_selects_the_mlstm_mixer():
     args = train_cmd.build_parser().parse_args(
         ["--mixer", "mlstm", "--ffn", "latent_moe", "--arch", "method=chunk"])
     cfg = train_cmd.model_config(args, vocab_size=256)
-    assert (cfg.mixer_name, cfg.ffn_name, cfg.method, cfg.vocab_size) == ("mlstm", "latent_moe", "chunk",
-                                                                 256)
+    got = (cfg.mixer_name, cfg.ffn_name, cfg.method, cfg.vocab_size)
+    assert got == ("mlstm", "latent_moe", "chunk", 256)
     args = train_cmd.build_parser().parse_args(["--mixer", "mlstm", "--arch", "method=pallas"])
     with pytest.raises(ValueError, match="method must be one of"):
         train_cmd.model_config(args, vocab_size=256)
@@ -174,8 +174,9 @@ def test_the_cli_selects_the_mlstm_mixer():
 
 def test_presets_use_the_delta_rule_sizes():
     cfg = lm_config("mlstm", "swiglu", "tiny", vocab_size=99)
-    assert (cfg.mixer, cfg.n_heads, cfg.head_dim, cfg.expand_v) == ("mlstm", 2, 32, 2)
-    assert cfg.mixer_config() == MLSTMConfig(d_model=128, n_heads=2, head_dim=32, expand_v=2)
+    assert (cfg.mixer_name, cfg.n_heads, cfg.head_dim, cfg.expand_v) == ("mlstm", 2, 32, 2)
+    assert cfg.mixer.layer_config(cfg.d_model, cfg.norm_eps) == MLSTMConfig(
+        d_model=128, n_heads=2, head_dim=32, expand_v=2)
     assert LMConfig.from_dict(cfg.to_dict()) == cfg
     model = nnx.eval_shape(lambda: build_lm("400m", mixer="mlstm", rngs=nnx.Rngs(0)))
     assert type(model.blocks[0].attn) is MLSTMLayer and len(model.blocks) == 21
