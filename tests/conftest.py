@@ -1,9 +1,16 @@
-"""Test-wide setup: 8 simulated CPU devices, float32 matmuls at full precision."""
+"""Test-wide setup: 8 simulated CPU devices, float32 matmuls at full precision, and one
+persistent compilation cache for the whole run (its worker processes and the subprocesses
+they start), so that a program compiled by one test is read back by the next."""
 
 import os
+import pathlib
 
 # Must happen before JAX initialises its backend.
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    str(pathlib.Path(__file__).resolve().parents[1] / ".cache" / "jax-tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

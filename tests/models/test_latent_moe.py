@@ -92,12 +92,13 @@ def _compare(method, dtype_name, **kw):
         assert _rel(g[name][...], g_ref[name][...]) < tol, name
 
 
-@pytest.mark.parametrize("method", ["ragged", "pallas"])
+# each method in one dtype by default; the other two pairs are sweeps
+@pytest.mark.parametrize("method", ["ragged", pytest.param("pallas", marks=pytest.mark.slow)])
 def test_sorted_dispatch_equals_dense_float32(method):
     _compare(method, "float32")
 
 
-@pytest.mark.parametrize("method", ["ragged", "pallas"])
+@pytest.mark.parametrize("method", [pytest.param("ragged", marks=pytest.mark.slow), "pallas"])
 def test_sorted_dispatch_equals_dense_float64(method):
     with jax.enable_x64(True):
         _compare(method, "float64")
