@@ -38,10 +38,13 @@ import platform
 
 import _comparison as comparison
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
+from jaxlib_ext.core import sharding as sharding_lib
+from jaxlib_ext.core import train as train_lib
 from jaxlib_ext.models import build_gdn, build_mdn, build_transformer, param_count
 from jaxlib_ext.models.gdn import GatedDeltaNet
 from jaxlib_ext.models.mqar import mqar_batch, mqar_length
@@ -102,23 +105,20 @@ def _builders(seq_len: int):
     }, target
 
 
-def _loss_and_accuracy(model, tokens, mask):
-    logits = model(tokens)[:, :-1]
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
-    hit = logits.argmax(-1) == tokens[:, 1:]
-    return (nll * mask).sum() / mask.sum(), (hit * mask).sum() / mask.sum()
+def mqar_loss_fn(graphdef, rest):
+    """``loss(params, (tokens, mask)) -> (loss, ({"accuracy": acc}, None))``: cross-entropy and
+    recall accuracy on the answer positions only (``mask``), in the form that
+    ``jaxlib_ext.core.train.make_train_step`` takes (metrics, no model state)."""
 
+    def loss_fn(params, batch):
+        tokens, mask = batch
+        logits = nnx.merge(graphdef, params, rest)(tokens[:, :-1]).astype(jnp.float32)
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+        hit = logits.argmax(-1) == tokens[:, 1:]
+        return (nll * mask).sum() / mask.sum(), ({"accuracy": (hit * mask).sum() / mask.sum()},
+                                                 None)
 
-@nnx.jit
-def _train_step(model, opt, tokens, mask):
-    (loss, acc), grads = nnx.value_and_grad(_loss_and_accuracy, has_aux=True)(model, tokens, mask)
-    opt.update(model, grads)
-    return loss, acc
-
-
-@nnx.jit
-def _accuracy(model, tokens, mask):
-    return _loss_and_accuracy(model, tokens, mask)[1]
+    return loss_fn
 
 
 def escape_step(accs: np.ndarray, threshold: float, window: int) -> int | None:
@@ -190,18 +190,34 @@ def main(argv=None):
                                         result=result)) + "\n")
         return result
 
+    mesh = sharding_lib.make_mesh("data=1", jax.devices()[:1])
+    batch_sh = sharding_lib.batch_sharding(mesh)
+    compiled = {}  # model name -> (state sharding, train step, eval step)
+
     def train_and_evaluate(name: str, lr: float, seed: int) -> dict:
         model = builders[name](seed)
-        opt = nnx.Optimizer(model, ADAMW, wrt=nnx.Param)
-        opt.opt_state.hyperparams["learning_rate"][...] = lr
+        graphdef, rest, state = train_lib.init_state(model, ADAMW, seed)
+        hyper = state.opt_state.hyperparams
+        hyper["learning_rate"] = jnp.asarray(lr, hyper["learning_rate"].dtype)
+        if name not in compiled:
+            # these models hold everything in nnx.Param (``rest`` is empty), so the first
+            # seed's graph serves every run of the model: one compiled step per model
+            state_sh = train_lib.train_state_shardings(state, mesh)
+            loss_fn = mqar_loss_fn(graphdef, rest)
+            compiled[name] = (state_sh,
+                              train_lib.make_train_step(ADAMW, loss_fn, state_sh, batch_sh),
+                              train_lib.make_eval_step(loss_fn, state_sh.params, batch_sh))
+        state_sh, step, evaluate = compiled[name]
+        # the step donates the state: copies, so that no buffer is donated twice
+        state = jax.device_put(jax.tree.map(jnp.copy, state), state_sh)
         accs = np.empty(args.steps)
         for i in range(args.steps):
-            tokens, mask = batch(jax.random.fold_in(jax.random.key(seed + 1), i))
-            _, acc = _train_step(model, opt, tokens, mask)
-            accs[i] = float(acc)
+            state, metrics = step(state, batch(jax.random.fold_in(jax.random.key(seed + 1), i)))
+            accs[i] = float(metrics["accuracy"])
 
         def mean_acc(sets):
-            return float(np.mean([float(_accuracy(model, t, m)) for t, m in sets]))
+            return float(np.mean([float(evaluate(state.params, b)[1][0]["accuracy"])
+                                  for b in sets]))
 
         esc = escape_step(accs, args.escape, args.window)
         return dict(val=mean_acc(val_sets), test=mean_acc(test_sets),

@@ -48,6 +48,8 @@ import optax
 from flax import nnx
 
 from jaxlib_ext.core import data as data_lib
+from jaxlib_ext.core import sharding as sharding_lib
+from jaxlib_ext.core import train as train_lib
 from jaxlib_ext.models import build_mdn, build_transformer
 from jaxlib_ext.optim import make_optimizer
 
@@ -82,25 +84,18 @@ def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50
     corpus = corpus or data_lib.load_corpus()
     build = {"transformer": build_transformer, "mdn": build_mdn}[model]
     model = build("tiny", vocab_size=corpus.vocab_size, rngs=nnx.Rngs(seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 20), steps, lr * 0.1)
     tx = make_variant(name, sched, steps, update_every, seed)
-    opt_state = tx.init(params)
-
-    def loss_fn(p, tokens):
-        logits = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits.astype(jnp.float32), tokens[:, 1:]
-        ).mean()
-
-    @jax.jit
-    def step(p, s, tokens, fixed):
-        loss, g = jax.value_and_grad(loss_fn)(p, tokens)
-        u, s = tx.update(g, s, p)
-        p = optax.apply_updates(p, u)
-        return p, s, loss, loss_fn(p, fixed)
-
-    eval_fn = jax.jit(loss_fn)
+    # the library's LM step: mean next-token cross-entropy in float32, state donated
+    graphdef, rest, state = train_lib.init_state(model, tx, seed)
+    mesh = sharding_lib.make_mesh("data=1", jax.devices()[:1])
+    batch_sh = sharding_lib.batch_sharding(mesh)
+    state_sh = train_lib.train_state_shardings(state, mesh)
+    loss_fn = train_lib.make_loss_fn(graphdef, rest)
+    step = train_lib.make_train_step(tx, loss_fn, state_sh, batch_sh)
+    eval_fn = train_lib.make_eval_step(loss_fn, state_sh.params, batch_sh)
+    # copies, so that no buffer is donated twice (an init may share one zeros array)
+    state = jax.device_put(jax.tree.map(jnp.copy, state), state_sh)
     rng = np.random.default_rng(seed)
     n = corpus.train.shape[0] - seq_len - 1
 
@@ -115,16 +110,17 @@ def train(name: str, *, steps=300, batch=8, seq_len=64, lr=3e-3, update_every=50
         return [windows(tokens, off[i * batch:(i + 1) * batch]) for i in range(n_eval)]
 
     vals, tests = held_out(corpus.eval[:half]), held_out(corpus.eval[half:])
-    losses, fixed_losses = [], [float(eval_fn(params, fixed))]
+    losses, fixed_losses = [], [float(eval_fn(state.params, fixed))]
     t0 = time.perf_counter()
     for _ in range(steps):
         tokens = windows(corpus.train, rng.integers(0, n, batch))
-        params, opt_state, loss, fl = step(params, opt_state, tokens, fixed)
-        losses.append(float(loss))
-        fixed_losses.append(float(fl))
+        state, metrics = step(state, tokens)
+        losses.append(float(metrics["loss"]))
+        # the fixed batch after every update shows the loss around topology updates
+        fixed_losses.append(float(eval_fn(state.params, fixed)))
     wall = time.perf_counter() - t0
-    val_loss = float(np.mean([float(eval_fn(params, b)) for b in vals]))
-    test_loss = float(np.mean([float(eval_fn(params, b)) for b in tests]))
+    val_loss = float(np.mean([float(eval_fn(state.params, b)) for b in vals]))
+    test_loss = float(np.mean([float(eval_fn(state.params, b)) for b in tests]))
     # topology updates run at the start of update number c + 1 for c = k * update_every,
     # i.e. they change the params reported in fixed_losses[c + 1] (fixed_losses[0] = init).
     topo = list(range(update_every, steps, update_every)) if name in _DST else []

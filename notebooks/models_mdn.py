@@ -50,6 +50,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxlib_ext.core import sharding as sharding_lib
+from jaxlib_ext.core import train as train_lib
 from jaxlib_ext.models import (
     build_gdn,
     build_mdn,
@@ -105,28 +107,39 @@ SMALL = dict(d_model=64, n_layers=1 if FAST else 2, n_heads=2, head_dim=16, mlp_
 BEST_LR = {"MDN": 1e-3, "GDN": 3e-4}
 
 
-def train_mqar(build, lr, seed=0):
-    model = build("tiny", vocab_size=2 * N_KEYS, rngs=nnx.Rngs(seed), **SMALL)
-    opt = nnx.Optimizer(model, optax.adamw(lr, weight_decay=0.0), wrt=nnx.Param)
+def mqar_loss_fn(graphdef, rest):
+    """Cross-entropy and recall accuracy on the answer positions only (`mask`): the LM loss of
+    every position would mostly score the random keys and values."""
 
-    def loss_fn(model, tokens, mask):
-        logits = model(tokens)[:, :-1]
+    def loss_fn(params, batch):
+        tokens, mask = batch
+        logits = nnx.merge(graphdef, params, rest)(tokens[:, :-1]).astype(jnp.float32)
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
         acc = (logits.argmax(-1) == tokens[:, 1:])
-        return (nll * mask).sum() / mask.sum(), (acc * mask).sum() / mask.sum()
+        # (loss, (metrics, model state)): the form the library's train step takes
+        return (nll * mask).sum() / mask.sum(), ({"accuracy": (acc * mask).sum() / mask.sum()},
+                                                 None)
 
-    @nnx.jit
-    def step(model, opt, tokens, mask):
-        (loss, acc), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, tokens, mask)
-        opt.update(model, grads)
-        return loss, acc
+    return loss_fn
+
+
+def train_mqar(build, lr, seed=0):
+    model = build("tiny", vocab_size=2 * N_KEYS, rngs=nnx.Rngs(seed), **SMALL)
+    tx = optax.adamw(lr, weight_decay=0.0)
+    # the library's step factory (`jaxlib_ext.core.train`); only the loss is MQAR's
+    graphdef, rest, state = train_lib.init_state(model, tx, seed)
+    mesh = sharding_lib.make_mesh("data=1", jax.devices()[:1])
+    state_sh = train_lib.train_state_shardings(state, mesh)
+    step = train_lib.make_train_step(tx, mqar_loss_fn(graphdef, rest), state_sh,
+                                     sharding_lib.batch_sharding(mesh))
+    # the step donates the state: copies, so that no buffer is donated twice
+    state = jax.device_put(jax.tree.map(jnp.copy, state), state_sh)
 
     accs = []
     for i in range(STEPS):
-        tokens, mask = mqar_batch(jax.random.fold_in(jax.random.key(seed + 1), i))
-        _, acc = step(model, opt, tokens, mask)
-        accs.append(float(acc))
-    return model, np.array(accs)
+        state, metrics = step(state, mqar_batch(jax.random.fold_in(jax.random.key(seed + 1), i)))
+        accs.append(float(metrics["accuracy"]))
+    return nnx.merge(graphdef, state.params, rest), np.array(accs)
 
 
 t0 = time.perf_counter()

@@ -43,6 +43,8 @@ import optax
 from flax import nnx
 
 from jaxlib_ext.core import data as data_lib
+from jaxlib_ext.core import sharding as sharding_lib
+from jaxlib_ext.core import train as train_lib
 from jaxlib_ext.models.transformer import build_transformer
 from jaxlib_ext.optim import foam, make_optimizer, smet
 
@@ -149,31 +151,29 @@ def train(name, lr=None, seed=0):
     lr = BEST_LR[name] if lr is None else lr
     model = build_transformer("tiny", vocab_size=corpus.vocab_size, rngs=nnx.Rngs(seed),
                               **overrides)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_tx(name, optax.warmup_cosine_decay_schedule(0.0, lr, max(1, STEPS // 20), STEPS,
                                                           lr * 0.1))
-    state = tx.init(params)
-
-    def loss_fn(p, tok):
-        logits = nnx.merge(graphdef, p, rest)(tok[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean()
-
-    @jax.jit
-    def step(p, s, tok, fixed):
-        loss, g = jax.value_and_grad(loss_fn)(p, tok)
-        u, s = tx.update(g, s, p)
-        p = optax.apply_updates(p, u)
-        return p, s, loss, loss_fn(p, fixed)
+    # the library's LM step (`jaxlib_ext.core.train`): float32 next-token cross-entropy
+    graphdef, rest, state = train_lib.init_state(model, tx, seed)
+    mesh = sharding_lib.make_mesh("data=1", jax.devices()[:1])
+    batch_sh = sharding_lib.batch_sharding(mesh)
+    state_sh = train_lib.train_state_shardings(state, mesh)
+    loss_fn = train_lib.make_loss_fn(graphdef, rest)
+    step = train_lib.make_train_step(tx, loss_fn, state_sh, batch_sh)
+    eval_fn = train_lib.make_eval_step(loss_fn, state_sh.params, batch_sh)
+    # the step donates the state: copies, so that no buffer is donated twice
+    state = jax.device_put(jax.tree.map(jnp.copy, state), state_sh)
 
     rng = np.random.default_rng(seed)
     n = corpus.train.shape[0] - SEQ - 1
     win = lambda offs: jnp.asarray(np.stack([corpus.train[o:o + SEQ + 1] for o in offs]))  # noqa
     fixed = win(rng.integers(0, n, BATCH))
-    losses, fixed_losses = [], [float(loss_fn(params, fixed))]
+    losses, fixed_losses = [], [float(eval_fn(state.params, fixed))]
     for _ in range(STEPS):
-        params, state, loss, fl = step(params, state, win(rng.integers(0, n, BATCH)), fixed)
-        losses.append(float(loss))
-        fixed_losses.append(float(fl))
+        state, metrics = step(state, win(rng.integers(0, n, BATCH)))
+        losses.append(float(metrics["loss"]))
+        # the same fixed batch after every update, for section 3's topology-update jumps
+        fixed_losses.append(float(eval_fn(state.params, fixed)))
     return np.array(losses), np.array(fixed_losses)
 
 
