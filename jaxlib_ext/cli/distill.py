@@ -191,16 +191,10 @@ def _run(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Parses ``argv`` (without the ``distill`` word) and runs; 0 on success, 2 on a usage or
     input error (printed), 3 when a loss became non-finite."""
+    from jaxlib_ext.cli._status import run_command
+
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        _run(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    return 0
+    return run_command(_run, args)
 
 
 if __name__ == "__main__":

@@ -59,13 +59,6 @@ def run(a: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    try:
-        run(args)
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    return 0
+    from jaxlib_ext.cli._status import run_command
+
+    return run_command(run, build_parser().parse_args(sys.argv[1:] if argv is None else argv))

@@ -415,13 +415,7 @@ def _check_recorded_model(args, ckpt_dir, lm_cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jaxlib_ext.cli._status import run_command
+
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    try:
-        run_train(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {flag_message(str(e))}", file=sys.stderr)
-        return 2
-    except FloatingPointError as e:
-        print(f"error: {flag_message(str(e))}", file=sys.stderr)
-        return 3
-    return 0
+    return run_command(run_train, args, message=flag_message)
