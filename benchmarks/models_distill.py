@@ -37,9 +37,9 @@ import time
 import jax
 import numpy as np
 
+from jaxlib_ext.models import default_teacher_path, generate_text, load_gguf
 from jaxlib_ext.models import distill as D
 from jaxlib_ext.models.distill import evaluation as E
-from jaxlib_ext.models.llama import default_teacher_path, generate_text, load_gguf
 
 
 def main(argv=None):

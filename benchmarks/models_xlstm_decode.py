@@ -37,15 +37,12 @@ import numpy as np
 from flax import nnx
 
 from jaxlib_ext.core.memory import compiled_memory, tree_bytes
-from jaxlib_ext.models.llama import KVCache, Llama, LlamaCache, LlamaConfig
+from jaxlib_ext.models import KVCache, LanguageModel, LMCache, lm_config
 from jaxlib_ext.models.xlstm import XLSTMCache, XLSTMConfig, student_from_teacher
 from jaxlib_ext.pallas_kernels.mlstm import MLSTMState
 
-SMOLLM2_135M = dict(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3,
-                    hidden_dim=1536, rope_theta=100_000.0, rms_eps=1e-5, tie_embeddings=True)
 
-
-def filled_cache(model, batch: int, context: int, max_len: int, seed: int = 0) -> LlamaCache:
+def filled_cache(model, batch: int, context: int, max_len: int, seed: int = 0) -> LMCache:
     """``model``'s decode cache holding ``context`` tokens of random content."""
     empty = model.init_cache(batch, max_len)
     rng = np.random.default_rng(seed)
@@ -65,7 +62,7 @@ def filled_cache(model, batch: int, context: int, max_len: int, seed: int = 0) -
             layers.append(XLSTMCache(state, *parts, length))
         else:
             raise TypeError(f"unknown cache type {type(c).__name__}")
-    return LlamaCache(tuple(layers), jnp.asarray(context, jnp.int32))
+    return LMCache(tuple(layers), jnp.asarray(context, jnp.int32))
 
 
 def decode_step(model):
@@ -73,7 +70,7 @@ def decode_step(model):
     graphdef, state = nnx.split(model)
 
     def step(state, token, cache):
-        return nnx.merge(graphdef, state)(token, cache=cache)
+        return nnx.merge(graphdef, state).decode_step(token, cache)
 
     return state, jax.jit(step, donate_argnums=(2,))
 
@@ -116,16 +113,16 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--sinks", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=SMOLLM2_135M["n_layers"],
+    ap.add_argument("--layers", type=int, default=30,
                     help="number of layers (30: the SmolLM2-135M shape)")
     a = ap.parse_args()
     contexts = [int(c) for c in a.contexts.split(",")]
 
     rounds = max(1, a.steps // 4)
     max_len = {c: c + 4 * rounds + 2 for c in contexts}  # the contexts, the steps, the warm-up
-    cfg = LlamaConfig(**{**SMOLLM2_135M, "n_layers": a.layers},
-                      max_position=max(max_len.values()))
-    teacher = Llama(cfg, rngs=nnx.Rngs(0))
+    cfg = lm_config(None, None, "smollm2-135m", n_layers=a.layers,
+                    max_seq_len=max(max_len.values()))
+    teacher = LanguageModel(cfg, rngs=nnx.Rngs(0))
     models = {
         "teacher (attention, KV cache)": teacher,
         f"hybrid student (mLSTM + SWA {a.window}, {a.sinks} sinks)": student_from_teacher(

@@ -10,8 +10,10 @@ GDN builders are its ``+ swiglu`` presets. :mod:`~jaxlib_ext.models.registry` na
 parts. Submodules: :mod:`~jaxlib_ext.models.latent_moe`
 (the LatentMoE layer, arXiv 2601.18089), :mod:`~jaxlib_ext.models.accounting` (parameters and
 FLOPs per token), :mod:`~jaxlib_ext.models.growth` (orthogonal growth of MoE checkpoints, arXiv
-2510.08008), :mod:`~jaxlib_ext.models.xlstm` (xLSTM students of a Llama teacher: mLSTM and
-sliding-window attention mixers, arXiv 2603.15590).
+2510.08008), :mod:`~jaxlib_ext.models.llama` (the Llama presets' GGUF loader),
+:mod:`~jaxlib_ext.models.xlstm` (xLSTM students of a Llama teacher: mLSTM and sliding-window
+attention mixers, arXiv 2603.15590), :mod:`~jaxlib_ext.models.generation` (decoding with the
+cache).
 
 Every model has a builder ``build_<model>(preset="tiny", *, vocab_size=None, rngs, **overrides)``
 whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESETS`:
@@ -20,23 +22,24 @@ whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESET
 without allocating them, e.g. ``preset_param_count(build_mdn, "400m")``.
 """
 
-from jaxlib_ext.models._backbone import Block, LanguageModel
+from jaxlib_ext.models._backbone import Block, LanguageModel, LMCache
 from jaxlib_ext.models._delta_mixer import (
     DELTANET_PRESETS,
     DeltaNetConfig,
     LayerCache,
-    LMCache,
     l2_normalize,
 )
 from jaxlib_ext.models.attention import (
     TRANSFORMER_PRESETS,
     Attention,
     AttentionConfig,
+    KVCache,
     TransformerConfig,
     attention,
     causal_attention,
 )
 from jaxlib_ext.models.gdn import GatedDeltaNet, GDNConfig, gdn_gates
+from jaxlib_ext.models.generation import generate, generate_text
 from jaxlib_ext.models.latent_moe import LatentMoE, LatentMoEConfig, router_bias_update
 from jaxlib_ext.models.layers import (
     Embedding,
@@ -48,7 +51,7 @@ from jaxlib_ext.models.layers import (
     rms_norm,
     swiglu_hidden_size,
 )
-from jaxlib_ext.models.llama import Llama, LlamaConfig, default_teacher_path, load_gguf
+from jaxlib_ext.models.llama import default_teacher_path, load_gguf
 from jaxlib_ext.models.lm import (
     LM_PRESETS,
     LMConfig,
@@ -101,8 +104,8 @@ __all__ = [
     "param_count",
     "preset_param_count",
     # language models and their decode caches
-    "Llama",
-    "LlamaConfig",
+    "generate",
+    "generate_text",
     "load_gguf",
     "default_teacher_path",
     "XLSTMConfig",
@@ -112,6 +115,7 @@ __all__ = [
     "Block",
     "LayerCache",
     "LMCache",
+    "KVCache",
     "MLSTMCache",
     # token mixers and their pure pieces
     "attention",

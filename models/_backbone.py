@@ -1,23 +1,39 @@
 """The backbone of every composable language model: embedding, blocks, norm, head.
 
 A block is pre-norm, ``x <- x + mixer(norm(x))`` then ``x <- x + ffn(norm(x))``; the model is an
-embedding, ``n_layers`` blocks, a final RMSNorm and an untied head (LLaMA-style, arXiv
-2302.13971). The parts come from :mod:`~jaxlib_ext.models.registry` by the config's names.
+embedding, ``n_layers`` blocks, a final RMSNorm and the output head, untied or the transposed
+embedding (LLaMA-style, arXiv 2302.13971). The parts come from
+:mod:`~jaxlib_ext.models.registry` by the config's names.
+
+**The decode cache.** A mixer that can decode has ``init_cache(batch, max_len)``; its cache
+counts the tokens it has consumed, which are the positions of the next ones (RoPE angles,
+sliding windows). :class:`LMCache` holds one per block, and a model or a block fed a sequence
+piece by piece through its caches gives the outputs of one full forward. Any module with the
+mixer protocol may be assigned to ``blocks[i].attn``: that is how distillation students replace
+a teacher's attention.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxlib_ext.models._delta_mixer import LMCache
 from jaxlib_ext.models.layers import Embedding, LMHead, RMSNorm
 from jaxlib_ext.models.registry import make_ffn, make_mixer
 
-__all__ = ["Block", "LanguageModel"]
+__all__ = ["Block", "LanguageModel", "LMCache"]
+
+
+class LMCache(NamedTuple):
+    """Decode state of a whole LM: one cache per block (each its mixer's own type) and the
+    number of tokens consumed."""
+
+    layers: tuple
+    position: jax.Array  # int32 scalar
 
 
 class Block(nnx.Module):
@@ -44,16 +60,20 @@ class Block(nnx.Module):
 
 
 class LanguageModel(nnx.Module):
-    """Embedding, ``n_layers`` x :class:`Block` (mixer + FFN), final norm, untied head.
+    """Embedding, ``n_layers`` x :class:`Block` (mixer + FFN), final norm, output head.
 
     ``__call__(tokens int32[B, T]) -> logits float32[B, T, vocab]``;
     :meth:`logits_and_metrics` also returns the FFNs' metrics; decoding with
-    :meth:`init_cache` and :meth:`decode_step` when the mixer keeps a cache (mdn, gdn, mlstm).
+    :meth:`init_cache` and :meth:`decode_step` (every registered mixer keeps a cache);
+    :meth:`mixer_io` gives each block's mixer input and output. Parameters: ``embed``,
+    ``blocks[i].attn_norm``, ``.attn`` (the mixer), ``.mlp_norm``, ``.mlp`` (the FFN),
+    ``final_norm`` and ``lm_head`` (``None`` when ``cfg.tie_embeddings``: logits ``= h
+    embedding^T``).
 
     Args:
       cfg: an :class:`~jaxlib_ext.models.LMConfig` (any config with ``vocab_size, d_model,
-        n_layers, max_seq_len, norm_eps`` when ``mixer`` and ``ffn`` are given); kept as
-        ``cfg``.
+        n_layers, max_seq_len, norm_eps`` when ``mixer`` and ``ffn`` are given; a missing
+        ``tie_embeddings`` means an untied head); kept as ``cfg``.
       mixer, ffn: factories ``rngs -> module`` of one block's parts (default: the registry's
         parts of ``cfg.mixer`` and ``cfg.ffn``).
     """
@@ -69,7 +89,17 @@ class LanguageModel(nnx.Module):
             [Block(cfg.d_model, cfg.norm_eps, mixer, ffn, rngs=rngs) for _ in range(cfg.n_layers)]
         )
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, rngs=rngs)
+        self.lm_head = nnx.data(None)
+        if not getattr(cfg, "tie_embeddings", False):
+            self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, rngs=rngs)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """The head on the last block's output ``h [B, T, d]``: final norm, then ``lm_head``
+        or the transposed embedding; float32."""
+        h = self.final_norm(h)
+        if self.lm_head is None:
+            return jnp.einsum("btd,vd->btv", h, self.embed.embedding[...]).astype(jnp.float32)
+        return self.lm_head(h)
 
     def _check_tokens(self, tokens, what):
         name = type(self).__name__
@@ -78,6 +108,11 @@ class LanguageModel(nnx.Module):
             raise ValueError(f"{name}.{what}: tokens must be [B, T], got {shape}")
         if not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ValueError(f"{name}.{what}: tokens must be integer, got dtype {tokens.dtype}")
+        if tokens.shape[1] > self.max_seq_len:
+            raise ValueError(
+                f"{name}.{what}: sequence length {tokens.shape[1]} exceeds max_seq_len "
+                f"{self.max_seq_len}"
+            )
 
     def logits_and_metrics(self, tokens: jax.Array, *, train: bool = False
                            ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -85,11 +120,6 @@ class LanguageModel(nnx.Module):
         each name an FFN reports to its mean over the blocks that report it. ``train=True``
         lets the FFNs update their ``nnx.BatchStat`` state (a router's correction bias)."""
         self._check_tokens(tokens, "__call__")
-        if tokens.shape[1] > self.max_seq_len:
-            raise ValueError(
-                f"{type(self).__name__}: sequence length {tokens.shape[1]} exceeds max_seq_len "
-                f"{self.max_seq_len}"
-            )
         x = self.embed(tokens)
         reported: dict[str, list] = {}
         for block in self.blocks:
@@ -97,20 +127,43 @@ class LanguageModel(nnx.Module):
             for name, value in metrics.items():
                 reported.setdefault(name, []).append(jnp.asarray(value, jnp.float32))
         metrics = {name: jnp.mean(jnp.stack(v)) for name, v in reported.items()}
-        return self.lm_head(self.final_norm(x)), metrics
+        return self.logits(x), metrics
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """Full-sequence forward: ``int32[B, T] -> float32 logits [B, T, vocab]``."""
         return self.logits_and_metrics(tokens)[0]
 
-    def init_cache(self, batch: int) -> LMCache:
-        """A zero :class:`LMCache` for ``batch`` sequences (states float32)."""
-        if not all(hasattr(block.attn, "init_cache") for block in self.blocks):
-            raise ValueError(
-                f"{type(self).__name__}.init_cache: the token mixer "
-                f"{type(self.blocks[0].attn).__name__} keeps no decode cache"
-            )
-        layers = tuple(block.attn.init_cache(batch) for block in self.blocks)
+    def mixer_io(self, tokens: jax.Array, *, with_logits: bool = False):
+        """Per block ``(x_in, y_out)``: the mixer's input ``attn_norm(h) [B, T, d]`` and its
+        output ``[B, T, d]`` (before the residual add) in a full uncached forward; the targets
+        of layer-wise alignment (arXiv 2603.15590, stage I). With ``with_logits``, returns
+        ``(list, logits)`` of the same forward."""
+        self._check_tokens(tokens, "mixer_io")
+        x = self.embed(tokens)
+        out = []
+        for block in self.blocks:
+            x_in = block.attn_norm(x)
+            y, _ = block.attn(x_in)
+            out.append((x_in, y))
+            x = x + y
+            x = x + block.mlp.forward(block.mlp_norm(x))[0]
+        return (out, self.logits(x)) if with_logits else out
+
+    def init_cache(self, batch: int, max_len: int | None = None) -> LMCache:
+        """An empty :class:`LMCache` for ``batch`` sequences of up to ``max_len`` tokens
+        (default ``max_seq_len``; a recurrent mixer's state has one size at any length)."""
+        max_len = self.max_seq_len if max_len is None else max_len
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or not (
+                0 < max_len <= self.max_seq_len):
+            raise ValueError(f"{type(self).__name__}.init_cache: max_len must be an int in "
+                             f"[1, max_seq_len={self.max_seq_len}], got {max_len!r}")
+        for i, block in enumerate(self.blocks):
+            if not hasattr(block.attn, "init_cache"):
+                raise ValueError(
+                    f"{type(self).__name__}.init_cache: the token mixer of block {i}, "
+                    f"{type(block.attn).__name__}, keeps no decode cache"
+                )
+        layers = tuple(block.attn.init_cache(batch, max_len) for block in self.blocks)
         return LMCache(layers, jnp.zeros((), jnp.int32))
 
     def decode_step(self, tokens: jax.Array, cache: LMCache) -> tuple[jax.Array, LMCache]:
@@ -120,15 +173,15 @@ class LanguageModel(nnx.Module):
         the logits of one full forward.
         """
         self._check_tokens(tokens, "decode_step")
-        if len(cache.layers) != len(self.blocks):
+        if not isinstance(cache, LMCache) or len(cache.layers) != len(self.blocks):
+            have = len(cache.layers) if isinstance(cache, LMCache) else type(cache).__name__
             raise ValueError(
-                f"{type(self).__name__}.decode_step: cache has {len(cache.layers)} layers, model "
-                f"has {len(self.blocks)}"
+                f"{type(self).__name__}.decode_step: cache must be an LMCache of "
+                f"{len(self.blocks)} layers (init_cache), got {have}"
             )
         x = self.embed(tokens)
         new_layers = []
         for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
             x, layer_cache, _ = block(x, layer_cache)
             new_layers.append(layer_cache)
-        logits = self.lm_head(self.final_norm(x))
-        return logits, LMCache(tuple(new_layers), cache.position + tokens.shape[1])
+        return self.logits(x), LMCache(tuple(new_layers), cache.position + tokens.shape[1])

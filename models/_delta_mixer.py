@@ -44,7 +44,6 @@ __all__ = [
     "DELTANET_PRESETS",
     "l2_normalize",
     "LayerCache",
-    "LMCache",
     "DeltaMixer",
 ]
 
@@ -210,13 +209,6 @@ class LayerCache(NamedTuple):
     conv_v: jax.Array
 
 
-class LMCache(NamedTuple):
-    """Decode state of a whole LM: one :class:`LayerCache` per block and the tokens consumed."""
-
-    layers: tuple[LayerCache, ...]
-    position: jax.Array  # int32 scalar
-
-
 # --------------------------------------------------------------------------- mixer
 
 
@@ -255,8 +247,9 @@ class DeltaMixer(nnx.Module):
         """
         raise NotImplementedError
 
-    def init_cache(self, batch: int) -> LayerCache:
-        """Zero decode state for ``batch`` sequences."""
+    def init_cache(self, batch: int, max_len: int | None = None) -> LayerCache:
+        """Zero decode state for ``batch`` sequences; ``max_len`` is ignored (the recurrent
+        state has one size at any length)."""
         if not isinstance(batch, int) or batch <= 0:
             raise ValueError(f"init_cache: batch must be a positive int, got {batch!r}")
         return LayerCache(

@@ -5,9 +5,10 @@ dot-product softmax attention (Vaswani et al. 2017, arXiv 1706.03762) with group
 heads (Ainslie et al. 2023, arXiv 2305.13245) under a boolean mask; :func:`causal_attention` is
 its causal, ungrouped case. :class:`Attention` is the ``"attention"`` token mixer of the
 composable language model (:class:`AttentionConfig`: heads, key/value heads, RoPE base and pair
-convention); the Llama teacher's mixer (:class:`~jaxlib_ext.models.llama.LlamaAttention`) and
-the students' sliding-window attention (:mod:`~jaxlib_ext.models.xlstm`) call the same
-:func:`attention` and :func:`~jaxlib_ext.models.layers.apply_rope`.
+convention), with a key/value decode cache (:class:`KVCache`). The Transformer baseline and the
+Llama presets (:mod:`~jaxlib_ext.models.llama`) use it as their mixer; the xLSTM students'
+sliding-window attention (:mod:`~jaxlib_ext.models.xlstm`) calls the same :func:`attention` and
+:func:`~jaxlib_ext.models.layers.apply_rope`.
 
 :class:`TransformerConfig` and :data:`TRANSFORMER_PRESETS` are the size table of the Transformer
 baseline (the ``attention + swiglu`` preset of :func:`~jaxlib_ext.models.build_lm`).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ __all__ = [
     "causal_attention",
     "AttentionConfig",
     "Attention",
+    "KVCache",
     "TransformerConfig",
     "TRANSFORMER_PRESETS",
 ]
@@ -122,19 +124,33 @@ class AttentionConfig:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
 
+class KVCache(NamedTuple):
+    """Decode cache of one :class:`Attention`: keys (RoPE applied) and values of the first
+    ``length`` tokens in slots ``0 .. length-1`` of fixed buffers ``[B, max_len, Hkv, D]``."""
+
+    k: jax.Array
+    v: jax.Array
+    length: jax.Array  # int32 scalar
+
+
 class Attention(nnx.Module):
     """Causal (grouped-query) attention with RoPE, as a token mixer.
 
-    Parameters: ``qkv [d, (H + 2 Hkv) D]`` (the q, k and v columns side by side) and
-    ``out [H D, d]``, the latter at the scaled init ``0.02 / sqrt(2 n_layers)`` (GPT-2 style,
-    which keeps deep stacks stable).
+    Parameters: ``qkv [d, (H + 2 Hkv) D]`` (the q, k and v columns side by side, head ``h`` of
+    each the columns ``h D .. (h+1) D - 1``) and ``out [H D, d]``, the latter at the scaled init
+    ``0.02 / sqrt(2 n_layers)`` (GPT-2 style, which keeps deep stacks stable). :meth:`q_k_v`
+    gives the three projections.
 
-    ``__call__(x [B, T, d], cache=None) -> (y [B, T, d], None)``: full sequences only (positions
-    ``0 .. T-1``); there is no decode cache.
+    ``__call__(x [B, T, d], cache=None) -> (y [B, T, d], cache)``: without a cache, the tokens
+    are positions ``0 .. T-1``, query ``t`` reads keys ``0 .. t`` and the returned cache is
+    ``None``; with a :class:`KVCache` of ``length`` tokens (:meth:`init_cache`), the new tokens
+    are positions ``length .. length+T-1``, their keys and values go into those slots, query
+    ``t`` reads slots ``0 .. length+t`` and the cache comes back with ``length + T``.
     """
 
     def __init__(self, cfg: AttentionConfig, *, d_model: int, n_layers: int, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.d_model = d_model
         d = cfg.head_dim
 
         def lin(i, o, axes, std=0.02):
@@ -146,21 +162,50 @@ class Attention(nnx.Module):
         self.qkv = lin(d_model, (cfg.n_heads + 2 * cfg.kv_heads) * d, ("embed", "heads"))
         self.out = lin(cfg.n_heads * d, d_model, ("heads", "embed"), 0.02 / math.sqrt(2 * n_layers))
 
-    def __call__(self, x: jax.Array, cache=None) -> tuple[jax.Array, None]:
-        if cache is not None:
-            raise ValueError("Attention: cache must be None (this mixer keeps no decode cache)")
+    def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+        """An empty :class:`KVCache` for ``batch`` sequences of up to ``max_len`` tokens."""
+        for name, value in (("batch", batch), ("max_len", max_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Attention.init_cache: {name} must be a positive int, got "
+                                 f"{value!r}")
+        shape = (batch, max_len, self.cfg.kv_heads, self.cfg.head_dim)
+        # two distinct buffers, so that a jitted step may donate the cache
+        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+
+    def q_k_v(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The projections before RoPE: ``q [B, T, H, D]``, ``k, v [B, T, Hkv, D]``."""
         b, t, _ = x.shape
         c = self.cfg
-        positions = jnp.arange(t)
         hq, hkv, d = c.n_heads * c.head_dim, c.kv_heads * c.head_dim, c.head_dim
         qkv = self.qkv(x)
-        q = qkv[..., :hq].reshape(b, t, c.n_heads, d)
-        k = qkv[..., hq : hq + hkv].reshape(b, t, c.kv_heads, d)
-        v = qkv[..., hq + hkv :].reshape(b, t, c.kv_heads, d)
+        return (qkv[..., :hq].reshape(b, t, c.n_heads, d),
+                qkv[..., hq : hq + hkv].reshape(b, t, c.kv_heads, d),
+                qkv[..., hq + hkv :].reshape(b, t, c.kv_heads, d))
+
+    def __call__(self, x: jax.Array, cache: KVCache | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
+        if cache is not None and not isinstance(cache, KVCache):
+            raise ValueError(f"Attention: cache must be a KVCache (init_cache) or None, got "
+                             f"{type(cache).__name__}")
+        b, t, _ = x.shape
+        c = self.cfg
+        start = jnp.zeros((), jnp.int32) if cache is None else cache.length
+        positions = start + jnp.arange(t, dtype=jnp.int32)
+        q, k, v = self.q_k_v(x)
         rope = dict(theta=c.rope_theta, convention=c.rope_convention)
         q, k = apply_rope(q, positions, **rope), apply_rope(k, positions, **rope)
-        mask = jnp.tril(jnp.ones((t, t), dtype=bool))
-        return self.out(attention(q, k, v, mask).reshape(b, t, -1)), None
+        if cache is None:
+            mask = jnp.tril(jnp.ones((t, t), dtype=bool))
+        else:
+            zero = jnp.zeros((), jnp.int32)
+            k_all = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype),
+                                                 (zero, start, zero, zero))
+            v_all = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype),
+                                                 (zero, start, zero, zero))
+            mask = jnp.arange(cache.k.shape[1])[None, :] <= positions[:, None]
+            cache = KVCache(k_all, v_all, start + t)
+            k, v = k_all.astype(q.dtype), v_all.astype(q.dtype)
+        return self.out(attention(q, k, v, mask).reshape(b, t, -1)), cache
 
 
 @dataclasses.dataclass(frozen=True)

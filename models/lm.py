@@ -35,7 +35,7 @@ from flax import nnx
 
 from jaxlib_ext.models._backbone import Block, LanguageModel
 from jaxlib_ext.models._delta_mixer import DELTANET_PRESETS
-from jaxlib_ext.models.attention import TRANSFORMER_PRESETS, TransformerConfig
+from jaxlib_ext.models.attention import TRANSFORMER_PRESETS, AttentionConfig, TransformerConfig
 from jaxlib_ext.models.layers import SwiGLUConfig
 from jaxlib_ext.models.registry import (
     FFN_REGISTRY,
@@ -66,7 +66,7 @@ __all__ = [
     "check_expert_mesh",
 ]
 
-_BACKBONE = ("vocab_size", "d_model", "n_layers", "max_seq_len", "norm_eps")
+_BACKBONE = ("vocab_size", "d_model", "n_layers", "max_seq_len", "norm_eps", "tie_embeddings")
 
 #: Flat names of FFN fields (the mixer's ``method`` keeps the bare name ``method``).
 FLAT_ALIASES: dict[str, str] = {
@@ -128,6 +128,8 @@ class LMConfig:
 
     Attributes:
       vocab_size, d_model, n_layers, max_seq_len, norm_eps: the backbone.
+      tie_embeddings: the output head is the transposed embedding (Llama presets) instead of
+        its own ``[d_model, vocab]`` matrix.
       mixer: the mixer's config, a ``config`` class of :data:`~jaxlib_ext.models.registry.
         MIXER_REGISTRY` (its ``kind`` is the mixer's name).
       ffn: the FFN's config, a ``config`` class of :data:`~jaxlib_ext.models.registry.
@@ -144,6 +146,7 @@ class LMConfig:
     n_layers: int = 2
     max_seq_len: int = 256
     norm_eps: float = 1e-6
+    tie_embeddings: bool = False
     mixer: Any = dataclasses.field(default_factory=lambda: MIXER_REGISTRY["attention"].config())
     ffn: Any = dataclasses.field(default_factory=SwiGLUConfig)
 
@@ -161,6 +164,9 @@ class LMConfig:
                 raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"LMConfig.norm_eps must be positive, got {self.norm_eps}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"LMConfig.tie_embeddings must be a bool, got "
+                             f"{self.tie_embeddings!r}")
         latent = getattr(self.ffn, "latent_dim", None)
         if latent is not None and latent > self.d_model:
             raise ValueError(f"LMConfig.latent_dim must be an int in (0, d_model={self.d_model}]"
@@ -260,6 +266,19 @@ class LMConfig:
 # --------------------------------------------------------------------------- presets
 
 
+def _llama(*, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
+           head_dim: int, hidden: int, rope_theta: float, max_seq_len: int) -> LMConfig:
+    """A Llama-architecture decoder (arXiv 2302.13971): grouped-query attention with RoPE in
+    the ``"half"`` pair layout, SwiGLU, RMSNorm at eps ``1e-5``, tied embeddings."""
+    return LMConfig(
+        vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, max_seq_len=max_seq_len,
+        norm_eps=1e-5, tie_embeddings=True,
+        mixer=AttentionConfig(n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads,
+                              rope_theta=rope_theta),
+        ffn=SwiGLUConfig(hidden=hidden),
+    )
+
+
 def _tiny(mixer: str, ffn: str, **moe) -> LMConfig:
     base = dict(d_model=128, n_layers=2, n_heads=4, head_dim=32, max_seq_len=256)
     if mixer != "attention":  # the delta-rule tiny preset: 2 heads of K = 32, V = 64
@@ -271,8 +290,14 @@ def _tiny(mixer: str, ffn: str, **moe) -> LMConfig:
 #: attention models whose FFN is a mixture of 8 experts, top-2, expert width 128, with a shared
 #: expert of width 128 (the latent one at latent width 32 = d/4 with 4x the experts and top-k,
 #: arXiv 2601.18089's reinvestment of the saving); ``"mdn-latent-moe-tiny"`` is the MDN
-#: counterpart.
+#: counterpart. ``"llama-tiny"`` is a CPU-sized Llama (4 query heads sharing 2 key/value heads);
+#: ``"smollm2-135m"`` is SmolLM2-135M's architecture (the distillation teacher of arXiv
+#: 2603.15590's small-scale runs; :func:`~jaxlib_ext.models.llama.load_gguf` reads its weights).
 LM_PRESETS: dict[str, LMConfig] = {
+    "llama-tiny": _llama(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                         head_dim=16, hidden=128, rope_theta=10_000.0, max_seq_len=2048),
+    "smollm2-135m": _llama(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                           head_dim=64, hidden=1536, rope_theta=100_000.0, max_seq_len=8192),
     "moe-tiny": _tiny("attention", "moe", num_experts=8, top_k=2, expert_dim=128,
                       shared_expert_dim=128),
     "latent-moe-tiny": _tiny("attention", "latent_moe", num_experts=32, top_k=8, expert_dim=128,

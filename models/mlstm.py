@@ -199,8 +199,9 @@ class MLSTMLayer(nnx.Module):
                               weight_decay=False)
         self.o_proj = _linear(inner, d, ("heads", "embed"), rngs)
 
-    def init_cache(self, batch: int) -> MLSTMCache:
-        """Zero decode state for ``batch`` sequences (float32)."""
+    def init_cache(self, batch: int, max_len: int | None = None) -> MLSTMCache:
+        """Zero decode state for ``batch`` sequences (float32); ``max_len`` is ignored (the
+        state has one size at any length)."""
         if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch <= 0:
             raise ValueError(f"init_cache: batch must be a positive int, got {batch!r}")
         c = self.cfg

@@ -6,9 +6,10 @@ from its config and the backbone's sizes. :data:`MIXERS` and :data:`FFNS` are th
 new mixer is one config class with a ``kind`` name, one module class and one entry here.
 
 Protocols. A mixer is ``mixer(x [B, T, d], cache=None) -> (y [B, T, d], new_cache or None)``
-with ``init_cache(batch)`` when it can decode. An FFN has ``forward(x [B, T, d], *,
-train=False) -> (y, metrics)``, ``metrics`` a mapping of scalar arrays (``train`` lets a
-mixture of experts update its router's correction bias).
+with ``init_cache(batch, max_len)`` when it can decode: without a cache the tokens are
+positions ``0 .. T-1`` of a fresh sequence; with one they follow the tokens it has consumed.
+An FFN has ``forward(x [B, T, d], *, train=False) -> (y, metrics)``, ``metrics`` a mapping of
+scalar arrays (``train`` lets a mixture of experts update its router's correction bias).
 """
 
 from __future__ import annotations

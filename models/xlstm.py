@@ -29,11 +29,12 @@ Choices where the paper is silent, and why:
   xLSTM 7B (arXiv 2503.13427); the forget-gate biases start at ``linspace(3, 6)`` over heads
   (forget gates near 1: long memory from the start), the input-gate biases at 0.
 
-Interface: the teacher's token mixer (:mod:`jaxlib_ext.models.llama`),
-``mixer(x [B, T, dim], positions int32[B, T], cache=None) -> (y [B, T, dim], cache)``, so a
-student replaces ``block.attention`` of a :class:`~jaxlib_ext.models.llama.Llama`
-(:func:`student_from_teacher`). ``positions`` set the RoPE angles; the window and the sinks
-count tokens (the ``t``-th token of a fresh sequence, or after ``cache.length`` cached ones).
+Interface: the token-mixer protocol of :mod:`~jaxlib_ext.models.registry`,
+``mixer(x [B, T, dim], cache=None) -> (y [B, T, dim], cache)``, so a student replaces
+``block.attn`` of a Llama :class:`~jaxlib_ext.models.LanguageModel` (:mod:`~jaxlib_ext.models.
+llama`; :func:`student_from_teacher`). The tokens are positions ``0 .. T-1`` of a fresh
+sequence, or follow the ``cache.length`` cached ones: they set the RoPE angles, and the window
+and the sinks count them.
 Decoding keeps constant memory: an :class:`XLSTMCache` holds the mLSTM state, the sink tokens'
 keys/values and a ring buffer of the last ``window`` keys/values, whatever the position.
 """
@@ -48,12 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlib_ext.models.layers import dense_init
-from jaxlib_ext.models.llama import (
-    LlamaConfig,
-    grouped_query_attention,
-    rotary_embedding,
-)
+from jaxlib_ext.models.attention import Attention, AttentionConfig, attention
+from jaxlib_ext.models.layers import apply_rope, dense_init
 from jaxlib_ext.pallas_kernels import SUPPORTED_CHUNK_SIZES
 from jaxlib_ext.pallas_kernels.mlstm import METHODS as MLSTM_METHODS
 from jaxlib_ext.pallas_kernels.mlstm import MLSTMState, mlstm, zero_state
@@ -78,7 +75,7 @@ GATES = ("head", "channel", "static", "attention")
 @dataclasses.dataclass(frozen=True)
 class XLSTMConfig:
     """The student's own settings (the attention geometry is the teacher's
-    :class:`~jaxlib_ext.models.llama.LlamaConfig`).
+    :class:`~jaxlib_ext.models.attention.AttentionConfig`).
 
     ``mode``: ``"hybrid"`` or ``"mlstm"``. ``window``: SWA window in tokens (query ``t`` reads
     ``t - window < s <= t``). ``n_sinks``: the first tokens every query reads (0 for none).
@@ -186,31 +183,42 @@ def _linear(i, o, axes, rngs, *, bias=None):
 
 
 class XLSTMMixer(nnx.Module):
-    """The student token mixer (module docstring) over the teacher's attention geometry ``cfg``.
+    """The student token mixer (module docstring) over the teacher's attention geometry ``cfg``
+    at model width ``d_model``.
 
-    Parameters: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (the teacher's layout,
-    :class:`~jaxlib_ext.models.llama.LlamaAttention`), ``i_proj``, ``f_proj`` (``dim -> H``,
-    with bias: the mLSTM gate pre-activations), and by gate form ``g_proj`` (``dim -> H``,
+    Parameters: ``qkv`` and ``out``, the layout of the teacher's
+    :class:`~jaxlib_ext.models.attention.Attention` (``dim -> (H + 2 Hkv) D`` and ``H D ->
+    dim``; copies of the teacher's by :func:`from_teacher`), ``i_proj``, ``f_proj`` (``dim ->
+    H``, with bias: the mLSTM gate pre-activations), and by gate form ``g_proj`` (``dim -> H``,
     ``"head"``; ``dim -> H*D``, ``"channel"``) or ``g_bias [H]`` (``"static"``).
 
-    ``__call__(x [B, T, dim], positions int32[B, T], cache=None) -> (y [B, T, dim], cache)``:
-    without a cache the full sequence, returning ``None``; with an :class:`XLSTMCache` (from
-    :meth:`init_cache`) the tokens after the cached ones, returning the updated cache.
+    ``__call__(x [B, T, dim], cache=None) -> (y [B, T, dim], cache)``: without a cache the full
+    sequence, returning ``None``; with an :class:`XLSTMCache` (from :meth:`init_cache`) the
+    tokens after the cached ones, returning the updated cache.
     """
 
-    def __init__(self, cfg: LlamaConfig, config: XLSTMConfig | None = None, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: AttentionConfig, d_model: int, config: XLSTMConfig | None = None, *,
+                 rngs: nnx.Rngs):
         config = XLSTMConfig() if config is None else config
-        if not isinstance(cfg, LlamaConfig):
-            raise TypeError(f"cfg must be a LlamaConfig, got {type(cfg).__name__}")
+        if not isinstance(cfg, AttentionConfig):
+            raise TypeError(f"cfg must be an AttentionConfig, got {type(cfg).__name__}")
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model <= 0:
+            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
         if not isinstance(config, XLSTMConfig):
             raise TypeError(f"config must be an XLSTMConfig, got {type(config).__name__}")
         self.cfg = cfg
+        self.d_model = d_model
         self.config = config
-        dim, h, hkv, d = cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_size
-        self.q_proj = _linear(dim, h * d, ("embed", "heads"), rngs)
-        self.k_proj = _linear(dim, hkv * d, ("embed", "kv_heads"), rngs)
-        self.v_proj = _linear(dim, hkv * d, ("embed", "kv_heads"), rngs)
-        self.o_proj = _linear(h * d, dim, ("heads", "embed"), rngs)
+        dim, h, hkv, d = d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        # q, k and v drawn one after the other, so that the fresh gate parameters below get
+        # the same draws whatever the projections' layout
+        q, k = (dense_init(rngs.params(), (dim, w), jnp.float32) for w in (h * d, hkv * d))
+        self.qkv = nnx.Linear(
+            dim, (h + 2 * hkv) * d, use_bias=False,
+            kernel_init=lambda key, shape, dtype: jnp.concatenate(
+                [q, k, dense_init(key, (dim, hkv * d), dtype)], axis=1),
+            kernel_metadata={"logical_axes": ("embed", "heads")}, rngs=rngs)
+        self.out = _linear(h * d, dim, ("heads", "embed"), rngs)
         self.i_proj = _linear(dim, h, ("embed", "heads"), rngs,
                               bias=np.full(h, config.input_gate_bias_init))
         self.f_proj = _linear(dim, h, ("embed", "heads"), rngs,
@@ -233,28 +241,31 @@ class XLSTMMixer(nnx.Module):
                 or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         c, cfg = self.config, self.cfg
-        d = cfg.head_size
+        d = cfg.head_dim
         state = zero_state(batch_size, cfg.n_heads, d, d, jnp.float32)
         if c.mode == "mlstm":
             return XLSTMCache(state, None, None, None, None, jnp.zeros((), jnp.int32))
-        sink, ring = (batch_size, c.n_sinks, cfg.n_kv_heads, d), (batch_size, c.window,
-                                                                    cfg.n_kv_heads, d)
+        sink, ring = (batch_size, c.n_sinks, cfg.kv_heads, d), (batch_size, c.window,
+                                                                  cfg.kv_heads, d)
         # four distinct buffers, so that a jitted step may donate the cache
         return XLSTMCache(state, jnp.zeros(sink, dtype), jnp.zeros(sink, dtype),
                           jnp.zeros(ring, dtype), jnp.zeros(ring, dtype),
                           jnp.zeros((), jnp.int32))
 
     # -- forward
-    def __call__(self, x: jax.Array, positions: jax.Array, cache: XLSTMCache | None = None):
-        self._check(x, positions, cache)
+    def __call__(self, x: jax.Array, cache: XLSTMCache | None = None):
+        self._check(x, cache)
         c, cfg = self.config, self.cfg
         b, t, _ = x.shape
-        h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_size
-        q = self.q_proj(x).reshape(b, t, h, d)
-        k = self.k_proj(x).reshape(b, t, hkv, d)
-        v = self.v_proj(x).reshape(b, t, hkv, d)
+        h, hkv, d = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        qkv = self.qkv(x)
+        q = qkv[..., : h * d].reshape(b, t, h, d)
+        k = qkv[..., h * d : (h + hkv) * d].reshape(b, t, hkv, d)
+        v = qkv[..., (h + hkv) * d :].reshape(b, t, hkv, d)
+        start = jnp.zeros((), jnp.int32) if cache is None else cache.length
+        positions = start + jnp.arange(t, dtype=jnp.int32)
         rope = dict(theta=cfg.rope_theta, convention=cfg.rope_convention)
-        qr, kr = rotary_embedding(q, positions, **rope), rotary_embedding(k, positions, **rope)
+        qr, kr = apply_rope(q, positions, **rope), apply_rope(k, positions, **rope)
 
         y_mlstm, state = self._mlstm(x, *((qr, kr) if c.mlstm_rope else (q, k)), v, cache)
         if c.mode == "mlstm":
@@ -266,11 +277,11 @@ class XLSTMMixer(nnx.Module):
             if new_cache is not None:
                 new_cache = new_cache._replace(mlstm=state)
             out = self._combine(x, y_mlstm, y_swa)
-        return self.o_proj(out.reshape(b, t, h * d)), new_cache
+        return self.out(out.reshape(b, t, h * d)), new_cache
 
     def _mlstm(self, x, q, k, v, cache):
         c = self.config
-        groups = self.cfg.n_heads // self.cfg.n_kv_heads
+        groups = self.cfg.n_heads // self.cfg.kv_heads
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
         i_gate = self._cap(self.i_proj(x).astype(jnp.float32))
         f_gate = self._cap(self.f_proj(x).astype(jnp.float32))
@@ -297,7 +308,7 @@ class XLSTMMixer(nnx.Module):
             index = jnp.arange(t)
             mask = sliding_window_mask(index, index, jnp.ones((t,), bool), window=c.window,
                                        n_sinks=c.n_sinks)
-            return grouped_query_attention(q, k, v, mask), None
+            return attention(q, k, v, mask), None
         start = cache.length
         new_index = start + jnp.arange(t)
         sink_index = jnp.arange(c.n_sinks)
@@ -314,7 +325,7 @@ class XLSTMMixer(nnx.Module):
         dt = q.dtype
         keys = jnp.concatenate([cache.sink_k.astype(dt), cache.window_k.astype(dt), k], axis=1)
         values = jnp.concatenate([cache.sink_v.astype(dt), cache.window_v.astype(dt), v], axis=1)
-        y = grouped_query_attention(q, keys, values, mask)
+        y = attention(q, keys, values, mask)
 
         # the new tokens that are sinks, and the last `window` new tokens into their ring slots
         sink_slot = jnp.where(new_index < c.n_sinks, new_index, c.n_sinks)  # out of range: drop
@@ -342,19 +353,14 @@ class XLSTMMixer(nnx.Module):
         out = g * y_mlstm.astype(jnp.float32) + (1.0 - g) * y_swa.astype(jnp.float32)
         return out.astype(y_swa.dtype)
 
-    def _check(self, x, positions, cache):
+    def _check(self, x, cache):
         name = type(self).__name__
-        dim = self.cfg.dim
+        dim = self.d_model
         if not hasattr(x, "ndim") or x.ndim != 3 or x.shape[-1] != dim:
             raise ValueError(f"{name}: x must be [B, T, dim={dim}], got "
                              f"{getattr(x, 'shape', type(x).__name__)}")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{name}: x must have a floating dtype, got {x.dtype}")
-        if not hasattr(positions, "shape") or tuple(positions.shape) != tuple(x.shape[:2]):
-            raise ValueError(f"{name}: positions must be [B, T] = {tuple(x.shape[:2])}, got "
-                             f"{getattr(positions, 'shape', type(positions).__name__)}")
-        if not jnp.issubdtype(positions.dtype, jnp.integer):
-            raise ValueError(f"{name}: positions must be integer, got dtype {positions.dtype}")
         if cache is None:
             return
         if not isinstance(cache, XLSTMCache):
@@ -371,34 +377,29 @@ class XLSTMMixer(nnx.Module):
             raise ValueError(f"{name}: cache was made for another window, sinks or mode")
 
 
-def from_teacher(attention, config: XLSTMConfig | None = None, rngs: nnx.Rngs | None = None
-                 ) -> XLSTMMixer:
+def from_teacher(attention: Attention, config: XLSTMConfig | None = None,
+                 rngs: nnx.Rngs | None = None) -> XLSTMMixer:
     """A student mixer initialised from a teacher attention layer (arXiv 2603.15590): copies of
-    its ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, fresh mLSTM and mixing-gate parameters
-    drawn from ``rngs``. ``attention`` is a :class:`~jaxlib_ext.models.llama.LlamaAttention` (any
-    module with those four projections and a ``cfg`` :class:`LlamaConfig`); it is not changed.
+    its ``qkv`` and ``out`` projections, fresh mLSTM and mixing-gate parameters drawn from
+    ``rngs``. ``attention`` is an :class:`~jaxlib_ext.models.attention.Attention`; it is not
+    changed.
     """
     if rngs is None:
         raise ValueError("rngs: from_teacher draws the new gate parameters and needs an nnx.Rngs")
-    cfg = getattr(attention, "cfg", None)
-    missing = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if not hasattr(attention, n)]
-    if not isinstance(cfg, LlamaConfig) or missing:
-        raise ValueError(
-            f"attention: expected a LlamaAttention (q_proj, k_proj, v_proj, o_proj and a "
-            f"LlamaConfig cfg), got {type(attention).__name__}"
-        )
-    student = XLSTMMixer(cfg, config, rngs=rngs)
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        setattr(student, name, nnx.clone(getattr(attention, name)))
+    if not isinstance(attention, Attention):
+        raise ValueError(f"attention: expected an Attention mixer (the teacher's "
+                         f"blocks[i].attn), got {type(attention).__name__}")
+    student = XLSTMMixer(attention.cfg, attention.d_model, config, rngs=rngs)
+    student.qkv, student.out = nnx.clone(attention.qkv), nnx.clone(attention.out)
     return student
 
 
 def student_from_teacher(teacher, config: XLSTMConfig | None = None, *, rngs: nnx.Rngs,
                          layers=None):
-    """A copy of ``teacher`` (a :class:`~jaxlib_ext.models.llama.Llama`) whose blocks ``layers``
-    (default all) have :func:`from_teacher` students in place of their attention; embeddings,
-    norms, MLPs and the remaining layers are copies of the teacher's. The teacher is not
-    changed."""
+    """A copy of ``teacher`` (a Llama :class:`~jaxlib_ext.models.LanguageModel`) whose blocks
+    ``layers`` (default all) have :func:`from_teacher` students in place of their attention;
+    embeddings, norms, MLPs and the remaining layers are copies of the teacher's. The teacher is
+    not changed."""
     n = len(teacher.blocks)
     chosen = range(n) if layers is None else list(layers)
     for i in chosen:
@@ -406,5 +407,5 @@ def student_from_teacher(teacher, config: XLSTMConfig | None = None, *, rngs: nn
             raise ValueError(f"layers: expected block indices in [0, {n}), got {i!r}")
     student = nnx.clone(teacher)
     for i in chosen:
-        student.blocks[i].attention = from_teacher(teacher.blocks[i].attention, config, rngs)
+        student.blocks[i].attn = from_teacher(teacher.blocks[i].attn, config, rngs)
     return student

@@ -46,7 +46,7 @@ import numpy as np
 from flax import nnx
 
 from jaxlib_ext.models import distill as D
-from jaxlib_ext.models import llama
+from jaxlib_ext.models import generate_text, llama
 from jaxlib_ext.models.distill import evaluation as E
 
 FAST = os.environ.get("FAST") == "1"
@@ -74,7 +74,7 @@ print(f"{n_params / 1e6:.1f} M parameters")
 
 # %%
 prompt = "The capital of Germany is"
-print(prompt + llama.generate_text(teacher.model, teacher.tokenizer, prompt, 8 if FAST else 24))
+print(prompt + generate_text(teacher.model, teacher.tokenizer, prompt, 8 if FAST else 24))
 
 # %% [markdown]
 # ## 2. Offline domains and the teacher cache
@@ -108,12 +108,12 @@ print(cache.spec)
 student_cfg = dict(window=32, n_sinks=4, chunk_size=16)
 student = D.initial_student(teacher.model, LAYERS, student=student_cfg)
 lr = 3e-4 if REAL else 3e-3  # the real student starts close to its teacher: smaller steps
-stage1 = D.align_layers([student.blocks[i].attention for i in LAYERS], cache, LAYERS,
+stage1 = D.align_layers([student.blocks[i].attn for i in LAYERS], cache, LAYERS,
                         D.StageConfig(steps=12 if FAST else 150, learning_rate=lr, batch_size=4,
                                       log_every=1 if FAST else 5),
                         f"{work}/stage1")
 for i, mixer in zip(LAYERS, stage1.trained, strict=True):
-    student.blocks[i].attention = mixer
+    student.blocks[i].attn = mixer
 
 steps = [r["step"] for r in stage1.metrics]
 losses = np.array([r["loss"] for r in stage1.metrics])
@@ -151,7 +151,7 @@ print(report.to_markdown())
 # %%
 exact = D.initial_student(teacher.model, LAYERS,
                           student=dict(gate="attention", window=SEQ, n_sinks=0, chunk_size=16))
-check = D.align_layers([exact.blocks[i].attention for i in LAYERS], cache, LAYERS,
+check = D.align_layers([exact.blocks[i].attn for i in LAYERS], cache, LAYERS,
                        D.StageConfig(steps=1, progress=False), f"{work}/check")
 print("stage I loss of the exact transfer:", check.metrics[0]["loss"])
 assert max(check.metrics[0]["loss"]) < 1e-8

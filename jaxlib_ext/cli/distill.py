@@ -116,8 +116,8 @@ def _ints(text, flag):
 def _run(args) -> None:
     import numpy as np
 
+    from jaxlib_ext.models import default_teacher_path, generate_text, load_gguf
     from jaxlib_ext.models import distill as D
-    from jaxlib_ext.models.llama import default_teacher_path, generate_text, load_gguf
 
     if args.tiny_teacher:
         teacher = D.tiny_teacher(args.seed)

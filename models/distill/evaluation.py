@@ -1,7 +1,7 @@
 """The task suite of a distilled student against its teacher, and the Win-and-Tie metric.
 
 Every model is a plain callable ``model(tokens int32[B, T]) -> logits [B, T, V]`` (a tuple's
-first element is taken, so a :class:`~jaxlib_ext.models.llama.Llama` is accepted as it is;
+first element is taken, so a :class:`~jaxlib_ext.models.LanguageModel` is accepted as it is;
 :func:`logits_fn` turns an NNX model into a compiled one). Tasks, per held-out domain:
 
 * ``next_token_accuracy``: argmax next-token accuracy on held-out windows (teacher forcing);

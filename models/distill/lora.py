@@ -48,7 +48,7 @@ _MLP_LINEARS = ("gate", "up", "down")
 
 def add_lora_to_mlps(model, rank: int, *, alpha: float | None = None, rngs: nnx.Rngs) -> None:
     """Wraps ``gate``, ``up``, ``down`` of every ``block.mlp`` of ``model`` (a
-    :class:`~jaxlib_ext.models.llama.Llama`) in :class:`LoRALinear`, in place."""
+    Llama :class:`~jaxlib_ext.models.LanguageModel`) in :class:`LoRALinear`, in place."""
     for block in model.blocks:
         for name in _MLP_LINEARS:
             lin = getattr(block.mlp, name)

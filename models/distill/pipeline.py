@@ -37,6 +37,7 @@ from flax import nnx
 
 from jaxlib_ext.core.checkpoint import Checkpointer
 from jaxlib_ext.core.data import ByteTokenizer
+from jaxlib_ext.models._backbone import LanguageModel
 from jaxlib_ext.models.distill.domains import check_domain, domain_corpus, domain_name
 from jaxlib_ext.models.distill.losses import sparse_kd_loss
 from jaxlib_ext.models.distill.merging import MERGE_METHODS, merge_models
@@ -46,7 +47,7 @@ from jaxlib_ext.models.distill.teacher_cache import (
     make_windows,
     tokenizer_fingerprint,
 )
-from jaxlib_ext.models.llama import Llama, LlamaConfig
+from jaxlib_ext.models.lm import LMConfig, lm_config
 
 __all__ = [
     "DistillConfig",
@@ -66,17 +67,17 @@ class Teacher(NamedTuple):
     """A teacher: its model, its tokenizer (``encode``, ``decode``, ``vocab_size``) and config
     (:func:`~jaxlib_ext.models.llama.load_gguf` returns one)."""
 
-    model: Llama
+    model: LanguageModel
     tokenizer: object
-    config: LlamaConfig
+    config: LMConfig
 
 
 def tiny_teacher(seed: int = 0, *, n_layers: int = 2, dim: int = 64) -> Teacher:
     """A small randomly initialised Llama over UTF-8 bytes (:class:`~jaxlib_ext.core.data.
     ByteTokenizer`): a stand-in teacher for tests and quick runs where the real one is absent."""
-    cfg = LlamaConfig(vocab_size=256, dim=dim, n_layers=n_layers, n_heads=4, n_kv_heads=2,
-                      hidden_dim=2 * dim, max_position=1024)
-    model = Llama(cfg, rngs=nnx.Rngs(seed))
+    cfg = lm_config(None, None, "llama-tiny", vocab_size=256, d_model=dim, n_layers=n_layers,
+                    head_dim=dim // 4, mlp_hidden=2 * dim, max_seq_len=1024)
+    model = LanguageModel(cfg, rngs=nnx.Rngs(seed))
     # a random model at dense_init is nearly uniform; larger weights give it sharper
     # (more teacher-like) next-token distributions
     params = nnx.state(model, nnx.Param)
@@ -176,9 +177,9 @@ class DistillResult(NamedTuple):
     student, each stage's metrics rows by domain (``{"stage1": rows, "stage2": rows}``), the
     per-domain teacher caches and the per-domain students after stage I alone (``aligned``)."""
 
-    initial: Llama
+    initial: LanguageModel
     students: dict
-    merged: Llama
+    merged: LanguageModel
     metrics: dict
     caches: dict
     aligned: dict
@@ -191,8 +192,8 @@ class DistillResult(NamedTuple):
 STUDENT_DEFAULTS = {"gate_bias_init": -3.0}
 
 
-def initial_student(teacher: Llama, layers=None, *, student: dict | None = None, seed: int = 0,
-                    student_mixer: Callable | None = None) -> Llama:
+def initial_student(teacher: LanguageModel, layers=None, *, student: dict | None = None,
+                    seed: int = 0, student_mixer: Callable | None = None) -> LanguageModel:
     """The teacher with the attention of blocks ``layers`` (default all) replaced by student
     mixers: ``student_mixer(attention, rngs)`` or the xLSTM hybrid mixer with the settings
     :data:`STUDENT_DEFAULTS` updated by ``student``; everything else copied."""
@@ -208,7 +209,7 @@ def initial_student(teacher: Llama, layers=None, *, student: dict | None = None,
 
     model = nnx.clone(teacher)
     for i in layers:
-        model.blocks[i].attention = student_mixer(teacher.blocks[i].attention, rngs)
+        model.blocks[i].attn = student_mixer(teacher.blocks[i].attn, rngs)
     return model
 
 
@@ -227,8 +228,7 @@ def _kd_and_nll(s_graph, t_graph, s_state, t_state, top_k, tokens):
 
     s, t = nnx.merge(s_graph, s_state), nnx.merge(t_graph, t_state)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    ls, _ = s(inputs)
-    lt, _ = t(inputs)
+    ls, lt = s(inputs), t(inputs)
     lp, ids = top_k_log_probs(lt, top_k)
 
     def nll(logits):  # per sequence
@@ -238,8 +238,8 @@ def _kd_and_nll(s_graph, t_graph, s_state, t_state, top_k, tokens):
     return jnp.stack([jax.vmap(sparse_kd_loss)(ls, lp, ids), nll(ls), nll(lt)], axis=-1)
 
 
-def kd_and_perplexity(student: Llama, teacher: Llama, windows: np.ndarray, *, top_k: int,
-                      batch_size: int = 4) -> dict:
+def kd_and_perplexity(student: LanguageModel, teacher: LanguageModel, windows: np.ndarray, *,
+                      top_k: int, batch_size: int = 4) -> dict:
     """On ``windows int32[N, T + 1]``: the student's sparse KD against the teacher (top
     ``top_k``), and both models' perplexities of the next tokens. Compiled once per pair of
     architectures, so students of one architecture share the compilation."""
@@ -260,7 +260,7 @@ def kd_and_perplexity(student: Llama, teacher: Llama, windows: np.ndarray, *, to
             "teacher_ppl": float(np.exp(t_nll))}
 
 
-def _save_merged(directory: pathlib.Path, model: Llama, record: dict) -> None:
+def _save_merged(directory: pathlib.Path, model: LanguageModel, record: dict) -> None:
     shutil.rmtree(directory, ignore_errors=True)  # stage III is redone on every run
     with Checkpointer(directory, max_to_keep=1, async_save=False) as ckpt:
         ckpt.save(0, nnx.state(model, nnx.Param), record)
@@ -307,12 +307,12 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
                                     top_k=config.top_k, layers=layers, dtype=config.cache_dtype,
                                     progress=progress, desc=f"{name}: teacher cache")
         caches[name] = cache
-        stage1 = align_layers([init.blocks[i].attention for i in layers], cache, layers, s1,
+        stage1 = align_layers([init.blocks[i].attn for i in layers], cache, layers, s1,
                               out / name / "stage1", shard_layers=config.shard_layers,
                               desc=f"{name}: stage I")
         aligned = nnx.clone(init)
         for i, mixer in zip(layers, stage1.trained, strict=True):
-            aligned.blocks[i].attention = mixer
+            aligned.blocks[i].attn = mixer
         aligned_students[name] = aligned
         stage2 = distill_end_to_end(aligned, cache, s2, out / name / "stage2",
                                     lora_rank=config.lora_rank, desc=f"{name}: stage II")

@@ -9,7 +9,7 @@
 * :func:`distill_end_to_end` (stage II, sparse knowledge distillation): the whole student
   produces next-token logits and is trained on
   :func:`~jaxlib_ext.models.distill.losses.sparse_kd_loss` against the teacher's cached top-k.
-  The trained parameters are the token mixers' (``blocks[i].attention``), plus low-rank
+  The trained parameters are the token mixers' (``blocks[i].attn``), plus low-rank
   adapters on the MLPs when ``lora_rank > 0`` (folded into the weights at the end).
 
 Both stages run on the library's loop engine (:func:`jaxlib_ext.core.loop.run_loop`): Orbax
@@ -182,12 +182,10 @@ def _batch_indices(seed: int, step: int, n: int, batch_size: int) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 4))
 def _align_step(graphdef, tx, params, rest, opt_state, x, y):
-    positions = jnp.broadcast_to(jnp.arange(x.shape[2], dtype=jnp.int32), x.shape[1:3])
-
     def one(p, r, o, xi, yi):
         def loss_fn(p):
             mixer = nnx.merge(graphdef, p, r)
-            return alignment_loss(mixer(xi, positions)[0], yi)
+            return alignment_loss(mixer(xi)[0], yi)
 
         loss, grads = jax.value_and_grad(loss_fn)(p)
         updates, o = tx.update(grads, o, p)
@@ -300,7 +298,7 @@ def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequ
 
 
 def _trainable(model_has_lora: bool):
-    mixers = nnx.All(nnx.Param, nnx.PathContains("attention"))
+    mixers = nnx.All(nnx.Param, nnx.PathContains("attn"))
     return nnx.Any(mixers, LoRAParam) if model_has_lora else mixers
 
 
@@ -308,7 +306,7 @@ def _trainable(model_has_lora: bool):
 def _kd_step(graphdef, tx, params, frozen, opt_state, tokens, log_probs, ids):
     def loss_fn(p):
         model = nnx.merge(graphdef, p, frozen)
-        logits, _ = model(tokens)
+        logits = model(tokens)
         return sparse_kd_loss(logits, log_probs, ids)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -321,7 +319,7 @@ def distill_end_to_end(student, cache: TeacherCache, config: StageConfig,
                        lora_alpha: float | None = None, desc: str = "stage II",
                        schedule_steps: int | None = None) -> StageResult:
     r"""Stage II: sparse top-k KD of a copy of ``student`` (a
-    :class:`~jaxlib_ext.models.llama.Llama` whose mixers may be students) on the cached
+    :class:`~jaxlib_ext.models.LanguageModel` whose mixers may be students) on the cached
     teacher distributions; returns the trained copy (LoRA folded in).
 
     The loss per position is the KL divergence of the student from the teacher on the

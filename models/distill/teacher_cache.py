@@ -10,7 +10,7 @@ T + 1]`` and writes, in one folder, ``.npy`` arrays read back as memory maps:
 * ``top_log_probs.npy`` ``float32[N, T, k]`` and ``top_ids.npy`` ``int32[N, T, k]``
   (:func:`~jaxlib_ext.models.distill.losses.top_k_log_probs` of the teacher's logits);
 * ``layer_XXX_in.npy`` and ``layer_XXX_out.npy`` ``[N, T, dim]`` in ``dtype`` for each chosen
-  layer (:meth:`~jaxlib_ext.models.llama.Llama.mixer_io`);
+  layer (:meth:`~jaxlib_ext.models.LanguageModel.mixer_io`);
 * ``meta.json``, written last: the settings (:class:`CacheSpec`) and ``complete: true``.
 
 A folder without a complete ``meta.json`` (an interrupted build) is rebuilt; a complete one is
@@ -149,7 +149,7 @@ def _teacher_outputs(graphdef, state, tokens, layers, top_k):
 def build_teacher_cache(model, tokenizer, windows: np.ndarray, directory: str | pathlib.Path, *,
                         top_k: int, layers=None, dtype: str = "float32", batch_size: int = 4,
                         progress: bool = True, desc: str = "teacher cache") -> TeacherCache:
-    """Runs the teacher ``model`` (a :class:`~jaxlib_ext.models.llama.Llama`) over ``windows
+    """Runs the teacher ``model`` (a Llama :class:`~jaxlib_ext.models.LanguageModel`) over ``windows
     int32[N, T + 1]`` and writes the cache folder ``directory`` (module docstring), or reuses
     it when complete with the same settings. ``layers``: the attention layers whose inputs and
     outputs are kept (default all); ``dtype``: their storage type, ``"float32"`` or
@@ -172,7 +172,7 @@ def build_teacher_cache(model, tokenizer, windows: np.ndarray, directory: str | 
         raise ValueError(f"layers: expected indices in [0, {cfg.n_layers}), got {list(layers)}")
     n, width = windows.shape
     spec = CacheSpec(
-        n_sequences=n, seq_len=width - 1, top_k=int(top_k), layers=layers, dim=cfg.dim,
+        n_sequences=n, seq_len=width - 1, top_k=int(top_k), layers=layers, dim=cfg.d_model,
         vocab_size=cfg.vocab_size, dtype=dtype, teacher=model_fingerprint(model),
         tokenizer=tokenizer_fingerprint(tokenizer),
         windows=hashlib.sha256(windows.astype(np.int32).tobytes()).hexdigest()[:16],
@@ -201,8 +201,8 @@ def build_teacher_cache(model, tokenizer, windows: np.ndarray, directory: str | 
     tokens_out[:] = windows
     lp_out = open_("top_log_probs", (n, t, spec.top_k), np.float32)
     id_out = open_("top_ids", (n, t, spec.top_k), np.int32)
-    io_out = [(open_(f"layer_{i:03d}_in", (n, t, cfg.dim), dtype),
-               open_(f"layer_{i:03d}_out", (n, t, cfg.dim), dtype)) for i in layers]
+    io_out = [(open_(f"layer_{i:03d}_in", (n, t, cfg.d_model), dtype),
+               open_(f"layer_{i:03d}_out", (n, t, cfg.d_model), dtype)) for i in layers]
     graphdef, state = nnx.split(model)
     starts = range(0, n, batch_size)
     if progress:

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from jaxlib_ext.core.data import ByteTokenizer, embedded_text
+from jaxlib_ext.models import LanguageModel, lm_config
 from jaxlib_ext.models.distill.evaluation import (
     SuiteConfig,
     TaskScore,
@@ -28,7 +29,6 @@ from jaxlib_ext.models.distill.evaluation import (
     tolerance_gaps,
     win_and_tie_rate,
 )
-from jaxlib_ext.models.llama import Llama, LlamaConfig
 from jaxlib_ext.models.xlstm import XLSTMConfig, student_from_teacher
 
 TEACHER = np.array([0.50, 0.70, 0.30, 0.90, 0.62])
@@ -127,10 +127,10 @@ def test_next_token_metrics_of_an_oracle_and_of_uniform_logits():
 
 
 def test_next_token_metrics_match_a_direct_computation_on_a_llama():
-    model = Llama(LlamaConfig(vocab_size=61), rngs=nnx.Rngs(0))
+    model = LanguageModel(lm_config(None, None, "llama-tiny", vocab_size=61), rngs=nnx.Rngs(0))
     windows = np.random.default_rng(1).integers(0, 61, size=(3, 12)).astype(np.int32)
     m = next_token_metrics(logits_fn(model), windows, batch_size=2)
-    logits, _ = model(jnp.asarray(windows))
+    logits = model(jnp.asarray(windows))
     logp = np.asarray(jax.nn.log_softmax(logits[:, :-1]), np.float64)
     nll = -np.take_along_axis(logp, windows[:, 1:, None], axis=-1).mean()
     assert m["nll"] == pytest.approx(nll, rel=1e-5)
@@ -179,9 +179,9 @@ def test_greedy_continuations_and_agreement():
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    cfg = LlamaConfig(vocab_size=256, dim=48, n_layers=2, n_heads=4, n_kv_heads=2,
-                      hidden_dim=96, max_position=512)
-    teacher = Llama(cfg, rngs=nnx.Rngs(0))
+    cfg = lm_config(None, None, "llama-tiny", d_model=48, head_dim=12, mlp_hidden=96,
+                    max_seq_len=512)
+    teacher = LanguageModel(cfg, rngs=nnx.Rngs(0))
     student = student_from_teacher(teacher, XLSTMConfig(window=16, chunk_size=16),
                                    rngs=nnx.Rngs(1))
     return teacher, student

@@ -116,20 +116,20 @@ def test_train_forward_updates_the_router_bias_and_eval_does_not():
 
 
 @pytest.mark.slow
-def test_mdn_with_latent_moe_decodes_as_one_forward():
-    cfg = _small("mdn", "latent_moe", n_layers=2, decode_recurrent_max_len=4, chunk_size=16)
+@pytest.mark.parametrize("mixer", ["mdn", "attention"])
+def test_latent_moe_models_decode_as_one_forward(mixer):
+    extra = dict(decode_recurrent_max_len=4, chunk_size=16) if mixer == "mdn" else {}
+    cfg = _small(mixer, "latent_moe", n_layers=2, **extra)
     model = build_lm(cfg, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, 61)
     full = model(tokens)
-    cache = model.init_cache(2)
+    cache = model.init_cache(2, 12)
     outs = []
     for i in range(0, 12, 3):
         logits, cache = model.decode_step(tokens[:, i : i + 3], cache)
         outs.append(logits)
     got = jnp.concatenate(outs, 1)
     assert float(jnp.linalg.norm(got - full) / jnp.linalg.norm(full)) < 1e-5
-    with pytest.raises(ValueError, match="no decode cache"):
-        build_lm(_small("attention", "moe"), rngs=nnx.Rngs(0)).init_cache(1)
 
 
 def test_presets_and_configs():

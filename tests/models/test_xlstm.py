@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from jaxlib_ext.core.memory import tree_bytes
-from jaxlib_ext.models.llama import Llama, LlamaAttention, LlamaConfig
+from jaxlib_ext.models import Attention, LanguageModel, lm_config
 from jaxlib_ext.models.xlstm import (
     XLSTMCache,
     XLSTMConfig,
@@ -20,8 +20,13 @@ from jaxlib_ext.models.xlstm import (
     student_from_teacher,
 )
 
-CFG = LlamaConfig(vocab_size=97, dim=48, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=12,
-                  hidden_dim=64, max_position=256)
+CFG = lm_config(None, None, "llama-tiny", vocab_size=97, d_model=48, n_heads=4, n_kv_heads=2,
+                head_dim=12, mlp_hidden=64, max_seq_len=256)
+
+
+def teacher_attention(cfg=CFG, seed=0):
+    """One teacher attention layer of ``cfg``'s geometry."""
+    return Attention(cfg.mixer, d_model=cfg.d_model, n_layers=cfg.n_layers, rngs=nnx.Rngs(seed))
 
 
 def rel(out, ref) -> float:
@@ -29,10 +34,8 @@ def rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def inputs(seed, b=2, t=23, dim=CFG.dim):
-    x = jax.random.normal(jax.random.key(seed), (b, t, dim), jnp.float32)
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    return x, positions
+def inputs(seed, b=2, t=23, dim=CFG.d_model):
+    return jax.random.normal(jax.random.key(seed), (b, t, dim), jnp.float32)
 
 
 def perturbed(module, seed, scale=0.3):
@@ -49,17 +52,20 @@ def perturbed(module, seed, scale=0.3):
 
 @pytest.mark.parametrize("convention", ["half", "interleaved"])
 def test_attention_gate_with_full_window_is_the_teacher_layer_exactly(convention):
-    cfg = LlamaConfig(**{**CFG.to_dict(), "rope_convention": convention})
-    teacher = LlamaAttention(cfg, rngs=nnx.Rngs(0))
+    teacher = teacher_attention(CFG.replace(rope_convention=convention))
     student = from_teacher(teacher, XLSTMConfig(gate="attention", window=64), nnx.Rngs(1))
-    x, positions = inputs(2)
-    positions = positions + 5  # RoPE angles off the token indices
-    y_t, _ = teacher(x, positions)
-    y_s, cache = student(x, positions)
+    x = inputs(2)
+    y_t, _ = teacher(x)
+    y_s, cache = student(x)
     assert cache is None
     np.testing.assert_array_equal(y_s, y_t)
+    # after 5 cached tokens: RoPE angles off the new tokens' indices
+    _, c_t = teacher(x[:, :5], teacher.init_cache(2, 64))
+    _, c_s = student(x[:, :5], student.init_cache(2))
+    np.testing.assert_allclose(student(x[:, 5:], c_s)[0], teacher(x[:, 5:], c_t)[0],
+                               rtol=1e-5, atol=1e-6)
     # the copies are the teacher's values, not shared references
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    for name in ("qkv", "out"):
         np.testing.assert_array_equal(getattr(student, name).kernel[...],
                                       getattr(teacher, name).kernel[...])
         assert getattr(student, name) is not getattr(teacher, name)
@@ -69,43 +75,42 @@ def test_stage_one_loss_is_zero_for_a_student_fixed_to_attention():
     """Layer-wise alignment targets of the teacher (arXiv 2603.15590, stage I): every student
     mixer reproduces its teacher layer on the teacher's inputs, and the student LM the teacher's
     logits."""
-    teacher = Llama(CFG, rngs=nnx.Rngs(3))
-    config = XLSTMConfig(gate="attention", window=CFG.max_position)
+    teacher = LanguageModel(CFG, rngs=nnx.Rngs(3))
+    config = XLSTMConfig(gate="attention", window=CFG.max_seq_len)
     student = student_from_teacher(teacher, config, rngs=nnx.Rngs(4))
     tokens = jax.random.randint(jax.random.key(5), (2, 31), 0, CFG.vocab_size)
-    positions = jnp.broadcast_to(jnp.arange(31, dtype=jnp.int32), tokens.shape)
     for block, (x_in, y_out) in zip(student.blocks, teacher.mixer_io(tokens), strict=True):
-        y, _ = block.attention(x_in, positions)
+        y, _ = block.attn(x_in)
         assert float(jnp.mean((y - y_out) ** 2)) == 0.0
-    np.testing.assert_array_equal(student(tokens)[0], teacher(tokens)[0])
+    np.testing.assert_array_equal(student(tokens), teacher(tokens))
 
 
 def test_hybrid_gate_mixes_the_mlstm_in():
-    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
-    x, positions = inputs(6)
-    y_t, _ = teacher(x, positions)
+    teacher = teacher_attention()
+    x = inputs(6)
+    y_t, _ = teacher(x)
     for gate in ("head", "channel", "static"):
         student = from_teacher(teacher, XLSTMConfig(gate=gate, window=64), nnx.Rngs(1))
-        y, _ = student(x, positions)
+        y, _ = student(x)
         assert y.shape == y_t.shape and np.all(np.isfinite(y))
         assert 1e-3 < rel(y, y_t) < 10.0, gate
     pure = from_teacher(teacher, XLSTMConfig(mode="mlstm"), nnx.Rngs(1))
     assert not hasattr(pure, "g_proj") and not hasattr(pure, "g_bias")
-    y, _ = pure(x, positions)
+    y, _ = pure(x)
     assert np.all(np.isfinite(y)) and rel(y, y_t) > 1e-3
 
 
 def test_student_from_teacher_replaces_chosen_layers_and_leaves_the_teacher_alone():
-    teacher = Llama(CFG, rngs=nnx.Rngs(7))
+    teacher = LanguageModel(CFG, rngs=nnx.Rngs(7))
     before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
     student = student_from_teacher(teacher, XLSTMConfig(), rngs=nnx.Rngs(8), layers=[1])
-    assert isinstance(student.blocks[0].attention, LlamaAttention)
-    assert isinstance(student.blocks[1].attention, XLSTMMixer)
-    assert all(isinstance(b.attention, LlamaAttention) for b in teacher.blocks)
+    assert isinstance(student.blocks[0].attn, Attention)
+    assert isinstance(student.blocks[1].attn, XLSTMMixer)
+    assert all(isinstance(b.attn, Attention) for b in teacher.blocks)
     after = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
     jax.tree.map(np.testing.assert_array_equal, before, after)
     tokens = jnp.arange(20, dtype=jnp.int32)[None] % CFG.vocab_size
-    assert np.all(np.isfinite(student(tokens)[0]))
+    assert np.all(np.isfinite(student(tokens)))
 
 
 # --------------------------------------------------------------------------- window and sinks
@@ -126,11 +131,11 @@ def test_sliding_window_mask_matches_its_definition():
 def test_attention_branch_reads_only_sinks_and_window():
     """Changing tokens outside query ``t``'s sinks and window leaves ``y_t`` unchanged; changing
     one inside changes it."""
-    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    teacher = teacher_attention()
     student = from_teacher(teacher, XLSTMConfig(gate="attention", window=4, n_sinks=2),
                            nnx.Rngs(1))
-    x, positions = inputs(9, b=1, t=16)
-    forward = jax.jit(lambda x: student(x, positions)[0])
+    x = inputs(9, b=1, t=16)
+    forward = jax.jit(lambda x: student(x)[0])
     y = forward(x)
     t = 12  # reads tokens 0, 1 (sinks) and 9..12 (window)
     y_out = forward(x.at[:, 4:9].add(1.0))
@@ -143,12 +148,12 @@ def test_attention_branch_reads_only_sinks_and_window():
 # --------------------------------------------------------------------------- decoding
 
 
-def _decode_in_pieces(mixer, x, positions, pieces):
+def _decode_in_pieces(mixer, x, pieces):
     cache = mixer.init_cache(x.shape[0], 1024)
-    step = jax.jit(lambda x, p, c: mixer(x, p, c))
+    step = jax.jit(lambda x, c: mixer(x, c))
     outs, start = [], 0
     for n in pieces:
-        y, cache = step(x[:, start : start + n], positions[:, start : start + n], cache)
+        y, cache = step(x[:, start : start + n], cache)
         outs.append(y)
         start += n
     assert start == x.shape[1]
@@ -165,30 +170,30 @@ def _decode_in_pieces(mixer, x, positions, pieces):
     ids=["hybrid", "hybrid-no-sinks", "mlstm"],
 )
 def test_decode_piece_by_piece_equals_full_forward(config):
-    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    teacher = teacher_attention()
     student = perturbed(from_teacher(teacher, config, nnx.Rngs(1)), 2)
-    x, positions = inputs(10, t=29)
-    y_full, _ = student(x, positions)
-    y_steps, cache = _decode_in_pieces(student, x, positions, [1] * 29)
-    assert rel(y_steps, y_full) < 1e-4  # float32, two evaluation orders
+    x = inputs(10, t=29)
+    y_full, _ = student(x)
+    y_steps, cache = _decode_in_pieces(student, x, [1] * 29)
+    assert rel(y_steps, y_full) < 5e-4  # float32, two evaluation orders, weights perturbed
     # prefill pieces longer than the window, then single steps
-    y_mixed, cache2 = _decode_in_pieces(student, x, positions, [7, 1, 1, 12, 1, 7])
-    assert rel(y_mixed, y_full) < 1e-4
+    y_mixed, cache2 = _decode_in_pieces(student, x, [7, 1, 1, 12, 1, 7])
+    assert rel(y_mixed, y_full) < 5e-4
     assert int(cache.length) == int(cache2.length) == 29
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
                  cache.mlstm, cache2.mlstm)
 
 
 def test_student_llama_decodes_like_its_full_forward():
-    teacher = Llama(CFG, rngs=nnx.Rngs(11))
+    teacher = LanguageModel(CFG, rngs=nnx.Rngs(11))
     student = student_from_teacher(teacher, XLSTMConfig(window=6, n_sinks=1, chunk_size=16),
                                    rngs=nnx.Rngs(12), layers=[0])
     student = perturbed(student, 13, scale=0.05)
     tokens = jax.random.randint(jax.random.key(14), (2, 21), 0, CFG.vocab_size)
-    full, _ = jax.jit(lambda t: student(t))(tokens)
+    full = jax.jit(lambda t: student(t))(tokens)
     cache = student.init_cache(2, 32)
     assert isinstance(cache.layers[0], XLSTMCache)
-    step = jax.jit(lambda t, c: student(t, cache=c))
+    step = jax.jit(lambda t, c: student.decode_step(t, c))
     logits, cache = step(tokens[:, :9], cache)
     steps = [logits]
     for t in range(9, 21):
@@ -199,16 +204,16 @@ def test_student_llama_decodes_like_its_full_forward():
 
 @pytest.mark.parametrize("mode", ["hybrid", "mlstm"])
 def test_cache_size_is_constant_in_sequence_length(mode):
-    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    teacher = teacher_attention()
     student = from_teacher(teacher, XLSTMConfig(mode=mode, window=4, n_sinks=2), nnx.Rngs(1))
     empty = student.init_cache(2, 16)
     assert tree_bytes(student.init_cache(2, 4096)) == tree_bytes(empty)
     shapes = jax.tree.map(lambda a: a.shape, empty)
-    x, positions = inputs(15, t=40)
-    step = jax.jit(lambda x, p, c: student(x, p, c), donate_argnums=(2,))  # updated in place
+    x = inputs(15, t=40)
+    step = jax.jit(lambda x, c: student(x, c), donate_argnums=(1,))  # updated in place
     cache = student.init_cache(2)
     for t in range(40):
-        _, cache = step(x[:, t : t + 1], positions[:, t : t + 1], cache)
+        _, cache = step(x[:, t : t + 1], cache)
         assert jax.tree.map(lambda a: a.shape, cache) == shapes
     assert tree_bytes(cache) == tree_bytes(empty)
     # the teacher's cache grows with the length it is made for
@@ -219,18 +224,18 @@ def test_cache_size_is_constant_in_sequence_length(mode):
 
 
 def test_gradients_reach_the_new_parameters():
-    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    teacher = teacher_attention()
     student = from_teacher(teacher, XLSTMConfig(window=8, chunk_size=16), nnx.Rngs(1))
-    x, positions = inputs(16, t=20)
-    target, _ = teacher(x, positions)
+    x = inputs(16, t=20)
+    target, _ = teacher(x)
     graphdef, params = nnx.split(student, nnx.Param)
 
     def loss(params):
-        y, _ = nnx.merge(graphdef, params)(x, positions)
+        y, _ = nnx.merge(graphdef, params)(x)
         return jnp.mean((y - target) ** 2)
 
     grads = jax.jit(jax.grad(loss))(params)
-    for name in ("i_proj", "f_proj", "g_proj", "q_proj", "o_proj"):
+    for name in ("i_proj", "f_proj", "g_proj", "qkv", "out"):
         g = jax.tree.leaves(grads[name])
         assert all(np.all(np.isfinite(a)) for a in g), name
         assert max(float(jnp.max(jnp.abs(a))) for a in g) > 0, name
@@ -259,24 +264,20 @@ def test_bad_config_raises(kwargs, match):
 
 
 def test_bad_calls_raise():
-    teacher = LlamaAttention(CFG, rngs=nnx.Rngs(0))
+    teacher = teacher_attention()
     student = from_teacher(teacher, XLSTMConfig(window=4), nnx.Rngs(1))
-    x, positions = inputs(17, t=6)
+    x = inputs(17, t=6)
     with pytest.raises(ValueError, match="x must be"):
-        student(x[..., :5], positions)
+        student(x[..., :5])
     with pytest.raises(ValueError, match="x must have a floating"):
-        student(x.astype(jnp.int32), positions)
-    with pytest.raises(ValueError, match="positions must be"):
-        student(x, positions[:, :3])
-    with pytest.raises(ValueError, match="positions must be integer"):
-        student(x, positions.astype(jnp.float32))
+        student(x.astype(jnp.int32))
     with pytest.raises(ValueError, match="cache must be an XLSTMCache"):
-        student(x, positions, teacher.init_cache(2, 8))
+        student(x, teacher.init_cache(2, 8))
     with pytest.raises(ValueError, match="cache batch"):
-        student(x, positions, student.init_cache(3))
+        student(x, student.init_cache(3))
     other = from_teacher(teacher, XLSTMConfig(window=5), nnx.Rngs(1))
     with pytest.raises(ValueError, match="another window"):
-        student(x, positions, other.init_cache(2))
+        student(x, other.init_cache(2))
     with pytest.raises(ValueError, match="batch_size"):
         student.init_cache(0)
     with pytest.raises(ValueError, match="attention"):
@@ -284,9 +285,11 @@ def test_bad_calls_raise():
     with pytest.raises(ValueError, match="rngs"):
         from_teacher(teacher, XLSTMConfig())
     with pytest.raises(TypeError, match="config"):
-        XLSTMMixer(CFG, {"window": 4}, rngs=nnx.Rngs(0))
+        XLSTMMixer(CFG.mixer, CFG.d_model, {"window": 4}, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="AttentionConfig"):
+        XLSTMMixer(CFG, CFG.d_model, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="layers"):
-        student_from_teacher(Llama(CFG, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1), layers=[2])
+        student_from_teacher(LanguageModel(CFG, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1), layers=[2])
 
 
 # --------------------------------------------------------------------------- the real teacher
@@ -316,20 +319,19 @@ def test_students_of_smollm2(smollm2):
     t = ids.shape[1]
     exact = student_from_teacher(model, XLSTMConfig(gate="attention", window=t),
                                  rngs=nnx.Rngs(0))
-    want = jax.jit(lambda x: model(x)[0])(ids)
-    np.testing.assert_array_equal(jax.jit(lambda x: exact(x)[0])(ids), want)
+    want = jax.jit(lambda x: model(x))(ids)
+    np.testing.assert_array_equal(jax.jit(lambda x: exact(x))(ids), want)
 
     config = XLSTMConfig(window=8, n_sinks=2, chunk_size=16)
-    positions = jnp.arange(t, dtype=jnp.int32)[None]
     for layer, (x, _) in enumerate(model.mixer_io(ids)):
-        mixer = from_teacher(model.blocks[layer].attention, config, nnx.Rngs(layer))
-        y_full, _ = mixer(x, positions)
-        y_dec, _ = _decode_in_pieces(mixer, x, positions, [5] + [1] * (t - 5))
+        mixer = from_teacher(model.blocks[layer].attn, config, nnx.Rngs(layer))
+        y_full, _ = mixer(x)
+        y_dec, _ = _decode_in_pieces(mixer, x, [5] + [1] * (t - 5))
         assert rel(y_dec, y_full) < 1e-4, layer
 
     hybrid = student_from_teacher(model, config, rngs=nnx.Rngs(1), layers=[0, 14, 29])
-    full = jax.jit(lambda x: hybrid(x)[0])(ids)
-    step = jax.jit(lambda x, c: hybrid(x, cache=c))
+    full = jax.jit(lambda x: hybrid(x))(ids)
+    step = jax.jit(lambda x, c: hybrid.decode_step(x, c))
     logits, cache = step(ids[:, :5], hybrid.init_cache(1, t))
     pieces = [logits]
     for i in range(5, t):
