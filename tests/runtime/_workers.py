@@ -20,9 +20,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The ``JAX_*`` variables a worker keeps: the test run's persistent compilation cache, so that
+#: a killed run and its resume (the same programs) compile once.
+KEPT = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+
+
 def worker_env(devices: int) -> dict:
-    """This environment without its ``JAX_*`` variables, on ``devices`` simulated CPU devices."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    """This environment without its other ``JAX_*`` variables (:data:`KEPT`), on ``devices``
+    simulated CPU devices."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k in KEPT}
     env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), PYTHONUNBUFFERED="1")
     return env
 

@@ -13,7 +13,8 @@ from tests.runtime._workers import launch, logs, params
 pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("runtime_moe_multiprocess")]
 
 FLAGS = [
-    "--mixer", "mdn", "--ffn", "latent_moe", "--optimizer", "foam", "--mesh", "expert=4",
+    "--mixer", "mdn", "--ffn", "latent_moe", "--arch", "n_layers=1", "--optimizer", "foam",
+    "--mesh", "expert=4",
     "--steps", "3", "--batch-size", "8", "--seq-len", "32", "--lr", "3e-3", "--log-every", "1",
     "--eval-every", "3", "--eval-batches", "1", "--checkpoint-every", "3", "--no-progress",
 ]

@@ -17,7 +17,8 @@ from tests.runtime._workers import launch, logs, params
 pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("runtime_multiprocess")]
 
 COMMON = [
-    "--model", "transformer", "--preset", "tiny", "--steps", "8", "--batch-size", "8",
+    "--model", "transformer", "--preset", "tiny", "--arch", "n_layers=1", "--steps", "8",
+    "--batch-size", "8",
     "--seq-len", "32", "--lr", "3e-3", "--mesh", "data=2,fsdp=2", "--log-every", "1",
     "--eval-every", "4", "--eval-batches", "1", "--checkpoint-every", "4", "--no-progress",
 ]
@@ -79,13 +80,15 @@ def test_two_processes_match_one_process_of_four_devices(runs):
 
 def test_two_process_checkpoint_restores_in_one_process(runs):
     import jax
+    from flax import nnx
 
-    from jaxlib_ext.cli.train import build_model
     from jaxlib_ext.core.checkpoint import Checkpointer
     from jaxlib_ext.core.train import init_state
+    from jaxlib_ext.models.lm import build_lm, compose
     from jaxlib_ext.optim import build_optimizer
 
-    model = build_model("transformer", "tiny", vocab_size=256, seed=0)
+    cfg = compose(model="transformer", preset="tiny", vocab_size=256, overrides={"n_layers": 1})
+    model = build_lm(cfg, rngs=nnx.Rngs(0))
     tx = build_optimizer("adamw", 3e-3, steps=8)
     _, _, state = init_state(model, tx, seed=0)
     rep = jax.sharding.NamedSharding(jax.make_mesh((1,), ("x",)), jax.P())

@@ -210,7 +210,7 @@ def test_opt_values_take_the_type_of_the_recipe_default():
 def test_every_registered_model_and_optimizer_trains(tmp_path, model, optimizer, opts):
     code = cli.main([
         "train", "--model", model, "--optimizer", optimizer, *opts, "--steps", "2",
-        "--batch-size", "8",
+        "--batch-size", "8", "--arch", "n_layers=1",
         "--seq-len", "16", "--eval-every", "2", "--eval-batches", "1", "--checkpoint-every", "2",
         "--out-dir", str(tmp_path), "--no-progress", "--mesh", "data=2,fsdp=4",
     ])
@@ -250,7 +250,7 @@ def test_mdn_pallas_kernels_train_on_a_data_tensor_mesh_as_on_one_device(corpus)
 
     def losses(mesh, steps=2, batch_size=4, seq_len=32):
         model = build_mdn(
-            "tiny", vocab_size=256, rngs=nnx.Rngs(0), method="pallas", chunk_size=16
+            "tiny", vocab_size=256, rngs=nnx.Rngs(0), method="pallas", chunk_size=16, n_layers=1
         )
         tx = optax.adamw(1e-3)
         graphdef, rest, state = train.init_state(model, tx, seed=0)
