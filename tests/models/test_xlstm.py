@@ -164,7 +164,8 @@ def _decode_in_pieces(mixer, x, pieces):
     "config",
     [
         XLSTMConfig(window=5, n_sinks=2, gate="head", chunk_size=16),
-        XLSTMConfig(window=3, n_sinks=0, gate="channel", chunk_size=16),
+        pytest.param(XLSTMConfig(window=3, n_sinks=0, gate="channel", chunk_size=16),
+                     marks=pytest.mark.slow),  # the hybrid case without sinks, another gate
         XLSTMConfig(mode="mlstm", chunk_size=16),
     ],
     ids=["hybrid", "hybrid-no-sinks", "mlstm"],
