@@ -51,8 +51,19 @@ from jaxlib_ext.samplers.energy import train as energy_train
 from jaxlib_ext.samplers.inverse.quality import psnr
 
 FAST = os.environ.get("FAST") == "1"
-STEPS = 30 if FAST else 3000
+STEPS = 15 if FAST else 3000
 N_IMG, NFE = (2, 6) if FAST else (6, 60)
+
+
+def compiled(sampler, *static):
+    """FAST mode compiles each sampler call as one program (its runs are so short that
+    dispatching the last level op by op would dominate them); the full run calls it as is."""
+    return jax.jit(sampler, static_argnums=0, static_argnames=static) if FAST else sampler
+
+
+pc_sample = compiled(pc.sample, "num_levels", "sigma_end", "corrector_steps", "snr",
+                     "temperature", "metropolis")
+adaptive_sample = compiled(adaptive.sample, "num_steps", "sigma_end", "eta")
 print("FAST mode" if FAST else "full mode", "| jax", jax.__version__)
 
 # %% [markdown]
@@ -66,6 +77,7 @@ print("FAST mode" if FAST else "full mode", "| jax", jax.__version__)
 digits = images.load_digits8()
 train_x, test_x = digits.images[:1500], digits.images[1500:]
 kwargs = {"channels": 1, "base_channels": 8 if FAST else 16,
+          "channel_mults": (1,) if FAST else (1, 2),  # FAST: one resolution level
           "data_mean": float(train_x.mean()), "data_var": float(train_x.var())}
 model = energy_train.build_model("unet", kwargs)
 res = energy_train.train(model, train_x, steps=STEPS, batch_size=32, learning_rate=1e-3,
@@ -97,10 +109,10 @@ for name, op in ops.items():
     prob = en.from_operator(y, op, 0.02)
     recon[name] = {
         "measurement": y,
-        "PC": pc.sample(u, prob, key, num_levels=NFE // 2, snr=0.15).denoised,
-        "PC-MALA": pc.sample(u, prob, key, num_levels=NFE // 2, snr=0.15,
+        "PC": pc_sample(u, prob, key, num_levels=NFE // 2, snr=0.15).denoised,
+        "PC-MALA": pc_sample(u, prob, key, num_levels=NFE // 2, snr=0.15,
                              metropolis=True).denoised,
-        "adaptive": adaptive.sample(u, prob, key, num_steps=NFE).denoised,
+        "adaptive": adaptive_sample(u, prob, key, num_steps=NFE).denoised,
         "DPS": dps.sample(u, op.apply, y, key, image_shape=shape, num_steps=NFE,
                           zeta=0.3).denoised,
     }
@@ -160,7 +172,7 @@ print("estimate: box", sizes[int(br.operator_index[0])], "noise",
 # %%
 op = ops["box 4x4"]
 prob = en.from_operator(recon["box 4x4"]["measurement"], op, 0.02)
-ar = adaptive.sample(u, prob, jax.random.key(2), num_steps=NFE)
+ar = adaptive_sample(u, prob, jax.random.key(2), num_steps=NFE)
 fig, axes = plt.subplots(1, 2, figsize=(9, 3))
 axes[0].semilogy(np.asarray(ar.info.sigma))
 axes[0].set(xlabel="step", ylabel="sigma_k", title="adaptive noise level per chain")
@@ -189,7 +201,7 @@ post = jnp.linalg.inv(jnp.linalg.inv(c) + am.T @ am / 0.01)
 m = post @ (jnp.linalg.solve(c, mu.reshape(-1)) + am.T @ y.reshape(-1) / 0.01)
 chains = 256 if FAST else 1024
 levels = 20 if FAST else 40
-r = pc.sample(u_star, pc.repeat(en.from_operator(y, op, 0.1), chains), jax.random.key(6),
+r = pc_sample(u_star, pc.repeat(en.from_operator(y, op, 0.1), chains), jax.random.key(6),
               num_levels=levels, corrector_steps=2, snr=0.3, metropolis=True)
 err = jnp.abs(r.last.reshape(chains, -1).mean(0) - m) / jnp.sqrt(jnp.diag(post))
 print(f"max |mean error| / posterior sd = {float(err.max()):.3f}, MH acceptance "

@@ -82,7 +82,7 @@ N_KEYS = 32  # keys are tokens [0, N_KEYS); values are [N_KEYS, 2 N_KEYS)
 N_PAIRS = 6 if FAST else 12
 N_QUERIES = N_PAIRS
 SEQ = 2 * N_PAIRS + 2 * N_QUERIES
-STEPS = 60 if FAST else 600
+STEPS = 30 if FAST else 600
 BATCH = 32
 
 

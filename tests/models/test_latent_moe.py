@@ -45,11 +45,16 @@ def _layer(method="ragged", *, latent=L, shared=MS, seed=0, dtype=jnp.float32, m
         num_experts=E, top_k=K, expert_dim=M, latent_dim=latent, shared_expert_dim=shared,
         routed_scaling=2.5, method=method, **kw,
     )  # fmt: skip
-    layer = LatentMoE(D, config, gmm_config=CFG, mesh=mesh, param_dtype=dtype,
-                      rngs=nnx.Rngs(seed))
+    # every parameter is redrawn below: the initialisation's bits do not matter, and the
+    # non-partitionable threefry compiles its eager draws in a fraction of the CPU time
+    with jax.threefry_partitionable(False):
+        layer = LatentMoE(D, config, gmm_config=CFG, mesh=mesh, param_dtype=dtype,
+                          rngs=nnx.Rngs(seed))
     params = nnx.state(layer, nnx.Param)
-    keys = iter(jax.random.split(jax.random.key(seed + 100), 16))
-    params = jax.tree.map(lambda p: 0.3 * jax.random.normal(next(keys), p.shape, p.dtype), params)
+    rng = np.random.default_rng(seed + 100)  # NumPy draws: no XLA program per shape
+    params = jax.tree.map(
+        lambda p: jnp.asarray(0.3 * rng.standard_normal(p.shape), p.dtype), params
+    )
     nnx.update(layer, params)
     router = layer.router[...]
     layer.router[...] = router.at[:, TIED[1]].set(router[:, TIED[0]])
@@ -58,7 +63,8 @@ def _layer(method="ragged", *, latent=L, shared=MS, seed=0, dtype=jnp.float32, m
 
 
 def _tokens(seed=1, shape=(2, 19), dtype=jnp.float32):
-    return jax.random.normal(jax.random.key(seed), (*shape, D), jnp.float32).astype(dtype)
+    x = np.random.default_rng(seed).standard_normal((*shape, D), dtype=np.float32)
+    return jnp.asarray(x.astype(dtype))
 
 
 @nnx.jit

@@ -6,7 +6,6 @@ the root directory, so sibling modules import by that name).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -24,21 +23,32 @@ def rel_rmse(out, ref) -> float:
 def mdn_inputs(seed, B, T, H, K, V, dtype=jnp.float32, with_state=True):
     """Random inputs of the momentum delta rule: ``((q, k, v, p, log_alpha, log_mu, beta, eta),
     initial_state)``, L2-normalised keys, ``p`` scaled by ``alpha``, gates in the ranges of a
-    trained layer; the token arrays in ``dtype``, the gates and the state float32."""
-    ks = jax.random.split(jax.random.key(seed), 10)
-    normal = lambda i, s: jax.random.normal(ks[i], s, jnp.float32)
-    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-    q = normal(0, (B, T, H, K))
-    k = unit(normal(1, (B, T, H, K)))
-    v = normal(2, (B, T, H, V))
-    la = jax.nn.log_sigmoid(jax.random.uniform(ks[4], (B, T, H))) / 2
-    lm = jax.nn.log_sigmoid(jax.random.uniform(ks[5], (B, T, H))) / 2
-    p = jnp.exp(la)[..., None] * unit(normal(3, (B, T, H, K)))
-    beta = jax.nn.sigmoid(normal(6, (B, T, H))) * 0.5
-    eta = normal(7, (B, T, H))
-    s0 = 0.5 * normal(8, (2, B, H, K, V)) if with_state else None
-    toks = tuple(x.astype(dtype) for x in (q, k, v, p))
-    return toks + (la, lm, beta, eta), s0
+    trained layer; the token arrays in ``dtype``, the gates and the state float32.
+
+    Drawn with NumPy and cast on the host (no per-shape XLA compilation of the samplers)."""
+    rng = np.random.default_rng(seed)
+
+    def normal(shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    def log_sigmoid(x):
+        return -np.logaddexp(np.float32(0.0), -x)
+
+    q = normal((B, T, H, K))
+    k = unit(normal((B, T, H, K)))
+    v = normal((B, T, H, V))
+    la = log_sigmoid(rng.uniform(size=(B, T, H)).astype(np.float32)) / 2
+    lm = log_sigmoid(rng.uniform(size=(B, T, H)).astype(np.float32)) / 2
+    p = np.exp(la)[..., None] * unit(normal((B, T, H, K)))
+    beta = 0.5 / (1.0 + np.exp(-normal((B, T, H))))
+    eta = normal((B, T, H))
+    s0 = jnp.asarray(0.5 * normal((2, B, H, K, V))) if with_state else None
+    toks = tuple(jnp.asarray(x.astype(dtype)) for x in (q, k, v, p))
+    gates = tuple(jnp.asarray(x.astype(np.float32)) for x in (la, lm, beta, eta))
+    return toks + gates, s0
 
 
 def gdn_inputs(seed, dtype, *, b, t, h, kd, vd):

@@ -129,7 +129,9 @@ def test_recurrent_gradients_numerically_float64():
             )
             return jnp.sum(jnp.sin(o)) + jnp.sum(fin**2)
 
-        check_grads(f, (*(x[n] for n in NAMES), h0), order=1, modes=("rev",), eps=1e-6)
+        # jitted: the VJP and the finite differences run as compiled programs
+        check_grads(jax.jit(f), (*(x[n] for n in NAMES), h0), order=1, modes=("rev",),
+                    eps=1e-6)
 
 
 # --------------------------------------------------------------------------- chunk vs recurrent
@@ -162,8 +164,10 @@ def test_chunk_matches_recurrent_float64(chunk_size):
     ],
 )
 def test_chunk_matches_recurrent_gate_grid_float32(n_alpha, n_mu, eta):
-    """Slow/fast alpha vs mu (incl. mu decaying much faster than alpha) and eta of either sign."""
-    _compare_chunk_to_recurrent(jnp.float32, 32, 1e-4, seed=3, n_alpha=n_alpha, n_mu=n_mu, eta=eta)
+    """Slow/fast alpha vs mu (incl. mu decaying much faster than alpha) and eta of either sign.
+    At C = 64 (the longest decay spans in a chunk), whose programs the float32 case above has
+    compiled."""
+    _compare_chunk_to_recurrent(jnp.float32, 64, 1e-4, seed=3, n_alpha=n_alpha, n_mu=n_mu, eta=eta)
 
 
 def test_public_op_paths_agree_and_auto_is_chunk_on_cpu():
@@ -253,10 +257,10 @@ def test_beta_zero_only_decays_memory(method):
 
 @pytest.mark.parametrize("method", ["recurrent", "chunk"])
 def test_state_continuation(method):
-    x, h0 = make_inputs(7, jnp.float32, t=101)
+    x, h0 = make_inputs(7, jnp.float32, t=90)
     kw = dict(output_final_state=True, method=method, chunk_size=32)
     o, fin = momentum_delta_rule(**x, initial_state=h0, **kw)
-    t1 = 45
+    t1 = 45  # inside a chunk; halves of one length share a compiled program
     first = {n: a[:, :t1] for n, a in x.items()}
     second = {n: a[:, t1:] for n, a in x.items()}
     o1, mid = momentum_delta_rule(**first, initial_state=h0, **kw)
@@ -358,12 +362,15 @@ def test_unit_lower_inverse_and_segsum(c):
     with jax.enable_x64(True):
         rng = np.random.default_rng(c)
         L = np.tril(0.3 * rng.standard_normal((2, 3, c, c)), -1)
-        X = np.asarray(unit_lower_inverse(jnp.asarray(L)))
+        # jitted: one program per size (eager, each matmul level would compile on its own)
+        X = np.asarray(jax.jit(unit_lower_inverse)(jnp.asarray(L)))
         np.testing.assert_allclose(X, np.linalg.inv(np.eye(c) + L), rtol=0, atol=1e-12)
         x = rng.uniform(-1.0, 0.0, size=(2, c))
         x[:, c // 2] = -np.inf  # a gate of exactly zero
-        seg = np.asarray(segsum(jnp.asarray(x)))
+        seg = np.asarray(jax.jit(segsum)(jnp.asarray(x)))
+        # want[:, i, j] = x[:, j + 1 : i + 1].sum(-1) for j <= i, -inf above the diagonal
+        want = np.full((2, c, c), -np.inf)
         for i in range(c):
-            for j in range(c):
-                want = x[:, j + 1 : i + 1].sum(-1) if j <= i else np.full(2, -np.inf)
-                np.testing.assert_allclose(seg[:, i, j], want, rtol=0, atol=1e-13)
+            for j in range(i + 1):
+                want[:, i, j] = x[:, j + 1 : i + 1].sum(-1)
+        np.testing.assert_allclose(seg, want, rtol=0, atol=1e-13)

@@ -170,9 +170,9 @@ def test_tiny_normaliser_uses_the_lower_bound():
 
 @pytest.mark.parametrize("method", ["recurrent", "parallel", "chunk"])
 def test_state_chaining(method):
-    x, s0 = make_inputs(5, jnp.float32, t=101)
+    x, s0 = make_inputs(5, jnp.float32, t=90)
     h, fin = _run(method, x, s0, chunk_size=32)
-    t1 = 45
+    t1 = 45  # inside a chunk; halves of one length share a compiled program
     first = {n: a[:, :t1] for n, a in x.items()}
     second = {n: a[:, t1:] for n, a in x.items()}
     h1, mid = _run(method, first, s0, chunk_size=32)
@@ -248,7 +248,10 @@ def test_gradients_numerically_float64(method):
             )
             return jnp.sum(jnp.sin(h)) + jnp.sum(jnp.exp(fin.m)[..., None] * fin.n)
 
-        check_grads(f, (*(x[n] for n in NAMES), *s0), order=1, modes=("rev",), eps=1e-6)
+        # jitted: the VJP and each finite-difference evaluation run as compiled programs
+        # (eager, every op of the three paths would compile on its own)
+        check_grads(jax.jit(f), (*(x[n] for n in NAMES), *s0), order=1, modes=("rev",),
+                    eps=1e-6)
 
 
 # --------------------------------------------------------------------------- dtypes, transforms

@@ -172,12 +172,15 @@ def test_pc_and_adaptive_and_dps_run_and_denoise_gaussian(kind):
     y = deg.measure(jax.random.key(21), op, x[None], 0.05)
     m, _ = _posterior(mu, c, op, y, 0.05)
     prob = pc.repeat(en.from_operator(y, op, 0.05), 128)
+    # each sampler jitted: one program apiece (eager, every op around their loops compiles)
     outs = {
-        "pc": pc.sample(u, prob, jax.random.key(22), num_levels=20, corrector_steps=1,
-                        snr=0.1).denoised,
-        "adaptive": adaptive.sample(u, prob, jax.random.key(23), num_steps=40).denoised,
-        "dps": dps.sample(u, op.apply, jnp.repeat(y, 128, 0), jax.random.key(24),
-                          image_shape=shape, num_steps=40, zeta=0.3).denoised,
+        "pc": jax.jit(lambda p, k: pc.sample(u, p, k, num_levels=20, corrector_steps=1,
+                                             snr=0.1).denoised)(prob, jax.random.key(22)),
+        "adaptive": jax.jit(lambda p, k: adaptive.sample(u, p, k, num_steps=40).denoised)(
+            prob, jax.random.key(23)),
+        "dps": jax.jit(lambda yy, k: dps.sample(u, op.apply, yy, k, image_shape=shape,
+                                                num_steps=40, zeta=0.3).denoised)(
+            jnp.repeat(y, 128, 0), jax.random.key(24)),
     }
     prior_err = float(jnp.linalg.norm(mu.reshape(-1) - m))
     # DPS is the approximate baseline: a looser bound
