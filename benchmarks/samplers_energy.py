@@ -260,7 +260,7 @@ def main():
     t_all = time.perf_counter()
     from jaxlib_ext.core.checkpoint import Checkpointer
 
-    with Checkpointer(args.ckpt) as ck:
+    with Checkpointer(args.ckpt, read_only=True) as ck:
         step = ck.latest_step()
     model = load(args.ckpt)
     u = en.energy_fn_of(model)

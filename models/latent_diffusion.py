@@ -535,7 +535,7 @@ def _check_stage(directory: pathlib.Path, run: dict, resume: bool) -> None:
         return
     from jaxlib_ext.core.checkpoint import Checkpointer
 
-    with Checkpointer(directory, async_save=False) as ckpt:
+    with Checkpointer(directory, read_only=True) as ckpt:
         step = ckpt.latest_step()
         if step is None:
             return
@@ -736,7 +736,7 @@ def _model_step(path: pathlib.Path) -> int | None:
         return None
     from jaxlib_ext.core.checkpoint import Checkpointer
 
-    with Checkpointer(path, async_save=False) as ckpt:
+    with Checkpointer(path, read_only=True) as ckpt:
         return ckpt.latest_step()
 
 
@@ -763,7 +763,7 @@ def load(path: str | pathlib.Path) -> tuple[LatentDiffusion, dict]:
     if _model_step(path) is None:
         raise FileNotFoundError(f"path: no model checkpoint in {path} (a run stopped during its "
                                 "autoencoder stage: resume it with load_or_train or train)")
-    with Checkpointer(path, async_save=False) as ckpt:
+    with Checkpointer(path, read_only=True) as ckpt:
         meta = ckpt.restore_meta()
         config = LDMConfig.from_dict(meta["config"])
         abstract = nnx.eval_shape(lambda: LatentDiffusion(config, rngs=nnx.Rngs(0)))

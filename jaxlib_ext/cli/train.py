@@ -242,7 +242,7 @@ def _recorded_run(ckpt_dir) -> dict | None:
         return None
     from jaxlib_ext.core.checkpoint import Checkpointer
 
-    with Checkpointer(ckpt_dir) as ckpt:
+    with Checkpointer(ckpt_dir, read_only=True) as ckpt:
         step = ckpt.latest_step()
         return None if step is None else ckpt.restore_meta(step)
 

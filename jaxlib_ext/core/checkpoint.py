@@ -6,6 +6,11 @@ configuration. Orbax writes into a temporary folder and renames it when complete
 process killed mid-save leaves no half checkpoint behind; :meth:`Checkpointer.latest_step`
 only ever sees committed ones.
 
+A writer removes the temporary folders that a killed run left behind (the removal runs in
+the background and finishes before its first save). A reader (``read_only=True``) leaves
+them alone: two cleanups of one folder at once would race on the same paths, so a folder
+has at most one writer at a time and any number of readers.
+
 Zero-size leaves (placeholders that some optimizer states carry for leaves they skip) hold
 no data and Orbax refuses them: they are left out of the saved tree and rebuilt from the
 restore target.
@@ -59,15 +64,19 @@ class Checkpointer:
       directory: where step folders go (created on first save).
       max_to_keep: the newest checkpoints kept; older ones are deleted.
       async_save: write in a background thread while training continues.
+      read_only: only look (``latest_step``, ``restore``, ``restore_meta``): the folder is
+        neither created nor cleaned, and :meth:`save` is refused.
     """
 
-    def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True):
+    def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True,
+                 read_only: bool = False):
         self.directory = pathlib.Path(directory).absolute()
+        self.read_only = read_only
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
-            enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True,
-            create=True,
+            enable_async_checkpointing=async_save and not read_only,
+            cleanup_tmp_directories=not read_only,
+            create=not read_only,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -78,6 +87,8 @@ class Checkpointer:
         return list(self._manager.all_steps())
 
     def save(self, step: int, state, meta: dict | None = None, *, force: bool = True) -> bool:
+        if self.read_only:
+            raise PermissionError(f"save: {self.directory} was opened with read_only=True")
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(_without_empty(state)),
             meta=ocp.args.JsonSave(meta or {}),

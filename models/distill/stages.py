@@ -140,7 +140,7 @@ def _check_folder(directory: pathlib.Path, name: str, meta: dict) -> None:
     ckpt_dir = directory / "checkpoints"
     if not ckpt_dir.exists():
         return
-    with Checkpointer(ckpt_dir, async_save=False) as ckpt:
+    with Checkpointer(ckpt_dir, read_only=True) as ckpt:
         step = ckpt.latest_step()
         recorded = {} if step is None else ckpt.restore_meta(step)
     for key, value in meta.items():

@@ -175,7 +175,7 @@ def load(checkpoint_dir, step: int | None = None, *, ema: bool = True) -> nnx.Mo
     """
     from jaxlib_ext.core.checkpoint import Checkpointer
 
-    with Checkpointer(checkpoint_dir) as ckpt:
+    with Checkpointer(checkpoint_dir, read_only=True) as ckpt:
         meta = ckpt.restore_meta(step)
         if "kind" not in meta:
             raise ValueError(f"checkpoint_dir: {checkpoint_dir} has no model description")

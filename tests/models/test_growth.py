@@ -30,12 +30,22 @@ SMALL = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=2, head_dim=8, max_s
              num_experts=4, top_k=2, expert_dim=16, latent_dim=8, shared_expert_dim=16)
 
 
+def _threefry():
+    """The non-partitionable threefry for the eager draws of the models built here (their
+    initialisation, the grown copies' noise): the same distributions, other bits, and a
+    fraction of the CPU compilation time (the partitionable one takes up to seconds per 3-D
+    expert kernel shape)."""
+    return jax.threefry_partitionable(False)
+
+
+def _grow(parent, **kw):
+    with _threefry():
+        return grow_model(parent, **kw)
+
+
 def _model(**kw):
     cfg = LMConfig.from_flat(**{"mixer": "attention", "ffn": "latent_moe", **SMALL, **kw})
-    # the non-partitionable threefry: the same initialisers, other bits, and a fraction of the
-    # CPU compilation time of the eager draws (the partitionable one takes up to seconds per
-    # 3-D expert kernel shape)
-    with jax.threefry_partitionable(False):
+    with _threefry():
         model = build_lm(cfg, rngs=nnx.Rngs(0))
     for block in model.blocks:  # a trained-looking bias, so that selection depends on it
         mlp = block.mlp
@@ -55,8 +65,9 @@ def _blocks(model):
 def test_interposition_puts_layer_i_at_2i_and_2i_plus_1():
     assert interposition_order(3) == [0, 0, 1, 1, 2, 2]
     assert stacking_order(3) == [0, 1, 2, 0, 1, 2]
-    parent = build_lm(LMConfig.from_flat(**{**SMALL, "latent_dim": None}), rngs=nnx.Rngs(1))
-    grown = grow_model(parent, depth=True, width=False)
+    with _threefry():
+        parent = build_lm(LMConfig.from_flat(**{**SMALL, "latent_dim": None}), rngs=nnx.Rngs(1))
+    grown = _grow(parent, depth=True, width=False)
     assert len(grown.blocks) == 4 and grown.cfg.n_layers == 4
     for j, i in enumerate(interposition_order(2)):
         for a, b in zip(_blocks(grown)[j], _blocks(parent)[i], strict=True):
@@ -75,7 +86,7 @@ def test_interposition_puts_layer_i_at_2i_and_2i_plus_1():
 ], ids=["moe", "latent_moe", "latent_equals_experts"])
 def test_width_growth_without_noise_and_doubled_top_k_is_the_same_function(ffn, extra):
     parent = _model(ffn=ffn, shared_expert_dim=None, **extra)  # the routed part alone
-    grown = grow_model(parent, depth=False, width=True, noise_scale=0.0, double_top_k=True)
+    grown = _grow(parent, depth=False, width=True, noise_scale=0.0, double_top_k=True)
     assert (grown.cfg.num_experts, grown.cfg.top_k) == (8, 4)
     x = jnp.asarray(np.random.default_rng(2).standard_normal((2, 12, 32), dtype=np.float32))
     y0, _ = parent.blocks[0].mlp(x)
@@ -85,14 +96,14 @@ def test_width_growth_without_noise_and_doubled_top_k_is_the_same_function(ffn, 
     a, b = _call(parent, tokens), _call(grown, tokens)
     assert float(jnp.linalg.norm(b - a) / jnp.linalg.norm(a)) < 1e-6
     # keeping top-k instead changes the layer's function (each expert then meets its copy)
-    kept = grow_model(parent, depth=False, width=True, noise_scale=0.0, double_top_k=False)
+    kept = _grow(parent, depth=False, width=True, noise_scale=0.0, double_top_k=False)
     y2, _ = kept.blocks[0].mlp(x)
     assert float(jnp.linalg.norm(y2 - y0) / jnp.linalg.norm(y0)) > 1e-2
 
 
 def test_noise_goes_to_the_copies_of_the_expert_matrices_only():
     parent = _model()
-    grown = grow_model(parent, depth=False, width=True, noise_scale=0.1, key=jax.random.key(0))
+    grown = _grow(parent, depth=False, width=True, noise_scale=0.1, key=jax.random.key(0))
     p, g = parent.blocks[1].mlp, grown.blocks[1].mlp
     for name in ("w1", "w2"):
         old, new = np.asarray(getattr(p, name)[...]), np.asarray(getattr(g, name)[...])

@@ -67,6 +67,10 @@ def _tokens(seed=1, shape=(2, 19), dtype=jnp.float32):
     return jnp.asarray(x.astype(dtype))
 
 
+# one compiled program per layer (eager, the sorted dispatch compiles each of its ops)
+_call = nnx.jit(lambda layer, x: layer(x))
+
+
 @nnx.jit
 def _forward_and_grads(layer, x):
     def loss(layer, x):
@@ -83,7 +87,7 @@ def _compare(method, dtype_name, **kw):
     x = _tokens(dtype=dtype)
     y_ref, gx_ref, g_ref = _forward_and_grads(_layer("dense", dtype=dtype, **kw), x)
     layer = _layer(method, dtype=dtype, **kw)
-    layer(x)
+    _call(layer, x)
     counts = np.asarray(layer.expert_load[...])
     assert counts[DEAD] == 0 and counts.sum() == x.shape[0] * x.shape[1] * K
     assert (x.shape[0] * x.shape[1] * K) % 16 != 0  # pairs not a multiple of the row tile
@@ -110,6 +114,7 @@ def test_sorted_dispatch_equals_dense_float64(method):
         _compare(method, "float64")
 
 
+@pytest.mark.slow  # a configuration sweep of the comparison above (no latent, no shared expert)
 def test_standard_moe_dispatch_equals_dense():
     _compare("ragged", "float32", latent=None, shared=None)
 
@@ -264,7 +269,7 @@ def test_expert_parallel_inside_a_data_parallel_shard_map():
     each device keeps its experts and exchanges tokens directly; equal to the unsharded layer."""
     x = _tokens(shape=(8, 6))
     layer = _layer()
-    y_ref, _ = layer(x)
+    y_ref, _ = _call(layer, x)
     mesh = sharding.make_mesh("data=2,expert=4")
     graphdef, state = nnx.split(layer)
     tok = jax.P(("data", "fsdp", "expert"))

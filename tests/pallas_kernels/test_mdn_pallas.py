@@ -172,7 +172,9 @@ def test_grads_backward_pallas_split_path():
         assert rel_rmse(b, a) < 1e-6, name
 
 
-@pytest.mark.parametrize("c", [16, 32, 64, 128])
+@pytest.mark.parametrize(
+    "c", [*(pytest.param(c, marks=pytest.mark.slow) for c in (16, 32)), 64, 128]
+)
 def test_unit_lower_inverses_match_a_float64_solve(c):
     """The three forms of (I + L)^{-1} for strictly lower L (the Neumann product
     (I - L)(I + L^2)(I + L^4)..., forward substitution, and XLA's block inversion) against a
@@ -220,6 +222,7 @@ def test_default_backward_splits_beyond_k128():
     assert MDNKernelConfig.default(128, 256) == MDNKernelConfig(block_v=32, backward="pallas")
 
 
+@pytest.mark.slow  # the dtype sweep: bfloat16 through the op runs by default in the Mosaic test
 def test_forward_and_grads_bfloat16():
     check_case(2, 2, 45, 2, 16, 32, 16, jnp.bfloat16, 1e-2)
 

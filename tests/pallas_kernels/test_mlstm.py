@@ -97,7 +97,7 @@ def test_matches_unstabilised_float64_loop(method):
         assert rel_rmse(C, C_np) < 1e-10 and rel_rmse(n, n_np) < 1e-10
 
 
-@pytest.mark.parametrize("chunk_size", [16, 64])
+@pytest.mark.parametrize("chunk_size", [16, pytest.param(64, marks=pytest.mark.slow)])
 def test_float32_paths_agree_with_each_other_and_the_float64_loop(chunk_size):
     x, s0 = make_inputs(10 + chunk_size, jnp.float32)
     h_np, C_np, n_np = numpy_mlstm(x, s0, K**-0.5)
@@ -168,7 +168,12 @@ def test_tiny_normaliser_uses_the_lower_bound():
 # --------------------------------------------------------------------------- chaining
 
 
-@pytest.mark.parametrize("method", ["recurrent", "parallel", "chunk"])
+# chunk (what "auto" runs) by default; the recurrent path's carried state is checked token by
+# token below; the other methods are a sweep
+@pytest.mark.parametrize(
+    "method", [*(pytest.param(m, marks=pytest.mark.slow) for m in ("recurrent", "parallel")),
+               "chunk"]
+)
 def test_state_chaining(method):
     x, s0 = make_inputs(5, jnp.float32, t=90)
     h, fin = _run(method, x, s0, chunk_size=32)
@@ -218,7 +223,10 @@ def _value_and_grads(x, s0, ch, cs, method, chunk_size=64):
     return jax.grad(loss, argnums=(0, 1))(x, s0)
 
 
-@pytest.mark.parametrize("method,chunk_size", [("parallel", 64), ("chunk", 16), ("chunk", 64)])
+@pytest.mark.parametrize(
+    "method,chunk_size",
+    [("parallel", 64), ("chunk", 16), pytest.param("chunk", 64, marks=pytest.mark.slow)],
+)
 def test_gradients_match_recurrent_float32(method, chunk_size):
     x, s0 = make_inputs(7, jnp.float32, t=75)
     rng = np.random.default_rng(8)
@@ -235,7 +243,11 @@ def test_gradients_match_recurrent_float32(method, chunk_size):
         assert rel_rmse(a, b) < 1e-4, (name, rel_rmse(a, b))
 
 
-@pytest.mark.parametrize("method", ["recurrent", "parallel", "chunk"])
+# the reference and the chunk path by default; the parallel path's gradients equal the
+# reference's in test_gradients_match_recurrent_float32
+@pytest.mark.parametrize(
+    "method", ["recurrent", pytest.param("parallel", marks=pytest.mark.slow), "chunk"]
+)
 def test_gradients_numerically_float64(method):
     with jax.enable_x64(True):
         x, s0 = make_inputs(9, jnp.float64, b=1, t=11, h=2, kd=3, vd=4)

@@ -93,7 +93,7 @@ def test_two_process_checkpoint_restores_in_one_process(runs):
     _, _, state = init_state(model, tx, seed=0)
     rep = jax.sharding.NamedSharding(jax.make_mesh((1,), ("x",)), jax.P())
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), state)
-    ckpt = Checkpointer(runs / "two" / "checkpoints")
+    ckpt = Checkpointer(runs / "two" / "checkpoints", read_only=True)
     assert ckpt.latest_step() == 8
     restored, meta = ckpt.restore(None, target)
     ckpt.close()

@@ -174,7 +174,7 @@ def test_cli_trains_reports_and_resumes_only_on_the_recorded_schedule(tmp_path, 
     assert "done: step 6" in capsys.readouterr().out
     from jaxlib_ext.core.checkpoint import Checkpointer
 
-    with Checkpointer(tmp_path / "checkpoints") as ckpt:
+    with Checkpointer(tmp_path / "checkpoints", read_only=True) as ckpt:
         meta = ckpt.restore_meta(6)
     assert meta["schedule"] == warmup_cosine(3e-3, 4).to_dict()
     assert meta["steps"] == 6 and meta["optimizer_steps"] == 4

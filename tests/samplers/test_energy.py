@@ -28,7 +28,9 @@ def _dense_sigma(cov, i=0):
         cov.diag[0].size, -1)
 
 
-CASES = [((2,), "pixel"), ((16,), "pixel"), ((4, 4, 1), "fourier"), ((3, 5, 1), "fourier")]
+# one shape per basis by default (odd, non-square images for Fourier); the rest are sweeps
+CASES = [pytest.param((2,), "pixel", marks=pytest.mark.slow), ((16,), "pixel"),
+         pytest.param((4, 4, 1), "fourier", marks=pytest.mark.slow), ((3, 5, 1), "fourier")]
 
 
 def _cov(shape, basis, b, seed=1):
@@ -66,17 +68,25 @@ def test_noise_score_is_conditional_expectation_of_target(shape, basis):
     mean = mu.reshape(-1) + c @ jnp.linalg.solve(k, (y[0] - mu).reshape(-1))
     post = c - c @ jnp.linalg.solve(k, c)
     n = 200_000
-    xs = mean + jax.random.normal(jax.random.key(6), (n, d)) @ jnp.linalg.cholesky(
-        post + 1e-9 * jnp.eye(d)).T
-    cov_n = cov.replace(jnp.broadcast_to(cov.diag, (n, *shape)))
-    t = en.covariance_score_target(jnp.broadcast_to(y, (n, *shape)), xs.reshape(n, *shape), cov_n)
-    mc = t.mean(0)
-    se = t.std(0) / np.sqrt(n)
+
+    @jax.jit  # the Monte Carlo estimate as one program (eager: a program per op)
+    def monte_carlo(mean, post, y, cov):
+        xs = mean + jax.random.normal(jax.random.key(6), (n, d)) @ jnp.linalg.cholesky(
+            post + 1e-9 * jnp.eye(d)).T
+        cov_n = cov.replace(jnp.broadcast_to(cov.diag, (n, *shape)))
+        t = en.covariance_score_target(jnp.broadcast_to(y, (n, *shape)), xs.reshape(n, *shape),
+                                       cov_n)
+        return t.mean(0), t.std(0) / np.sqrt(n)
+
+    mc, se = monte_carlo(mean, post, y, cov)
     ns = en.noise_score(u, y, cov)[0]
     assert jnp.all(jnp.abs(ns - mc) < 5 * se + 1e-3), (ns, mc, se)
 
 
-@pytest.mark.parametrize("shape,basis", [((6,), "pixel"), ((4, 4, 1), "fourier")])
+# the pixel basis by default (the Fourier target of the covariance term is checked in
+# test_noise_score_is_conditional_expectation_of_target): a basis sweep
+@pytest.mark.parametrize("shape,basis", [
+    ((6,), "pixel"), pytest.param((4, 4, 1), "fourier", marks=pytest.mark.slow)])
 def test_loss_is_lowest_at_true_energy(shape, basis):
     d = int(np.prod(shape))
     mu, c = _gaussian(d, seed=7, shape=shape)
@@ -111,7 +121,7 @@ def _posterior(mu, c, op, y, sn):
     return m, p
 
 
-@pytest.mark.parametrize("kind", ["pixel", "fourier"])
+@pytest.mark.parametrize("kind", ["pixel", pytest.param("fourier", marks=pytest.mark.slow)])
 def test_pc_mala_reproduces_gaussian_posterior(kind):
     shape = (4, 4, 1)
     mu, c = _gaussian(16, seed=11, shape=shape)
@@ -300,8 +310,9 @@ def test_chains_under_vmap_match_the_batched_run():
                                                corrector_steps=1).denoised))
     out = run(jax.random.split(jax.random.key(33), 5))
     assert out.shape == (5, 1, *shape)
-    one = pc.sample(u, prob, jax.random.split(jax.random.key(33), 5)[2], num_levels=2,
-                    metropolis=True, corrector_steps=1).denoised
+    one = jax.jit(lambda k: pc.sample(u, prob, k, num_levels=2, metropolis=True,
+                                      corrector_steps=1).denoised)(
+        jax.random.split(jax.random.key(33), 5)[2])
     np.testing.assert_allclose(out[2], one, rtol=1e-4, atol=1e-5)
 
 

@@ -59,6 +59,9 @@ def test_trained_mlp_denoises_better_than_the_gaussian_reference(mixture_model):
     assert err < 0.9 * err_ref, (err, err_ref)
 
 
+# the default run checks this trainer's resume (bit-equal to one run, EMA and parameters read
+# back with T.load) and its refusal of another schedule in tests/runtime/test_trainers.py
+@pytest.mark.slow
 def test_checkpoint_resume_and_load(tmp_path):
     data = _mixture(512)
     meta = {"kind": "mlp", "kwargs": {"dim": 2, "hidden": 16, "depth": 2}}
@@ -90,6 +93,7 @@ def test_checkpoint_resume_and_load(tmp_path):
                 progress=False)
 
 
+@pytest.mark.slow  # by default: test_a_nan_loss_stops_the_run_naming_the_step in tests/runtime
 def test_non_finite_loss_names_the_step():
     data = _mixture(64)
     data[:] = np.nan

@@ -85,7 +85,7 @@ def test_corrector_reduces_kl_from_perturbed_ensemble(gauss):
 
 
 @pytest.mark.parametrize("constraint", ["tangent", "compensate"])
-@pytest.mark.parametrize("t", [0, 400])
+@pytest.mark.parametrize("t", [0, pytest.param(400, marks=pytest.mark.slow)])  # a level sweep
 def test_residual_non_increasing_per_corrector_step(constraint, t):
     """Every corrector step, every chain: ``r_{k+1} <= r_k`` up to float32 round-off (the
     Gauss-Newton model is exact for this affine model); plain Langevin raises it by O(1)."""
@@ -139,7 +139,8 @@ def _solver_fn(solver, prob, corrector, num_steps=12):
                                                corrector=corrector), in_axes=(0, None)))
 
 
-@pytest.mark.parametrize("solver", ["dps", "psld"])
+# PSLD runs by default in test_image_latents_with_degradation_operators: here a method sweep
+@pytest.mark.parametrize("solver", ["dps", pytest.param("psld", marks=pytest.mark.slow)])
 def test_solvers_jit_vmap_nfe_and_guidance(gauss, solver):
     model, y, prob = gauss
     keys = jax.random.split(jax.random.key(11), 64)

@@ -81,6 +81,9 @@ def test_supervised_training_fits_labels_and_dives(family):
         milp.train_supervised(jax.random.key(0), family, solutions=[None])
 
 
+# the default run checks this trainer's resume (bit-equal to one run) and its refusal of another
+# schedule in tests/runtime/test_trainers.py
+@pytest.mark.slow
 def test_supervised_training_resumes_from_its_checkpoint(family, tmp_path):
     """Two steps, then a resume to four, end where four steps in one go end; another learning
     rate on the same folder is refused."""

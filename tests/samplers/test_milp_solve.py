@@ -33,7 +33,7 @@ def _scipy_optimum(p):
     return res.fun
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])
 def test_tiny_milp_enumeration_equals_scipy_and_solve_reaches_it(seed):
     p = tiny_milp(seed)
     Z = np.array(list(np.ndindex(*(2,) * 10)), float)
@@ -54,8 +54,8 @@ CERTIFY = {
 }
 
 
-@pytest.mark.parametrize("method, name", [
-    ("rld", "p0033"), ("rld", "facility"), ("rld", "setcover"),
+@pytest.mark.parametrize("method, name", [  # instances beyond the first two are sweeps
+    ("rld", "p0033"), pytest.param("rld", "facility", marks=pytest.mark.slow), ("rld", "setcover"),
     pytest.param("dlp", "facility", marks=pytest.mark.slow),
     pytest.param("dmala", "setcover", marks=pytest.mark.slow)])
 def test_every_returned_solution_is_certified(method, name):

@@ -37,7 +37,8 @@ def _exact_posterior(alpha, D, perms):
     return e - np.logaddexp.reduce(e)
 
 
-@pytest.mark.parametrize("n", [3, 6])  # n = 5: tests/samplers/test_distributions.py
+# n = 5: tests/samplers/test_distributions.py; n = 3 is a size sweep
+@pytest.mark.parametrize("n", [pytest.param(3, marks=pytest.mark.slow), 6])
 def test_log_prob_normalised(x64, n):
     D = rk.footrule_data_matrix(_data(n))
     perms = rk.all_permutations(n)
