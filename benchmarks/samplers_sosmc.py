@@ -6,20 +6,28 @@ reward, KL weight 0.1) and of a Gaussian-mixture EBM on scikit-learn's 8x8 digit
 classifier's P(digit = 3). Every loss is evaluated exactly (MMLE) or with fixed draws (reward
 problems: ``-J = -(E[r] - lam KL)``), the same yardstick for every method.
 
-Methods: SOSMC with the invariant variant (MALA move, fixed step size), SOSMC with the ULA
-variant, ImpDiff (one unweighted ULA step per parameter step) and SOUL (``--soul-inner`` ULA
-steps per parameter step). Same particle count, same move step size ``h`` (the problem's), and
-the same budget of moves per particle (``K``): SOSMC and ImpDiff take ``K`` parameter steps,
-SOUL ``K / soul_inner``. Adam; each method gets the same learning-rate grid and its best rate
-is picked by the mean final loss over seeds (``benchmarks/_comparison.py``; the losses are the
-objective itself, so validation and test are the same number). Seeds run together as one
-vmapped program; its wall time (compilation excluded: every program runs once before timing)
-is what the curves and tables show.
+Methods, main rows in the SOSMC authors' settings (their reward-tuning notebook,
+``reward_tuning/langevin_processes/experiments.ipynb``): SOSMC with the invariant variant
+(MALA move) and with the ULA variant, both with multinomial resampling and the step-size rule
+at ``c = 1.01`` (their experiment configuration); ImpDiff (one unweighted ULA step per
+parameter step, the gradient at the moved particles); SOUL (one ULA chain, ``N`` steps per
+parameter step, the first ``N / 2`` dropped, the gradient over the rest of the path). Variant
+rows, ours: ``/ours`` SOSMC with systematic resampling and a fixed ``h`` (``c = 1``);
+``impdiff/grad-first`` (the gradient before the move); ``soul/persistent`` (``N`` persistent
+chains, ``--soul-inner`` steps each per parameter step, no burn-in). Same particle count
+``N``, same move step size ``h`` (the problem's), and the same budget of moves, ``K N`` in
+all (``K`` moves per particle): SOSMC, ImpDiff and SOUL take ``K`` parameter steps,
+soul/persistent ``K / soul_inner``. Adam; each method gets the same learning-rate grid and its
+best rate is picked by the mean final loss over seeds (``benchmarks/_comparison.py``; the
+losses are the objective itself, so validation and test are the same number). Seeds run
+together as one vmapped program; its wall time (compilation excluded: every program runs once
+before timing) is what the curves and tables show.
 
 "Time to target": the first checkpoint at which the mean loss over seeds reaches the best final
 mean loss of the two baselines (ImpDiff, SOUL), each method at its best learning rate.
 
-    python benchmarks/samplers_sosmc.py            # full run, about 8 min on 2 busy CPU cores
+    python benchmarks/samplers_sosmc.py            # full run
+    python benchmarks/samplers_sosmc.py --main-only  # the authors' settings only
     python benchmarks/samplers_sosmc.py --fast     # smoke run
     python benchmarks/samplers_sosmc.py --plot curves.png
 """
@@ -39,7 +47,8 @@ from _comparison import Comparison, ComparisonResult, format_pm
 
 from jaxlib_ext.samplers import smc
 
-METHODS = ("sosmc-mala", "sosmc-ula", "impdiff", "soul")
+MAIN = ("sosmc-mala", "sosmc-ula", "impdiff", "soul")
+VARIANTS = ("sosmc-mala/ours", "sosmc-ula/ours", "impdiff/grad-first", "soul/persistent")
 BASELINES = ("impdiff", "soul")
 
 # name -> (constructor, particles, moves per particle, lr grid)
@@ -53,19 +62,31 @@ SETUPS = {
 }
 
 
+def outer_steps(method, moves, soul_inner):
+    """Parameter steps for a budget of ``moves`` moves per particle (``moves * N`` in all)."""
+    return moves // soul_inner if method == "soul/persistent" else moves
+
+
 def build(method, problem, lr, n, soul_inner):
-    common = dict(num_particles=n, step_size=problem.step_size,
-                  objective_grad=problem.objective_grad)
+    """The algorithm and the leading axis of its particles."""
+    h = dict(step_size=problem.step_size, objective_grad=problem.objective_grad)
+    common = dict(num_particles=n, **h)
     opt = optax.adam(lr)
-    if method == "sosmc-mala":
-        return smc.sosmc(problem.potential, opt, variant="invariant", move="mala",
-                         adapt_factor=1.0, step_size_bounds=problem.step_size_bounds, **common)
-    if method == "sosmc-ula":
-        return smc.sosmc(problem.potential, opt, variant="ula",
-                         step_size_bounds=problem.step_size_bounds, **common)
-    if method == "impdiff":
-        return smc.impdiff(problem.potential, opt, **common)
-    return smc.soul(problem.potential, opt, num_inner_steps=soul_inner, **common)
+    base, _, tag = method.partition("/")
+    if base.startswith("sosmc"):
+        ours = tag == "ours"
+        alg = smc.sosmc(problem.potential, opt, variant="invariant" if base == "sosmc-mala"
+                        else "ula", move="mala", adapt_factor=1.0 if ours else 1.01,
+                        resampling="systematic" if ours else "multinomial",
+                        step_size_bounds=problem.step_size_bounds, **common)
+        return alg, n
+    if base == "impdiff":
+        order = "grad_first" if tag == "grad-first" else "move_first"
+        return smc.impdiff(problem.potential, opt, order=order, **common), n
+    if tag == "persistent":
+        return smc.soul(problem.potential, opt, num_inner_steps=soul_inner, num_chains=n,
+                        **h), n
+    return smc.soul(problem.potential, opt, num_inner_steps=n, burn_in=n // 2, **h), 1
 
 
 def block(x):
@@ -82,16 +103,16 @@ class Runner:
 
     def program(self, method):
         if method not in self.programs:
-            outer = self.moves // (self.soul_inner if method == "soul" else 1)
+            outer = outer_steps(method, self.moves, self.soul_inner)
             chunk = max(1, outer // self.checkpoints)
             p, n, si = self.p, self.n, self.soul_inner
 
             def start(lr, keys):
-                alg = build(method, p, lr, n, si)
-                return jax.vmap(lambda k: alg.init(p.params0, p.sample_initial(k, n)))(keys)
+                alg, c = build(method, p, lr, n, si)
+                return jax.vmap(lambda k: alg.init(p.params0, p.sample_initial(k, c)))(keys)
 
             def advance(lr, states, keys):
-                alg = build(method, p, lr, n, si)
+                alg, _ = build(method, p, lr, n, si)
                 run = lambda s, k: smc.run(alg, s, chunk, k, raise_on_nonfinite=False)
                 states, infos = jax.vmap(run)(states, keys)
                 return states, (infos.ess.mean(1), infos.resampled.mean(1),
@@ -163,13 +184,15 @@ def bench_problem(name, args, plots):
         n, moves, lrs = max(16, n // 4), moves // 5, lrs
     problem = make()
     seeds = tuple(range(args.seeds))
-    spec = Comparison(methods=METHODS, lrs=lrs, seeds=seeds,
+    methods = MAIN if args.main_only else MAIN + VARIANTS
+    spec = Comparison(methods=methods, lrs=lrs, seeds=seeds,
                       budget=f"{n} particles x {moves} moves per particle (h = "
-                             f"{problem.step_size:g}); SOUL {args.soul_inner} moves per "
-                             f"parameter step")
+                             f"{problem.step_size:g}); SOUL one chain x {n} moves per "
+                             f"parameter step (burn-in {n // 2}); soul/persistent "
+                             f"{args.soul_inner} moves per parameter step")
     runner = Runner(problem, n, moves, list(seeds), args.checkpoints, args.soul_inner)
     records, seconds = {}, {}
-    for m in METHODS:
+    for m in methods:
         for lr in spec.lrs:
             t0 = time.perf_counter()
             for s in seeds:
@@ -188,14 +211,14 @@ def bench_problem(name, args, plots):
     print(res.grid_table())
     print()
     print(res.summary_table(baseline="impdiff", extras=(("wall s (3 seeds)", "wall", ".1f"),)))
-    best = {m: runner.curve(m, res.best_lr(m)) for m in METHODS}
+    best = {m: runner.curve(m, res.best_lr(m)) for m in methods}
     target = min(np.nanmean(best[b]["losses"][-1]) for b in BASELINES)
     print(f"\nTime to reach the baselines' best final mean loss ({target:.4f}), each method at "
           f"its best lr:\n")
     print("| method | best lr | time to target (s) | total wall (s) | final loss | "
           "mean ESS / N |")
     print("|---|---|---|---|---|---|")
-    for m in METHODS:
+    for m in methods:
         c = best[m]
         t = time_to(c, target)
         tt = f"{t:.2f}" if t is not None else "not reached"
@@ -204,7 +227,7 @@ def bench_problem(name, args, plots):
               f"{format_pm(c['losses'][-1])} | {ess} |")
     print("\nMean loss at 25/50/75/100% of the budget (wall s in brackets):\n")
     print("| method | 25% | 50% | 75% | 100% |\n|---|---|---|---|---|")
-    for m in METHODS:
+    for m in methods:
         c = best[m]
         k = len(c["times"])
         cells = [f"{np.nanmean(c['losses'][i]):.4f} ({c['times'][i]:.2f})"
@@ -222,6 +245,8 @@ def main():
     ap.add_argument("--checkpoints", type=int, default=20)
     ap.add_argument("--soul-inner", type=int, default=10)
     ap.add_argument("--only", choices=sorted(SETUPS), default=None)
+    ap.add_argument("--main-only", action="store_true",
+                    help="only the authors' settings (no variant rows)")
     ap.add_argument("--plot", default=None, help="save loss-vs-wall-time curves to this path")
     args = ap.parse_args()
     if args.seeds < 3:

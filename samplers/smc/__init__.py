@@ -2,12 +2,12 @@
 persistent, reweighted particle system (arXiv 2601.22003).
 
 :mod:`weights` (normalised log-weights, ESS, the incremental weights of both SOSMC variants),
-:mod:`resampling` (multinomial, stratified, systematic), :mod:`moves` (ULA, MALA, RWM, HMC for
-one particle of a potential ``U(theta, x)``), :mod:`objectives` (gradient estimators: the
-weighted mean of ``grad_theta U``, the reward-tuning covariance form), :mod:`sosmc` (the
-algorithm: ``sosmc(...) -> (init, step)``, :class:`SOSMCState`, :class:`SOSMCInfo`, ``run``),
-:mod:`baselines` (ImpDiff and SOUL in the same API) and :mod:`problems` (MMLE and reward-tuning
-test problems).
+:mod:`resampling` (multinomial, the default; stratified; systematic), :mod:`moves` (ULA, MALA,
+RWM, HMC for one particle of a potential ``U(theta, x)``), :mod:`objectives` (gradient
+estimators: the weighted mean of ``grad_theta U``, the reward-tuning covariance form),
+:mod:`sosmc` (the algorithm: ``sosmc(...) -> (init, step)``, :class:`SOSMCState`,
+:class:`SOSMCInfo`, ``run``), :mod:`baselines` (ImpDiff and SOUL in the same API, the SOSMC
+authors' forms by default) and :mod:`problems` (MMLE and reward-tuning test problems).
 """
 
 from jaxlib_ext.samplers.smc import baselines, moves, objectives, problems, resampling, weights

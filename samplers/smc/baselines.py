@@ -1,20 +1,35 @@
 """Stochastic-approximation baselines of SOSMC (arXiv 2601.22003) in the same API: an
 :class:`~.sosmc.SOSMCAlgorithm` over :class:`~.sosmc.SOSMCState` / :class:`~.sosmc.SOSMCInfo`,
 driven by :func:`~.sosmc.run`. Neither has weights: the log-weights stay uniform, ``ess`` is
-``N`` and ``log_z_increment`` is NaN.
+the number of particles (chains) and ``log_z_increment`` is NaN.
 
-* **ImpDiff** (single loop; Marion et al. 2024, "Implicit diffusion"): per outer step, the
-  gradient from the unweighted particles at ``theta_k``, the optax update, and one ULA step
-  (K.1) per particle at ``theta_k``::
+The defaults follow the SOSMC authors' baselines (their reward-tuning notebook,
+``reward_tuning/langevin_processes/experiments.ipynb``); the library's earlier forms are named
+options.
 
-      theta_{k+1} = theta_k + optax_update(mean_i H_{theta_k}(X_i))
-      X_i <- X_i - h grad_x U_{theta_k}(X_i) + sqrt(2h) xi_i
+* **ImpDiff** (single loop; Marion et al. 2024, "Implicit diffusion", arXiv 2402.05468): per
+  outer step, one ULA step (K.1) per particle at ``theta_k``, then the gradient from the
+  unweighted *moved* particles at ``theta_k``, then the optax update
+  (``order="move_first"``, the authors' order)::
 
-* **SOUL** (double loop; De Bortoli, Durmus, Pereyra, Vidal 2021): per outer step,
-  ``num_inner_steps`` ULA steps at ``theta_k`` on each of the ``N`` persistent chains; the
-  gradient averages ``H_{theta_k}`` over every inner iterate of every chain (``M N`` points,
-  uniform weights, handed to ``objective_grad`` as one particle set); then the optax update.
-  It costs ``num_inner_steps`` times the moves of ImpDiff per outer step.
+      X_i' = X_i - h grad_x U_{theta_k}(X_i) + sqrt(2h) xi_i
+      theta_{k+1} = theta_k + optax_update(mean_i H_{theta_k}(X_i'))
+
+  ``order="grad_first"`` (ours) takes the gradient at the particles before the move, then
+  moves them at ``theta_k``.
+
+* **SOUL** (double loop; De Bortoli, Durmus, Pereyra, Vidal 2021, arXiv 2003.11475): per outer
+  step, ``M = num_inner_steps`` ULA steps at ``theta_k`` on each of ``C = num_chains``
+  persistent chains, ``X^c_1, ..., X^c_M``; the first ``b = burn_in`` iterates of every chain
+  are dropped and the gradient averages ``H_{theta_k}`` over the remaining ``(M - b) C`` path
+  points (uniform weights, handed to ``objective_grad`` as one particle set)::
+
+      theta_{k+1} = theta_k + optax_update( 1/((M - b) C) sum_c sum_{j > b} H_{theta_k}(X^c_j) )
+
+  The default ``num_chains=1`` is the authors' SOUL: **one** chain whose path supplies the
+  samples (their experiments set ``M`` to SOSMC's particle count and ``b = M / 2``, so one
+  outer step costs as many moves as one SOSMC step). ``num_chains=N`` is ours: ``N``
+  persistent chains, ``M N`` moves per outer step.
 """
 
 from __future__ import annotations
@@ -36,7 +51,10 @@ from jaxlib_ext.samplers.smc.sosmc import (
     is_finite_state,
 )
 
-__all__ = ["impdiff", "soul"]
+__all__ = ["IMPDIFF_ORDERS", "impdiff", "soul"]
+
+#: ``"move_first"``: the SOSMC authors' ImpDiff; ``"grad_first"``: ours.
+IMPDIFF_ORDERS = ("move_first", "grad_first")
 
 
 def _ula_all(key, potential, params, particles, h, n):
@@ -54,13 +72,28 @@ def _info(params, state, lw, particles, n):
                      finite=is_finite_state(params, particles, lw))
 
 
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return value
+
+
 def impdiff(potential: Callable, optimizer: optax.GradientTransformation, *, num_particles: int,
-            step_size: float = 0.1, objective_grad: Callable | None = None) -> SOSMCAlgorithm:
+            step_size: float = 0.1, objective_grad: Callable | None = None,
+            order: str = "move_first") -> SOSMCAlgorithm:
     """ImpDiff (module docstring): one unweighted ULA step per parameter step.
 
     Arguments as in :func:`~.sosmc.sosmc`; ``step_size`` is the fixed ULA step ``h``.
+    ``order``: ``"move_first"`` (the SOSMC authors' order: move at ``theta_k``, then the
+    gradient at the moved particles) or ``"grad_first"`` (ours: the gradient at the current
+    particles, then the move).
+
+    Keys: ``step(state, key)`` splits ``key`` into ``(k_move, k_grad)``; the move's key is
+    split into one key per particle.
     """
     n, h0 = check_common(potential, optimizer, num_particles, step_size, objective_grad)
+    if order not in IMPDIFF_ORDERS:
+        raise ValueError(f"order: expected one of {IMPDIFF_ORDERS}, got {order!r}")
     grad_fn = objective_grad if objective_grad is not None else weighted_potential_grad(potential)
 
     def init(params, particles, key=None):
@@ -68,12 +101,13 @@ def impdiff(potential: Callable, optimizer: optax.GradientTransformation, *, num
         return init_state(optimizer, n, params, particles, h0)
 
     def step(state: SOSMCState, key):
-        k_grad, k_move = jax.random.split(key)
+        k_move, k_grad = jax.random.split(key)
         w = jnp.full((n,), 1.0 / n, state.log_weights.dtype)
-        g = grad_fn(state.params, state.particles, w, k_grad)
+        moved = _ula_all(k_move, potential, state.params, state.particles, state.step_size, n)
+        at = moved if order == "move_first" else state.particles
+        g = grad_fn(state.params, at, w, k_grad)
         updates, opt_state = optimizer.update(g, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        moved = _ula_all(k_move, potential, state.params, state.particles, state.step_size, n)
         new = state._replace(params=params, particles=moved, opt_state=opt_state,
                              step=state.step + 1)
         return new, _info(params, state, state.log_weights, moved, n)
@@ -81,41 +115,53 @@ def impdiff(potential: Callable, optimizer: optax.GradientTransformation, *, num
     return SOSMCAlgorithm(init, step, n)
 
 
-def soul(potential: Callable, optimizer: optax.GradientTransformation, *, num_particles: int,
-         step_size: float = 0.1, num_inner_steps: int = 50,
-         objective_grad: Callable | None = None) -> SOSMCAlgorithm:
-    """SOUL (module docstring): ``num_inner_steps`` ULA steps per parameter step on persistent
-    chains, the gradient averaged over all inner iterates.
+def soul(potential: Callable, optimizer: optax.GradientTransformation, *,
+         num_inner_steps: int = 50, num_chains: int = 1, burn_in: int = 0,
+         step_size: float = 0.1, objective_grad: Callable | None = None) -> SOSMCAlgorithm:
+    """SOUL (module docstring): ``num_inner_steps`` ULA steps per parameter step on
+    ``num_chains`` persistent chains, the gradient averaged over the path after ``burn_in``.
 
-    Arguments as in :func:`~.sosmc.sosmc`, plus ``num_inner_steps`` (``M >= 1``; 50 in the
-    reference notebooks).
+    Args:
+      potential, optimizer, step_size, objective_grad: as in :func:`~.sosmc.sosmc`;
+        ``step_size`` is the fixed ULA step ``h``.
+      num_inner_steps: ``M >= 1`` ULA steps per outer step (50 by default, as in the authors'
+        ``soul``; their experiments use SOSMC's particle count).
+      num_chains: ``C >= 1`` chains; ``1`` (default) is the authors' single chain, ``C = N``
+        our ``N`` persistent chains. The particles given to ``init`` have leading axis ``C``.
+      burn_in: ``0 <= b < M`` path points dropped per chain and outer step (0 by default, as in
+        the authors' ``soul``; their experiments use ``M / 2``).
+
+    Keys: ``step(state, key)`` splits ``key`` into ``(k_inner, k_grad)``; ``k_inner`` into
+    ``M`` keys, one per inner step, each split into one key per chain.
     """
-    n, h0 = check_common(potential, optimizer, num_particles, step_size, objective_grad)
-    if isinstance(num_inner_steps, bool) or not isinstance(num_inner_steps, int) \
-            or num_inner_steps < 1:
-        raise ValueError(f"num_inner_steps: expected an int >= 1, got {num_inner_steps!r}")
-    m = num_inner_steps
+    m = _check_int("num_inner_steps", num_inner_steps, 1)
+    c = _check_int("num_chains", num_chains, 1)
+    b = _check_int("burn_in", burn_in, 0)
+    if b >= m:
+        raise ValueError(f"burn_in: expected < num_inner_steps={m}, got {burn_in!r}")
+    _, h0 = check_common(potential, optimizer, None, step_size, objective_grad)
     grad_fn = objective_grad if objective_grad is not None else weighted_potential_grad(potential)
+    used = (m - b) * c
 
     def init(params, particles, key=None):
         del key
-        return init_state(optimizer, n, params, particles, h0)
+        return init_state(optimizer, c, params, particles, h0)
 
     def step(state: SOSMCState, key):
         k_inner, k_grad = jax.random.split(key)
 
         def inner(x, k):
-            x = _ula_all(k, potential, state.params, x, state.step_size, n)
+            x = _ula_all(k, potential, state.params, x, state.step_size, c)
             return x, x
 
         last, path = jax.lax.scan(inner, state.particles, jax.random.split(k_inner, m))
-        flat = jax.tree.map(lambda a: a.reshape((m * n,) + a.shape[2:]), path)
-        w = jnp.full((m * n,), 1.0 / (m * n), state.log_weights.dtype)
+        flat = jax.tree.map(lambda a: a[b:].reshape((used,) + a.shape[2:]), path)
+        w = jnp.full((used,), 1.0 / used, state.log_weights.dtype)
         g = grad_fn(state.params, flat, w, k_grad)
         updates, opt_state = optimizer.update(g, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new = state._replace(params=params, particles=last, opt_state=opt_state,
                              step=state.step + 1)
-        return new, _info(params, state, state.log_weights, last, n)
+        return new, _info(params, state, state.log_weights, last, c)
 
-    return SOSMCAlgorithm(init, step, n)
+    return SOSMCAlgorithm(init, step, c)

@@ -10,6 +10,8 @@ is unbiased: the number of copies ``C_i`` of particle ``i`` has ``E[C_i] = M W_i
 * **systematic**: one shared offset, ``u_m = (m + U) / M``.
 
 Stratified and systematic have lower variance than multinomial (Douc, Cappé & Moulines 2005).
+Multinomial is the SOSMC authors' scheme (arXiv 2601.22003) and the default of :func:`resample`
+and :func:`~.sosmc.sosmc`; systematic is our option.
 Indices are ``searchsorted(c, u, side="right")``, clipped to ``N - 1`` against round-off in
 ``c_N``. :func:`resample` applies a scheme to a particle pytree and resets the log-weights.
 """
@@ -75,7 +77,7 @@ def systematic(key, weights, num_samples: int) -> jax.Array:
 SCHEMES = {"multinomial": multinomial, "stratified": stratified, "systematic": systematic}
 
 
-def resample(key, particles, log_weights, scheme: str = "systematic"):
+def resample(key, particles, log_weights, scheme: str = "multinomial"):
     """Resamples a particle pytree (leading axis ``N``) by its log-weights.
 
     Returns ``(particles, log_weights, indices)`` with the new log-weights uniform
