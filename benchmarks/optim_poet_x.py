@@ -14,7 +14,10 @@ rule.
    3 seeds, rate picked by validation loss, test loss reported there, whole grid printed.
    POET-X runs the ``poet_x`` recipe (``prepare_model`` + ``make_optimizer``): rotations at
    ``0.5 lr``, other leaves (embedding, LM head, norms) at ``2 lr``, merges every
-   ``--merge-every`` steps; AdamW the ``adamw`` recipe. Both clip gradients at norm 1.
+   ``--merge-every`` steps, gradient clipping at norm 1 with the authors' warm-up after each
+   merge (0.1 to 1 over 10 steps, ``clip_warmup=True``, the recipe's default); the variant
+   ``poet_x_no_clip_warmup`` (``clip_warmup=False``) clips at norm 1 throughout, as AdamW (the
+   ``adamw`` recipe) does.
 
 Usage::
 
@@ -64,9 +67,16 @@ def loss_of(graphdef, rest):
     return loss_fn
 
 
+#: benchmark method -> (recipe, its overrides besides merge_every)
+RECIPES = {"adamw": ("adamw", {}), "poet_x": ("poet_x", {}),
+           "poet_x_no_clip_warmup": ("poet_x", {"clip_warmup": False})}
+
+
 def optimizer(name, lr, steps, seed, merge_every):
-    extra = {"merge_every": merge_every} if name == "poet_x" else {}
-    return make_optimizer(name, lr, total_steps=steps, seed=seed, **extra)
+    recipe, extra = RECIPES[name]
+    if recipe == "poet_x":
+        extra = {**extra, "merge_every": merge_every}
+    return make_optimizer(recipe, lr, total_steps=steps, seed=seed, **extra)
 
 
 def trained_bytes(params):
@@ -121,7 +131,7 @@ def part_memory(args):
 
 
 def train(name, *, steps, batch, seq_len, lr, seed, corpus, merge_every, n_eval=8):
-    model = build(name, "tiny", seed, vocab=corpus.vocab_size)
+    model = build(RECIPES[name][0], "tiny", seed, vocab=corpus.vocab_size)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 20), steps, lr * 0.1)
     tx = optimizer(name, sched, steps, seed, merge_every)
@@ -160,15 +170,18 @@ def train(name, *, steps, batch, seq_len, lr, seed, corpus, merge_every, n_eval=
     return dict(val=val, test=test, train_loss=float(np.mean(losses[-20:])), wall=wall)
 
 
-LABELS = {"adamw": "AdamW (adamw recipe)", "poet_x": "POET-X (poet_x recipe, b=32)"}
+LABELS = {"adamw": "AdamW (adamw recipe)", "poet_x": "POET-X (poet_x recipe, b=32)",
+          "poet_x_no_clip_warmup": "POET-X, clip_warmup=False (variant)"}
 
 
 def part_loss(args):
     corpus = data_lib.load_corpus()
     spec = comparison.Comparison(
-        methods=("adamw", "poet_x"), lrs=args.lrs, seeds=tuple(range(args.seeds)),
+        methods=("adamw", "poet_x", "poet_x_no_clip_warmup"), lrs=args.lrs,
+        seeds=tuple(range(args.seeds)),
         budget=f"{args.steps} steps, batch {args.batch}x{args.seq_len} byte tokens, warm-up 5% + "
-               f"cosine to 0.1x, clip 1.0; POET merges every {args.merge_every} steps",
+               f"cosine to 0.1x, clip 1.0; POET merges every {args.merge_every} steps, clip "
+               f"warm-up 0.1 -> 1 over 10 steps after each (variant: none)",
     )
     print(f"\n## Eval loss, tiny Transformer, {corpus.source}: {spec.describe()}\n", flush=True)
 
@@ -185,6 +198,8 @@ def part_loss(args):
         ("final train loss (mean last 20)", "train_loss", ".4f"), ("s", "wall", ".0f"))))
     print()
     print(result.verdict("poet_x", "adamw"))
+    print(result.verdict("poet_x_no_clip_warmup", "adamw"))
+    print(result.verdict("poet_x", "poet_x_no_clip_warmup"))
     print(f"\n{len(spec.methods) * len(spec.lrs) * len(spec.seeds)} runs, "
           f"{result.total_seconds():.0f} s")
 

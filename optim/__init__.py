@@ -4,13 +4,22 @@
 * :func:`smet` / :func:`scale_by_smet`: dynamic sparse training with compact optimizer state
   (arXiv 2606.00888).
 * :func:`poet_x`: POET-X orthogonal equivalence training with merge-then-reinitialize (arXiv
-  2506.08001, 2603.05500), over :class:`PoetLinear` layers made by :func:`poetize`.
+  2506.08001, 2603.05500), over :class:`PoetLinear` layers made by :func:`poetize`;
+  :func:`clip_by_global_norm_merge_warmup`: the authors' clipping warm-up after each merge.
 * :func:`make_optimizer`: the AdamW / FOAM / SMET / POET-X training recipes by name;
   :func:`build_optimizer`: one of them on the default warm-up-cosine schedule.
 """
 
 from jaxlib_ext.optim.foam import ScaleByFoamState, foam, scale_by_foam
-from jaxlib_ext.optim.poet import PoetXState, merge_poet_layer, poet_labels, poet_x
+from jaxlib_ext.optim.poet import (
+    ClipMergeWarmupState,
+    PoetXState,
+    clip_by_global_norm_merge_warmup,
+    merge_clip_threshold,
+    merge_poet_layer,
+    poet_labels,
+    poet_x,
+)
 from jaxlib_ext.optim.recipes import (
     OPTIMIZER_NAMES,
     build_optimizer,
@@ -33,8 +42,11 @@ from jaxlib_ext.optim.smet import (
 
 __all__ = [
     "OPTIMIZER_NAMES",
+    "ClipMergeWarmupState",
     "PoetLinear",
     "PoetXState",
+    "clip_by_global_norm_merge_warmup",
+    "merge_clip_threshold",
     "merge_poet_layer",
     "poet_labels",
     "poet_layers",

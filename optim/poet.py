@@ -35,7 +35,9 @@ merge is expressed through the returned updates (``merged - params`` for the bas
 permutations, ``-theta`` for the rotations, which makes ``theta`` exactly zero), so any loop that
 applies ``optax.apply_updates`` runs it; it is a ``lax.cond`` on the step counter, so the step
 compiles once. The learning-rate schedule runs on the global step counter, not the reset one.
-Gradient-clipping warm-up after each merge (the authors' driver) is not part of this transform.
+Gradient-clipping warm-up after each merge (the authors' training driver) is a separate
+transform placed before this one, :func:`clip_by_global_norm_merge_warmup`; the ``poet_x``
+recipe (:func:`jaxlib_ext.optim.make_optimizer`) chains the two.
 
 **Orthogonality bound.** The blocks are the truncated Cayley–Neumann series
 :math:`G = I + 2Q + 2Q^2 + 2Q^3 + Q^4` of a skew :math:`Q` (eigenvalues :math:`\pm i\lambda_j`),
@@ -73,7 +75,10 @@ from jaxlib_ext.optim import _common
 from jaxlib_ext.pallas_kernels.poet.reference import cayley_neumann, inverse_permutation, skew
 from jaxlib_ext.pallas_kernels.poet.xla import block_apply
 
-__all__ = ["PoetXState", "merge_poet_layer", "poet_labels", "poet_x", "rotation_radius"]
+__all__ = [
+    "ClipMergeWarmupState", "PoetXState", "clip_by_global_norm_merge_warmup",
+    "merge_clip_threshold", "merge_poet_layer", "poet_labels", "poet_x", "rotation_radius",
+]
 
 _BASE = "poet_base"
 _THETAS = ("theta_in", "theta_out")
@@ -383,3 +388,134 @@ def poet_x(
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
+
+
+class ClipMergeWarmupState(NamedTuple):
+    """State of :func:`clip_by_global_norm_merge_warmup`.
+
+    Attributes:
+      count: steps done (int32), the authors' ``optimizer_step_count``; the steps since the last
+        merge are ``count % merge_every`` once ``count >= merge_every``.
+    """
+
+    count: jax.Array
+
+
+def _check_clip_warmup(max_norm, merge_every, start_fraction, warmup_steps, until):
+    _common.check_scalar("max_norm", max_norm, lo=0.0, lo_open=True)
+    merge_every = _common.check_int("merge_every", merge_every, lo=1)
+    _common.check_scalar("start_fraction", start_fraction, lo=0.0, hi=1.0, lo_open=True)
+    warmup_steps = _common.check_int("warmup_steps", warmup_steps, lo=0)
+    if until is not None:
+        until = _common.check_int("until", until, lo=0)
+    return merge_every, warmup_steps, until
+
+
+def merge_clip_threshold(
+    count,
+    max_norm: float,
+    *,
+    merge_every: int,
+    start_fraction: float = 0.1,
+    warmup_steps: int = 10,
+    until: int | None = 2000,
+) -> jax.Array:
+    r"""Clipping threshold of the update that follows ``count`` completed steps (float32).
+
+    With :math:`c` = ``max_norm``, :math:`T_m` = ``merge_every``, :math:`f` =
+    ``start_fraction``, :math:`W` = ``warmup_steps`` and :math:`k = t \bmod T_m` the steps
+    since the last merge,
+
+    .. math::
+
+       c_t = \begin{cases}
+         c\,\bigl(f + (1 - f)\,k / W\bigr) & T_m \le t \le \text{until},\ k < W \\
+         c & \text{otherwise,}
+       \end{cases}
+
+    the authors' ``calc_poet_grad_clipping_value`` (POET-X, arXiv 2603.05500, reference code,
+    ``poet_torch/utils/model_utils.py``) evaluated on the completed-step count, as their
+    driver does: the first update after a merge (``k = 0``) clips at :math:`f c`, the ramp is
+    linear and reaches :math:`c` at :math:`k = W`; no warm-up before the first merge nor after
+    step ``until`` (their ``gd_warmup_steps``; ``None``: after every merge). ``count`` may be
+    traced; the other arguments are static.
+
+    Raises:
+      ValueError: naming the argument, if ``max_norm <= 0``, ``merge_every < 1``,
+        ``start_fraction`` is outside ``(0, 1]``, ``warmup_steps < 0`` or ``until < 0``.
+    """
+    merge_every, warmup_steps, until = _check_clip_warmup(
+        max_norm, merge_every, start_fraction, warmup_steps, until)
+    t = jnp.asarray(count, jnp.int32)
+    k = t % merge_every
+    active = (t >= merge_every) & (k < warmup_steps)
+    if until is not None:
+        active = active & (t <= until)
+    ramp = start_fraction + (1.0 - start_fraction) * k.astype(jnp.float32) / max(1, warmup_steps)
+    return jnp.float32(max_norm) * jnp.where(active, ramp, jnp.float32(1.0))
+
+
+def clip_by_global_norm_merge_warmup(
+    max_norm: float,
+    *,
+    merge_every: int,
+    start_fraction: float = 0.1,
+    warmup_steps: int = 10,
+    until: int | None = 2000,
+) -> optax.GradientTransformation:
+    r"""Global-norm clipping whose threshold restarts low after each POET merge.
+
+    :math:`g \leftarrow g \min(1, c_t / \|g\|_2)` over every leaf of the tree, with
+    :math:`c_t` of :func:`merge_clip_threshold` at the state's step count (the same
+    arithmetic as :func:`optax.clip_by_global_norm`, to which it reduces with
+    ``warmup_steps=0``). Placed before :func:`poet_x` with the same ``merge_every``, the
+    threshold ramps from ``start_fraction * max_norm`` to ``max_norm`` over the
+    ``warmup_steps`` updates that follow each merge-then-reinitialize, the authors' training
+    driver (POET-X, arXiv 2603.05500, reference code: ``min_ratio=0.1``, ``warmup_steps=10``,
+    ``gd_warmup_steps`` 2000 by default), which lets the fresh Adam moments of the rotations
+    start from small steps. The authors clip every trained parameter (POET rotations and the
+    other leaves) together; so does this transform, over whatever tree it is given (the frozen
+    POET leaves have zero gradients).
+
+    Args:
+      max_norm: the threshold :math:`c` outside the warm-up.
+      merge_every: the merge interval :math:`T_m` of the :func:`poet_x` that follows (static).
+      start_fraction: threshold of the first update after a merge, as a fraction of
+        ``max_norm``, in ``(0, 1]``.
+      warmup_steps: length :math:`W` of the linear ramp, ``>= 0`` (0: constant clipping).
+      until: last step count with a warm-up (the authors' ``gd_warmup_steps``); ``None``: no
+        limit.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxlib_ext.optim import clip_by_global_norm_merge_warmup
+      >>> tx = clip_by_global_norm_merge_warmup(1.0, merge_every=2)
+      >>> g = {"w": jnp.full((4,), 10.0)}
+      >>> s = tx.init(g)
+      >>> for _ in range(3):
+      ...     u, s = tx.update(g, s)
+      >>> round(float(jnp.linalg.norm(u["w"])), 4)  # the first update after the merge at 2
+      0.1
+    """
+    merge_every, warmup_steps, until = _check_clip_warmup(
+        max_norm, merge_every, start_fraction, warmup_steps, until)
+
+    def init_fn(params):
+        del params
+        return ClipMergeWarmupState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        del params
+        c = merge_clip_threshold(state.count, max_norm, merge_every=merge_every,
+                                 start_fraction=start_fraction, warmup_steps=warmup_steps,
+                                 until=until)
+        g_norm = optax.tree.norm(updates)
+        trigger = jnp.squeeze(g_norm < c)
+
+        def clip(t):
+            return jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * c.astype(t.dtype))
+
+        updates = jax.tree.map(clip, updates)
+        return updates, ClipMergeWarmupState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init_fn, update_fn)

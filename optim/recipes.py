@@ -13,7 +13,12 @@ follows each optimizer's own convention:
   the authors' parameter groups). Its model is :func:`prepare_model`'s: the model's dense layers
   replaced by POET layers of ``block_size``; the rotations train at ``learning_rate *
   poet_lr_scale`` and the other leaves at ``learning_rate * base_lr_scale`` (the authors' 3B
-  script: POET lr 5e-4, base lr 1e-3).
+  script: POET lr 5e-4, base lr 1e-3). Its clipping is the authors' merge warm-up
+  (:func:`jaxlib_ext.optim.clip_by_global_norm_merge_warmup`): after each merge the threshold
+  ramps linearly from ``clip_warmup_start * clip_norm`` (0.1) to ``clip_norm`` over
+  ``clip_warmup_steps`` (10) steps, up to step ``clip_warmup_until`` (2000, the authors'
+  ``gd_warmup_steps``), over the same leaves the constant clip sees; ``clip_warmup=False`` is
+  our variant, the constant ``optax.clip_by_global_norm(clip_norm)`` of the other recipes.
 
 SMET's schedule scales with the run: the topology is updated about six times a run, every
 ``max(1, min(100, total_steps // 6))`` steps, and each update is followed by the per-slot warm-up
@@ -31,7 +36,7 @@ import optax
 
 from jaxlib_ext.optim import _common
 from jaxlib_ext.optim.foam import foam
-from jaxlib_ext.optim.poet import poet_x
+from jaxlib_ext.optim.poet import clip_by_global_norm_merge_warmup, poet_x
 from jaxlib_ext.optim.smet import smet
 
 __all__ = [
@@ -43,6 +48,8 @@ OPTIMIZER_NAMES: tuple[str, ...] = ("adamw", "foam", "smet", "poet_x")
 
 #: poet_x hyperparameters that shape the model (:func:`prepare_model`), not the optimizer
 _POET_MODEL_KEYS = ("block_size", "method", "memory_saving")
+#: poet_x hyperparameters of the clipping that precedes the optimizer
+_POET_CLIP_KEYS = ("clip_warmup", "clip_warmup_start", "clip_warmup_steps", "clip_warmup_until")
 
 
 def decay_mask(params) -> Any:
@@ -111,6 +118,8 @@ def recipe_defaults(name: str, total_steps: int = 1000) -> dict[str, Any]:
         return {
             "b1": 0.9, "b2": 0.999, "eps": 1e-6, "merge_every": 200, "poet_lr_scale": 0.5,
             "base_lr_scale": 2.0, "block_size": 256, "method": "auto", "memory_saving": False,
+            "clip_warmup": True, "clip_warmup_start": 0.1, "clip_warmup_steps": 10,
+            "clip_warmup_until": 2000,
         }
     every = _smet_update_every(total_steps)
     return {
@@ -144,6 +153,7 @@ def make_optimizer(
       seed: seeds SMET's initial masks and regrowth (``jax.random.key(seed)``).
       weight_decay: decoupled weight decay, applied as the module docstring says per optimizer.
       clip_norm: ``optax.clip_by_global_norm`` threshold applied first; ``None`` for no clipping.
+        For ``"poet_x"`` the threshold outside the merge warm-up (module docstring).
       **hyperparams: overrides of :func:`recipe_defaults` (e.g. ``level=4``, ``density=0.1``).
         For SMET, ``optimizer_warmup_steps`` defaults to ``update_every`` (overridden or not).
 
@@ -168,8 +178,27 @@ def make_optimizer(
     hp = {**known, **hyperparams}
     parts = _PARTS[name](learning_rate, total_steps, seed, weight_decay, hp)
     if clip_norm is not None:
-        parts = [optax.clip_by_global_norm(clip_norm), *parts]
+        parts = [_clip(name, clip_norm, hp), *parts]
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+
+#: clip_by_global_norm_merge_warmup's argument -> the poet_x recipe's key, for error messages
+_CLIP_ARG_KEYS = {"start_fraction": "clip_warmup_start", "warmup_steps": "clip_warmup_steps",
+                  "until": "clip_warmup_until", "max_norm": "clip_norm"}
+
+
+def _clip(name, clip_norm, hp) -> optax.GradientTransformation:
+    if name != "poet_x" or not hp["clip_warmup"]:
+        return optax.clip_by_global_norm(clip_norm)
+    try:
+        return clip_by_global_norm_merge_warmup(
+            clip_norm, merge_every=hp["merge_every"], start_fraction=hp["clip_warmup_start"],
+            warmup_steps=hp["clip_warmup_steps"], until=hp["clip_warmup_until"])
+    except ValueError as e:
+        arg, sep, rest = str(e).partition(":")
+        if sep and arg in _CLIP_ARG_KEYS:
+            raise ValueError(f"{_CLIP_ARG_KEYS[arg]}:{rest}") from None
+        raise
 
 
 def _adamw(learning_rate, total_steps, seed, weight_decay, hp):
@@ -189,7 +218,7 @@ def _smet(learning_rate, total_steps, seed, weight_decay, hp):
 
 def _poet_x(learning_rate, total_steps, seed, weight_decay, hp):
     del total_steps
-    hp = {k: v for k, v in hp.items() if k not in _POET_MODEL_KEYS}
+    hp = {k: v for k, v in hp.items() if k not in (*_POET_MODEL_KEYS, *_POET_CLIP_KEYS)}
     scale = hp.pop("base_lr_scale")
     if callable(learning_rate):
         base = lambda count: scale * learning_rate(count)  # noqa: E731

@@ -16,8 +16,11 @@ from flax import nnx
 from jaxlib_ext import cli
 from jaxlib_ext.models.transformer import build_transformer
 from jaxlib_ext.optim import (
+    ClipMergeWarmupState,
     PoetLinear,
+    clip_by_global_norm_merge_warmup,
     make_optimizer,
+    merge_clip_threshold,
     merge_poet_layer,
     poet_labels,
     poet_layers,
@@ -199,8 +202,10 @@ def test_recipe_prepares_the_model_and_builds_the_optimizer():
 
 
 def test_cli_trains_the_tiny_transformer_with_poet_x(tmp_path):
+    # one layer: the CLI path (poetize, the merges, eval, checkpoint) at half the compile time
     code = cli.main([
-        "train", "--model", "transformer", "--optimizer", "poet_x", "--opt", "block_size=32",
+        "train", "--model", "transformer", "--arch", "n_layers=1", "--optimizer", "poet_x",
+        "--opt", "block_size=32",
         "--opt", "merge_every=2", "--steps", "4", "--batch-size", "8", "--seq-len", "16",
         "--eval-every", "4", "--eval-batches", "1", "--checkpoint-every", "4",
         "--out-dir", str(tmp_path), "--no-progress", "--mesh", "data=-1",
@@ -267,3 +272,90 @@ def test_rotations_past_the_orthogonality_bound_warn_or_are_clipped():
 def test_bad_orthogonality_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         poet_x(1e-2, **kwargs)
+
+
+def _ramp(t, c=2.0, every=20, f=0.1, w=10, until=2000):
+    """The authors' calc_poet_grad_clipping_value at completed-step count t, by hand."""
+    k = t % every
+    if t < every or t > until or k >= w:
+        return c
+    return c * (f + (1 - f) * k / w)
+
+
+def _clipped_norms(tx, steps, scale=100.0):
+    """Norms of tx's outputs under jit for gradients of norm ``scale`` (always clipped)."""
+    g = {"a": jnp.full((3, 4), scale / np.sqrt(24.0)), "b": {"c": jnp.full((12,), scale
+                                                                           / np.sqrt(24.0))}}
+
+    @jax.jit
+    def run(state):
+        def body(s, _):
+            u, s = tx.update(g, s)
+            return s, optax.tree.norm(u)
+        return jax.lax.scan(body, state, None, length=steps)
+
+    state, norms = run(tx.init(g))
+    return np.asarray(norms), int(state.count)
+
+
+def test_clip_warmup_ramps_after_each_merge_inside_jit():
+    tx = clip_by_global_norm_merge_warmup(2.0, merge_every=20)
+    norms, count = _clipped_norms(tx, 50)  # two merges, at counts 20 and 40
+    assert count == 50 and isinstance(tx.init({"a": jnp.ones(2)}), ClipMergeWarmupState)
+    want = np.array([_ramp(t) for t in range(50)])
+    np.testing.assert_allclose(norms, want, rtol=1e-5)
+    # by hand: 0.1c on the first update after a merge, +0.09c a step, c from the 10th on
+    np.testing.assert_allclose(norms[[19, 20, 21, 29, 30, 40, 45]],
+                               [2.0, 0.2, 0.38, 1.82, 2.0, 0.2, 1.1], rtol=1e-5)
+    thresholds = jax.jit(lambda t: merge_clip_threshold(t, 2.0, merge_every=20))(
+        jnp.arange(50))
+    np.testing.assert_allclose(np.asarray(thresholds), want, rtol=1e-6)
+    # the authors' gd_warmup_steps: no warm-up after step `until`
+    late, _ = _clipped_norms(clip_by_global_norm_merge_warmup(2.0, merge_every=20, until=30), 50)
+    np.testing.assert_allclose(late, [_ramp(t, until=30) for t in range(50)], rtol=1e-5)
+    assert late[40] == pytest.approx(2.0) and late[20] == pytest.approx(0.2)
+    # gradients under the threshold pass unchanged
+    small, _ = _clipped_norms(tx, 25, scale=0.1)
+    np.testing.assert_allclose(small, 0.1, rtol=1e-5)
+
+
+def test_clip_warmup_off_is_the_constant_clip():
+    g = {"w": jnp.arange(6.0).reshape(2, 3), "v": -jnp.ones(4)}
+    ref = optax.clip_by_global_norm(1.0)
+    tx = clip_by_global_norm_merge_warmup(1.0, merge_every=5, warmup_steps=0)
+    s, rs = tx.init(g), ref.init(g)
+    for _ in range(12):
+        u, s = tx.update(g, s)
+        r, rs = ref.update(g, rs)
+        jax.tree.map(np.testing.assert_array_equal, u, r)
+    # the recipe: warm-up on by default, constant optax clip with clip_warmup=False
+    assert recipe_defaults("poet_x")["clip_warmup"] is True
+    on = make_optimizer("poet_x", 1e-3, total_steps=30, merge_every=5)
+    off = make_optimizer("poet_x", 1e-3, total_steps=30, merge_every=5, clip_warmup=False)
+    assert isinstance(on.init(g)[0], ClipMergeWarmupState)
+    assert not isinstance(off.init(g)[0], ClipMergeWarmupState)
+    assert not isinstance(make_optimizer("adamw", 1e-3, total_steps=30).init(g)[0],
+                          ClipMergeWarmupState)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(start_fraction=0.0), "start_fraction"),
+    (dict(start_fraction=1.5), "start_fraction"),
+    (dict(warmup_steps=-1), "warmup_steps"),
+    (dict(merge_every=0), "merge_every"),
+    (dict(until=-1), "until"),
+    (dict(max_norm=0.0), "max_norm"),
+])
+def test_bad_clip_warmup_arguments_are_named(kwargs, match):
+    args = {"max_norm": 1.0, "merge_every": 10, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        clip_by_global_norm_merge_warmup(**args)
+    with pytest.raises(ValueError, match=match):
+        merge_clip_threshold(0, **args)
+
+
+def test_recipe_names_its_clip_warmup_keys_in_errors():
+    with pytest.raises(ValueError, match="clip_warmup_start"):
+        make_optimizer("poet_x", 1e-3, total_steps=10, clip_warmup_start=0.0)
+    with pytest.raises(ValueError, match="clip_warmup_steps"):
+        make_optimizer("poet_x", 1e-3, total_steps=10, clip_warmup_steps=-1)
