@@ -1,19 +1,27 @@
-"""Normalized energy prior (arXiv 2605.15487) on MNIST: PC, PC-MALA, the adaptive schedule and
+"""Normalized energy prior (arXiv 2605.15487) on MNIST: PC, PC-MALA, the adaptive schedules and
 DPS at equal network budgets; blind estimation of the degradation; MH bias reduction.
 
 The energy U-Net is trained by ``python -m jaxlib_ext energy`` (checkpoint folder
-``--ckpt``). Held-out digits (``load_mnist("test")``): the first ``--val`` are the validation
-set, the next ``--test`` the test set; one measurement per digit and task (noise 0.02).
+``--ckpt``); the loss-weight ablation trains one prior per ``--cov-reduction`` (``authors``,
+the default, and ``mean``, ours) and runs this script on each. Held-out digits
+(``load_mnist("test")``): the first ``--val`` are the validation set, the next ``--test`` the
+test set; one measurement per digit and task (noise 0.02).
+
+Samplers: ``PC`` and ``PC-MALA`` in the authors' form (predictor first, scaled levels (V.1a));
+``adaptive`` the authors' per-entry schedule (``adaptive.sample_per_entry``, 3 inner moves per
+update); ``DPS``; and our variants ``PC/ours``, ``PC-MALA/ours`` (corrector first, clipped
+levels (V.1)) and ``adaptive/ours`` (the per-level schedule, ``adaptive.sample``).
 
 The comparison rule (``benchmarks/_comparison.py``): each sampler's one hyper-parameter is its
-base value (PC and PC-MALA: the corrector's ``snr`` 0.45; adaptive: ``eta`` 1; DPS: ``zeta`` 3)
-times the same multiplier grid {1/3, 1, 3}; ``--seeds`` seeds (the samplers' PRNG key);
-the multiplier picked per task by the mean validation PSNR over seeds; test metrics reported
-there, mean +- std over seeds. Every sampler gets the same number of network gradients per
-chain (``--nfe``; one DPS step = one gradient plus one vector-Hessian product, so DPS does
-about twice the work). The posterior mean is the average of ``--chains`` chains' final Tweedie
-estimates, clipped to [0, 1]; PSNR and SSIM (:mod:`jaxlib_ext.samplers.inverse.quality`)
-against the truth.
+base value (PC and PC-MALA: the corrector's ``snr`` 0.45; adaptive: the authors' ``step_cov``
+1.5e-2; adaptive/ours: ``eta`` 1; DPS: ``zeta`` 3) times the same multiplier grid {1/3, 1, 3};
+``--seeds`` seeds (the samplers' PRNG key); the multiplier picked per task by the mean
+validation PSNR over seeds; test metrics reported there, mean +- std over seeds. Every sampler
+gets at most the same number of network gradients per chain (``--nfe``, a comma list of
+budgets, each run in turn; one DPS step = one gradient plus one vector-Hessian product, so DPS
+does about twice the work; the gradients column says what each used). The posterior mean is
+the average of ``--chains`` chains' final Tweedie estimates, clipped to [0, 1]; PSNR and SSIM
+(:mod:`jaxlib_ext.samplers.inverse.quality`) against the truth.
 
 Blind estimation: for a grid of true (box size, noise) and (blur width, noise) pairs, the
 argmax of the grid posterior (B.1) from one network evaluation per candidate.
@@ -49,10 +57,14 @@ from jaxlib_ext.samplers.energy.train import load
 from jaxlib_ext.samplers.inverse.quality import psnr, ssim
 
 NOISE = 0.02
-SAMPLERS = ("PC", "PC-MALA", "adaptive", "DPS")
-HP = {"PC": "snr", "PC-MALA": "snr", "adaptive": "eta", "DPS": "zeta"}
+SAMPLERS = ("PC", "PC-MALA", "adaptive", "DPS", "PC/ours", "PC-MALA/ours", "adaptive/ours")
+HP = {"PC": "snr", "PC-MALA": "snr", "adaptive": "step_cov", "DPS": "zeta", "PC/ours": "snr",
+      "PC-MALA/ours": "snr", "adaptive/ours": "eta"}
 #: each sampler's hyper-parameter is its base value times a multiplier of one shared grid
-BASE = {"PC": 0.45, "PC-MALA": 0.45, "adaptive": 1.0, "DPS": 3.0}
+BASE = {"PC": 0.45, "PC-MALA": 0.45, "adaptive": 1.5e-2, "DPS": 3.0, "PC/ours": 0.45,
+        "PC-MALA/ours": 0.45, "adaptive/ours": 1.0}
+#: the authors' per-entry schedule: network gradients per update = 1 + inner moves
+PER_ENTRY_INNER = 3
 
 
 def parse_fraction(text):
@@ -77,11 +89,20 @@ def make_runner(u, name, nfe, chains):
 
     def run(y, key, hp, op):
         prob = pc.repeat(en.from_operator(y, op, NOISE), chains)
-        if name in ("PC", "PC-MALA"):
-            r = pc.sample(u, prob, key, num_levels=nfe // 2, corrector_steps=1, snr=hp,
-                          sigma_end=0.01, metropolis=name == "PC-MALA")
-            acc = r.info.acceptance_rate[1:].mean() if name == "PC-MALA" else jnp.nan
+        if name.startswith("PC"):
+            ours = name.endswith("/ours")
+            mala = name.startswith("PC-MALA")
+            r = pc.sample(u, prob, key, num_levels=nfe // 2 if ours else (nfe - 1) // 2,
+                          corrector_steps=1, snr=hp, sigma_end=0.01, metropolis=mala,
+                          order="corrector_first" if ours else "predictor_first",
+                          levels="clipped" if ours else "scaled")
+            acc = r.info.acceptance_rate[1:].mean() if mala else jnp.nan
         elif name == "adaptive":
+            r = adaptive.sample_per_entry(u, prob, key,
+                                          num_updates=max(1, nfe // (1 + PER_ENTRY_INNER)),
+                                          inner_steps=PER_ENTRY_INNER, step_cov=hp)
+            acc = jnp.nan
+        elif name == "adaptive/ours":
             r = adaptive.sample(u, prob, key, num_steps=nfe, sigma_end=0.01, eta=hp)
             acc = jnp.nan
         else:
@@ -94,15 +115,15 @@ def make_runner(u, name, nfe, chains):
     return jax.jit(run)
 
 
-def bench_reconstruction(u, args, digits):
-    """Per task, the comparison of the samplers under the rule (module docstring); returns
-    ``{task: ComparisonResult}``."""
+def bench_reconstruction(u, args, digits, nfe):
+    """Per task, the comparison of the samplers under the rule (module docstring) at ``nfe``
+    network gradients per chain; returns ``{task: ComparisonResult}``."""
     shape, n_val = digits.shape[1:], args.val
     x = jnp.asarray(digits)
-    runners = {s: make_runner(u, s, args.nfe, args.chains) for s in args.samplers}
+    runners = {s: make_runner(u, s, nfe, args.chains) for s in args.samplers}
     spec = Comparison(methods=args.samplers, lrs=args.multipliers,
                       seeds=tuple(range(args.seeds)),
-                      budget=f"{args.nfe} network gradients per chain, {args.chains} chains "
+                      budget=f"{nfe} network gradients per chain, {args.chains} chains "
                              f"per digit")
     out = {}
     for tname, op in tasks(shape).items():
@@ -117,8 +138,8 @@ def bench_reconstruction(u, args, digits):
                     "ssim": float(q[n_val:].mean()), "acceptance": float(acc),
                     "gradients": int(nfe)}
 
-        print(f"\n## {tname} (the lr column: the multiplier of the sampler's base "
-              f"hyper-parameter)\n", flush=True)
+        print(f"\n## {tname}, {nfe} gradients (the lr column: the multiplier of the "
+              f"sampler's base hyper-parameter)\n", flush=True)
         res = run_comparison(spec, run, higher_is_better=True, metric="PSNR",
                              log=lambda line: None)
         print(res.grid_table(fmt=".2f"))
@@ -130,6 +151,9 @@ def bench_reconstruction(u, args, digits):
             for s in spec.methods:
                 if s != "DPS":
                     print(res.verdict(s, "DPS", fmt=".2f"))
+        for s in spec.methods:
+            if s.endswith("/ours") and s[:-len("/ours")] in spec.methods:
+                print(res.verdict(s[:-len("/ours")], s, fmt=".2f"))
         out[tname] = res
     return out
 
@@ -200,7 +224,7 @@ def bench_mh_bias(args):
                 e_mean = np.sqrt(np.mean(((s.mean(0) - m) / sd)[free] ** 2))
                 e_std = np.sqrt(np.mean((s.std(0) / sd_t - 1)[free] ** 2))
                 acc = float(r.info.acceptance_rate[1:].mean()) if met else float("nan")
-                rows.append((nfe, snr, "PC-MALA" if met else "PC", e_mean, e_std, acc))
+                rows.append((int(r.nfe), snr, "PC-MALA" if met else "PC", e_mean, e_std, acc))
     return rows
 
 
@@ -230,7 +254,8 @@ def main():
     ap.add_argument("--test", type=int, default=16, help="test digits")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--chains", type=int, default=2)
-    ap.add_argument("--nfe", type=int, default=30)
+    ap.add_argument("--nfe", default="30,100,300",
+                    help="comma list of network-gradient budgets per chain, run in turn")
     ap.add_argument("--mh-chains", type=int, default=1024)
     ap.add_argument("--fast", action="store_true")
     ap.add_argument("--only-reconstruction", action="store_true",
@@ -251,8 +276,14 @@ def main():
     args.samplers = tuple(x for x in args.samplers.split(",") if x)
     if not set(args.samplers) <= set(SAMPLERS):
         ap.error(f"--samplers: expected names among {SAMPLERS}")
+    try:
+        args.nfe = tuple(int(n) for n in args.nfe.split(",") if n)
+    except ValueError:
+        ap.error(f"--nfe: not a comma list of ints: {args.nfe!r}")
+    if not args.nfe or min(args.nfe) < 8:
+        ap.error("--nfe: each budget must be >= 8 (two per-entry updates)")
     if args.fast:
-        args.val, args.test, args.chains, args.nfe, args.mh_chains = 2, 2, 1, 6, 64
+        args.val, args.test, args.chains, args.nfe, args.mh_chains = 2, 2, 1, (8,), 64
     cache_compilations()
     print(f"# Energy prior benchmark ({time.strftime('%Y-%m-%d')}, "
           f"{platform.processor() or 'cpu'}, {os.cpu_count()} CPUs, jax {jax.__version__}, "
@@ -267,12 +298,14 @@ def main():
     held_out = images.load_mnist("test").images
     digits = held_out[:args.val + args.test]
     print(f"checkpoint {args.ckpt} at step {step}; {args.val} validation + {args.test} test "
-          f"digits, {args.chains} chains, {args.nfe} network gradients per chain, noise "
+          f"digits, {args.chains} chains, {', '.join(map(str, args.nfe))} network gradients "
+          f"per chain, noise "
           f"{NOISE}; hyper-parameter = base x multiplier, bases "
           + ", ".join(f"{s} {HP[s]} {BASE[s]:g}" for s in args.samplers) + "\n")
     if not args.only_reconstruction:
         bench_blind_and_mh(u, args, held_out[args.val:args.val + args.test])
-    bench_reconstruction(u, args, digits)
+    for nfe in args.nfe:
+        bench_reconstruction(u, args, digits, nfe)
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
 
 

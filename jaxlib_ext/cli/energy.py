@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--cov-weight", type=float, default=1.0)
+    p.add_argument("--cov-reduction", choices=("authors", "mean"), default="authors",
+                   help="the covariance term's average: 1/d^2 (the authors') or 1/d (ours)")
     p.add_argument("--base-channels", type=int, default=16)
     p.add_argument("--sigma-min", type=float, default=0.01)
     p.add_argument("--sigma-max", type=float, default=20.0)
@@ -47,7 +49,8 @@ def run(a: argparse.Namespace):
     model = energy_train.build_model("unet", kwargs, a.seed)
     res = energy_train.train(
         model, data, steps=a.steps, batch_size=a.batch_size, learning_rate=a.lr,
-        ema_decay=a.ema, cov_weight=a.cov_weight, sigma_min=a.sigma_min,
+        ema_decay=a.ema, cov_weight=a.cov_weight, cov_reduction=a.cov_reduction,
+        sigma_min=a.sigma_min,
         sigma_max=a.sigma_max, seed=a.seed, checkpoint_dir=a.out,
         checkpoint_every=a.checkpoint_every, model_meta={"kind": "unet", "kwargs": kwargs},
         max_seconds=None if a.max_minutes is None else 60 * a.max_minutes,

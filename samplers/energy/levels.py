@@ -1,9 +1,20 @@
-"""The noise levels of posterior sampling: ``Sigma_k = min(Sigma_y, sigma_k^2)`` and its target.
+"""The noise levels of posterior sampling: the task-shaped ``Sigma_k`` and its target.
 
 For a :class:`~.problem.DiagonalProblem` ``(z, Sigma_y)`` and a level ``sigma_k`` (one per
-chain), coefficient by coefficient in the basis (arXiv 2605.15487, the task-shaped covariance)::
+chain), coefficient by coefficient in the basis (arXiv 2605.15487, the task-shaped covariance),
+one of two shapes::
 
-    Sigma_k = min(Sigma_y, sigma_k^2)                                                       (V.1)
+    "scaled":  Sigma_k = (sigma_k^2 / sigma_max^2) Sigma_y                                (V.1a)
+    "clipped": Sigma_k = min(Sigma_y, sigma_k^2)                                           (V.1)
+
+(V.1a) is the authors' (their samplers scale the task covariance, ``Sigma_k = sigma_k^2
+S_task``, here with ``S_task = Sigma_y / sigma_max^2`` so that ``Sigma_0 = Sigma_y``): every
+coefficient shrinks by the same factor, the observed ones to variances far below the noise of
+the measurement. (V.1) is ours: a coefficient keeps the measurement's variance until the level
+falls below it, so the network is only asked about variances in its training range. Both
+satisfy ``Sigma_{k+1} <= Sigma_k <= Sigma_y`` entry by entry, which is all that follows needs;
+:func:`covariance_level` builds the same quantities for any such ``Sigma_k`` (the per-entry
+adaptive schedule).
 
 With ``x_k = x + Sigma_k^{1/2} eps`` the chain ``x -> x_{k+1} -> x_k -> z`` only adds noise
 (``z = x_k + (Sigma_y - Sigma_k)^{1/2} eps'``), so
@@ -34,7 +45,11 @@ from jaxlib_ext.samplers.energy.covariance import Covariance
 from jaxlib_ext.samplers.energy.energy import EnergyFn, energy_and_grads
 from jaxlib_ext.samplers.energy.problem import DiagonalProblem
 
-__all__ = ["Level", "Evaluation", "evaluate", "geometric_sigmas", "initial_position", "level"]
+__all__ = ["LEVEL_SHAPES", "Level", "Evaluation", "covariance_level", "evaluate",
+           "geometric_sigmas", "initial_position", "level"]
+
+#: ``"scaled"``: (V.1a), the authors'; ``"clipped"``: (V.1), ours.
+LEVEL_SHAPES = ("scaled", "clipped")
 
 
 class Level(NamedTuple):
@@ -70,16 +85,41 @@ def geometric_sigmas(sigma_begin: float, sigma_end: float, num: int):
     return jnp.geomspace(sigma_begin, sigma_end, num)
 
 
-def level(problem: DiagonalProblem, sigma2) -> Level:
-    """(V.1), (V.2) for per-chain ``sigma2`` ``[B]`` (or a scalar)."""
+def check_level_shape(shape: str) -> str:
+    if shape not in LEVEL_SHAPES:
+        raise ValueError(f"levels: expected one of {LEVEL_SHAPES}, got {shape!r}")
+    return shape
+
+
+def level(problem: DiagonalProblem, sigma2, shape: str = "scaled") -> Level:
+    """(V.1a) (``shape="scaled"``, the authors') or (V.1) (``"clipped"``, ours) with (V.2), for
+    per-chain ``sigma2`` ``[B]`` (or a scalar)."""
+    check_level_shape(shape)
     sy = problem.cov.diag
     s2 = jnp.broadcast_to(_b(jnp.asarray(sigma2, sy.dtype), sy), sy.shape)
-    cov_k = jnp.minimum(sy, s2)
-    free = s2 < sy
+    if shape == "scaled":
+        cov_k = jnp.minimum(sy * (s2 / problem.sigma_max ** 2), sy)                 # (V.1a)
+    else:
+        cov_k = jnp.minimum(sy, s2)                                                  # (V.1)
+    return _level_of(problem, cov_k, s2)
+
+
+def covariance_level(problem: DiagonalProblem, cov_diag) -> Level:
+    """(V.2) for any ``Sigma_k = diag(cov_diag)`` (in the problem's basis) with ``Sigma_k <=
+    Sigma_y``; the preconditioner is relative to each entry's own variance (1 on missing
+    coefficients)."""
+    cov_k = jnp.minimum(jnp.asarray(cov_diag, problem.cov.diag.dtype), problem.cov.diag)
+    return _level_of(problem, cov_k, cov_k)
+
+
+def _level_of(problem, cov_k, s2):
+    sy = problem.cov.diag
+    free = cov_k < sy
     obs_free = free & problem.observed
     gap = jnp.where(obs_free, sy - cov_k, 1.0)
     weight = jnp.where(obs_free, 1.0 / gap, 0.0)
-    p = jnp.where(free, 1.0 / (1.0 / cov_k + weight) / s2, 0.0)
+    safe = jnp.where(free, cov_k, 1.0)
+    p = jnp.where(free, 1.0 / (1.0 / safe + weight) / jnp.where(free, s2, 1.0), 0.0)
     basis = problem.cov.basis
     return Level(Covariance(cov_k, basis), weight, Covariance(p, basis), free)
 

@@ -31,7 +31,7 @@ from flax import nnx
 from jaxlib_ext.core import loop
 from jaxlib_ext.core.schedule import WarmupCosine
 from jaxlib_ext.samplers.energy.covariance import random_covariance
-from jaxlib_ext.samplers.energy.loss import acsm_loss
+from jaxlib_ext.samplers.energy.loss import COV_REDUCTIONS, acsm_loss
 from jaxlib_ext.samplers.energy.network import EnergyMLP, EnergyUNet, functional_energy
 
 __all__ = ["TrainResult", "build_model", "load", "train"]
@@ -53,13 +53,14 @@ def build_model(kind: str, kwargs: dict[str, Any], seed: int = 0) -> nnx.Module:
     return MODELS[kind](**kwargs, rngs=nnx.Rngs(seed))
 
 
-def _make_step(graphdef, rest, tx, *, basis, cov_weight, sigma_min, sigma_max):
+def _make_step(graphdef, rest, tx, *, basis, cov_weight, cov_reduction, sigma_min, sigma_max):
     def loss_fn(params, x, key):
         kc, kn = jax.random.split(key)
         cov = random_covariance(kc, x.shape, sigma_min=sigma_min, sigma_max=sigma_max,
                                 basis=basis)
         energy = functional_energy(graphdef, params, rest)
-        return acsm_loss(energy, x, cov, kn, cov_weight=cov_weight)
+        return acsm_loss(energy, x, cov, kn, cov_weight=cov_weight,
+                         cov_reduction=cov_reduction)
 
     @jax.jit
     def step(state, x, key):
@@ -88,7 +89,8 @@ def _schedule_record(learning_rate):
 
 
 def train(model: nnx.Module, data, *, steps: int, batch_size: int = 32, learning_rate=1e-3,
-          ema_decay: float = 0.999, cov_weight: float = 1.0, sigma_min: float = 1e-3,
+          ema_decay: float = 0.999, cov_weight: float = 1.0, cov_reduction: str = "authors",
+          sigma_min: float = 1e-3,
           sigma_max: float = 20.0, basis: str = "mixed", seed: int = 0,
           checkpoint_dir=None, checkpoint_every: int = 500, resume: bool = True,
           model_meta: dict | None = None, max_seconds: float | None = None,
@@ -106,6 +108,9 @@ def train(model: nnx.Module, data, *, steps: int, batch_size: int = 32, learning
       ema_decay: the EMA's ceiling ``d`` in ``min(d, (1 + t) / (10 + t))``.
       cov_weight, sigma_min, sigma_max: the loss weight of the covariance term and the range
         of the noise levels (:func:`~.covariance.random_covariance`).
+      cov_reduction: ``"authors"`` (the covariance term averaged over the entries and divided
+        by their number once more, the authors' code) or ``"mean"`` (averaged once, ours;
+        :func:`~.loss.acsm_loss`).
       basis: ``"pixel"``, ``"fourier"`` or ``"mixed"`` (each step's covariance type drawn at
         random; vectors use pixel).
       seed: the seed of the batches, the covariance types and the noise.
@@ -132,6 +137,9 @@ def train(model: nnx.Module, data, *, steps: int, batch_size: int = 32, learning
                          f"shape {data.shape}")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps, batch_size: expected >= 1, got {steps}, {batch_size}")
+    if cov_reduction not in COV_REDUCTIONS:
+        raise ValueError(f"cov_reduction: expected one of {COV_REDUCTIONS}, got "
+                         f"{cov_reduction!r}")
     if basis not in ("pixel", "fourier", "mixed"):
         raise ValueError(f"basis: expected 'pixel', 'fourier' or 'mixed', got {basis!r}")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -140,6 +148,7 @@ def train(model: nnx.Module, data, *, steps: int, batch_size: int = 32, learning
     kinds = ["pixel", "fourier"] if (basis == "mixed" and data.ndim == 4) else [
         "pixel" if basis == "mixed" else basis]
     fns = [_make_step(graphdef, rest, tx, basis=b, cov_weight=cov_weight,
+                      cov_reduction=cov_reduction,
                       sigma_min=sigma_min, sigma_max=sigma_max) for b in kinds]
     key = jax.random.key(seed)
 

@@ -83,6 +83,33 @@ def test_noise_score_is_conditional_expectation_of_target(shape, basis):
     assert jnp.all(jnp.abs(ns - mc) < 5 * se + 1e-3), (ns, mc, se)
 
 
+def test_loss_at_the_authors_scaling_equals_a_hand_computation():
+    """(L.1)-(L.4) by hand for a diagonal Gaussian, whose energy is closed form per entry:
+    U = sum_i (y_i - m_i)^2 / (2 (c_i + s_i)) + 1/2 log 2 pi (c_i + s_i)."""
+    d, b = 5, 64
+    m = jnp.linspace(-0.5, 0.5, d)
+    c = jnp.linspace(0.2, 1.0, d)
+    x = m + jnp.sqrt(c) * jax.random.normal(jax.random.key(30), (b, d))
+    cov = _cov((d,), "pixel", b, seed=31)
+    key = jax.random.key(32)
+    loss, parts = en.acsm_loss(en.gaussian_energy(m, jnp.diag(c)), x, cov, key, cov_weight=0.7)
+    y, eps = en.add_noise(key, x, cov)
+    xn, yn, en_, s = (np.asarray(a, np.float64) for a in (x, y, eps, cov.diag))
+    v = np.asarray(c, np.float64) + s
+    grad_y = (yn - np.asarray(m)) / v
+    du_ds = 0.5 / v - 0.5 * (yn - np.asarray(m)) ** 2 / v ** 2
+    dsm = np.mean((en_ - np.sqrt(s) * grad_y) ** 2, axis=1)
+    cov_term = np.sum((s * du_ds - 0.5 * (1 - (yn - xn) ** 2 / s)) ** 2, axis=1) / d ** 2
+    np.testing.assert_allclose(parts["dsm"], dsm.mean(), rtol=1e-4)
+    np.testing.assert_allclose(parts["cov"], cov_term.mean(), rtol=1e-4)
+    np.testing.assert_allclose(loss, np.mean(dsm + 0.7 * cov_term), rtol=1e-4)
+    # ours averages once: the same term d times larger, so lambda there is d lambda here
+    loss_mean, parts_mean = en.acsm_loss(en.gaussian_energy(m, jnp.diag(c)), x, cov, key,
+                                         cov_weight=0.7 / d, cov_reduction="mean")
+    np.testing.assert_allclose(parts_mean["cov"], d * cov_term.mean(), rtol=1e-4)
+    np.testing.assert_allclose(loss_mean, loss, rtol=1e-5)
+
+
 # the pixel basis by default (the Fourier target of the covariance term is checked in
 # test_noise_score_is_conditional_expectation_of_target): a basis sweep
 @pytest.mark.parametrize("shape,basis", [
@@ -121,8 +148,13 @@ def _posterior(mu, c, op, y, sn):
     return m, p
 
 
-@pytest.mark.parametrize("kind", ["pixel", pytest.param("fourier", marks=pytest.mark.slow)])
-def test_pc_mala_reproduces_gaussian_posterior(kind):
+# the authors' order and levels by default; ours (corrector first, clipped levels) in the sweep
+@pytest.mark.parametrize("kind,order,shape_of_levels", [
+    ("pixel", "predictor_first", "scaled"),
+    pytest.param("pixel", "corrector_first", "clipped", marks=pytest.mark.slow),
+    pytest.param("fourier", "predictor_first", "scaled", marks=pytest.mark.slow),
+    pytest.param("fourier", "corrector_first", "clipped", marks=pytest.mark.slow)])
+def test_pc_mala_reproduces_gaussian_posterior(kind, order, shape_of_levels):
     shape = (4, 4, 1)
     mu, c = _gaussian(16, seed=11, shape=shape)
     u = en.gaussian_energy(mu, c)
@@ -134,7 +166,8 @@ def test_pc_mala_reproduces_gaussian_posterior(kind):
     prob = en.from_operator(y, op, sn, sigma_max=20.0)
     n = 1024
     res = jax.jit(lambda p, k: pc.sample(u, p, k, num_levels=40, sigma_end=0.01,
-                                         corrector_steps=2, snr=0.3, metropolis=True))(
+                                         corrector_steps=2, snr=0.3, metropolis=True,
+                                         order=order, levels=shape_of_levels))(
         pc.repeat(prob, n), jax.random.key(14))
     m, p = _posterior(mu, c, op, y, sn)
     s = res.last.reshape(n, -1)
@@ -144,7 +177,7 @@ def test_pc_mala_reproduces_gaussian_posterior(kind):
     assert float(jnp.max(jnp.abs(s.std(0) / jnp.sqrt(sd ** 2 + 1e-4) - 1))) < 0.15
     acc = res.info.acceptance_rate[1:].mean()
     assert 0.2 < float(acc) <= 1.0
-    assert res.nfe == 40 * 3
+    assert res.nfe == 40 * 3 + (order == "predictor_first")
 
 
 def test_mala_acceptance_tends_to_one_as_step_shrinks():
@@ -188,6 +221,8 @@ def test_pc_and_adaptive_and_dps_run_and_denoise_gaussian(kind):
                                              snr=0.1).denoised)(prob, jax.random.key(22)),
         "adaptive": jax.jit(lambda p, k: adaptive.sample(u, p, k, num_steps=40).denoised)(
             prob, jax.random.key(23)),
+        "adaptive_per_entry": jax.jit(lambda p, k: adaptive.sample_per_entry(
+            u, p, k, num_updates=20, inner_steps=1).denoised)(prob, jax.random.key(23)),
         "dps": jax.jit(lambda yy, k: dps.sample(u, op.apply, yy, k, image_shape=shape,
                                                 num_steps=40, zeta=0.3).denoised)(
             jnp.repeat(y, 128, 0), jax.random.key(24)),
@@ -216,6 +251,36 @@ def test_adaptive_schedule_steps_stay_within_their_bounds():
     assert jnp.all(floor | (ratio >= gamma ** 2 * (1 - 1e-4)))
     assert jnp.all(jnp.isfinite(res.info.noise_score)) and jnp.all(jnp.isfinite(res.denoised))
     assert res.nfe == k
+
+
+def test_per_entry_schedule_keeps_covariances_positive_and_decreasing():
+    """The authors' schedule (E.1)-(E.2): every entry of Sigma_t stays positive and never
+    grows, the missing entries shrink; inside jit, with the authors' defaults."""
+    shape = (4, 4, 1)
+    mu, c = _gaussian(16, seed=25, shape=shape)
+    u = en.gaussian_energy(mu, c)
+    op = deg.box_inpainting(shape, 2)
+    y = deg.measure(jax.random.key(26), op, mu[None], 0.05)
+    prob = pc.repeat(en.from_operator(y, op, 0.05), 8)
+    kernel = adaptive.build_per_entry_kernel(u, inner_steps=1)
+
+    @jax.jit
+    def run(key):
+        def body(st, k):
+            st2, info, _ = kernel(k, st, prob)
+            return st2, st2.cov.diag
+        state = adaptive.init_per_entry(jax.random.key(0), prob)
+        return jax.lax.scan(body, state, jax.random.split(key, 30))
+
+    last, covs = run(jax.random.key(27))
+    covs = jnp.concatenate([prob.cov.diag[None], covs])
+    assert jnp.all(covs > 0) and jnp.all(jnp.isfinite(covs))
+    assert jnp.all(covs[1:] <= covs[:-1])
+    missing = ~prob.observed
+    assert jnp.all(jnp.where(missing, covs[-1] < covs[0], True))
+    assert jnp.all(jnp.isfinite(last.position))
+    res = adaptive.sample_per_entry(u, prob, jax.random.key(27), num_updates=3, inner_steps=2)
+    assert res.nfe == 3 * 3 and res.info.energy.shape == (3, 8)
 
 
 def test_blind_argmin_recovers_true_scale_and_box():
@@ -350,8 +415,24 @@ def test_bad_input_raises_clear_errors():
     with pytest.raises(ValueError, match="log_prior"):
         blind.blind_posterior(u, y, jnp.stack([op.diagonal] * 2), jnp.array([0.1]),
                               basis="pixel", log_prior=jnp.zeros((3, 3)))
+    prob = en.from_operator(y, op, 0.1)
     with pytest.raises(ValueError, match="num_levels"):
-        pc.sample(u, en.from_operator(y, op, 0.1), jax.random.key(0), num_levels=1)
+        pc.sample(u, prob, jax.random.key(0), num_levels=0)
+    with pytest.raises(ValueError, match="num_levels"):
+        pc.sample(u, prob, jax.random.key(0), num_levels=1, order="corrector_first")
+    with pytest.raises(ValueError, match="order"):
+        pc.sample(u, prob, jax.random.key(0), order="sideways")
+    with pytest.raises(ValueError, match="levels"):
+        pc.sample(u, prob, jax.random.key(0), levels="stretched")
+    with pytest.raises(ValueError, match="step_cov"):
+        adaptive.sample_per_entry(u, prob, jax.random.key(0), step_cov=0.0)
+    with pytest.raises(ValueError, match="inner_steps"):
+        adaptive.sample_per_entry(u, prob, jax.random.key(0), inner_steps=-1)
+    with pytest.raises(ValueError, match="num_updates"):
+        adaptive.sample_per_entry(u, prob, jax.random.key(0), num_updates=0)
+    with pytest.raises(ValueError, match="cov_reduction"):
+        en.acsm_loss(u, y, en.Covariance(jnp.ones_like(y)), jax.random.key(0),
+                     cov_reduction="sum")
     with pytest.raises(ValueError, match="step_size, snr"):
         langevin.build_kernel()(jax.random.key(0), langevin.LangevinState(y, y[:, 0, 0, 0], y),
                                 lambda v: (v[:, 0, 0, 0], v), cov)
