@@ -8,9 +8,12 @@ Tasks (``jaxlib_ext.samplers.degradations``, images in [0, 1]): box inpainting (
 Gaussian prior of the digits' leading PCA coefficients (``--model pca``: a linear decoder and a
 closed-form denoiser, for a quick run).
 
-Equal network evaluations: the base solver runs ``2 N - 1`` DDIM steps; with MCLC it runs
-``N`` steps and one corrector step after each but the last (``N + (N - 1)`` evaluations).
-The corrector is used as specified (SNR 0.16, tangent constraint), not tuned.
+Protocols (``--protocol``): ``paper`` (default, the paper's comparison): both sides run ``N``
+DDIM steps and MCLC adds one corrector step after each but the last, paying ``N - 1`` extra
+network evaluations; ``equal_nfe`` (ours, stricter): the base solver runs ``2 N - 1`` steps
+against MCLC's ``N + (N - 1)`` evaluations. The corrector is the published form (projected
+drift and noise, ``eta_t = c (1 - abar_t)`` at the default ``c = 1 / (4 d)``; ``--corrector``
+picks ``mclc.CONSTRAINTS`` variants, ``--step-rule snr`` the SNR rule); ``c`` is not tuned.
 
 The comparison rule (``benchmarks/_comparison.py``): for each task, noise level and solver,
 the two methods (without, with MCLC) get the same guidance-weight grid (factor 3 apart;
@@ -27,6 +30,8 @@ and SSIM: :mod:`jaxlib_ext.samplers.inverse.quality`.
     python benchmarks/samplers_mclc.py        # 20-30 min on 2 busy CPU cores (about 18 with
                                               # JAX_COMPILATION_CACHE_DIR already filled)
     python benchmarks/samplers_mclc.py --fast          # smoke run
+    for n in 6 11 25; do python benchmarks/samplers_mclc.py --steps $n; done
+    python benchmarks/samplers_mclc.py --protocol equal_nfe
 """
 
 from __future__ import annotations
@@ -125,16 +130,21 @@ class Runner:
     """One compiled program per (solver, with/without MCLC), over weights x seeds x digits;
     the model's parameters, the operator (a pytree) and the measurements are its arguments."""
 
-    def __init__(self, model, n_steps, t_max, ddim_eta=1.0):
+    def __init__(self, model, n_steps, t_max, ddim_eta=1.0, protocol="paper",
+                 corrector=None):
         self.model, self.n_steps, self.t_max, self.programs = model, n_steps, t_max, {}
-        self.ddim_eta = ddim_eta
+        self.ddim_eta, self.protocol = ddim_eta, protocol
+        self.corrector = corrector if corrector is not None else M.mclc(1)
+
+    def base_steps(self):
+        return self.n_steps if self.protocol == "paper" else 2 * self.n_steps - 1
 
     def program(self, solver, corrected):
         key = (solver, corrected)
         if key not in self.programs:
             mdl = self.model
-            steps = self.n_steps if corrected else 2 * self.n_steps - 1
-            corr = M.mclc(1) if corrected else None
+            steps = self.n_steps if corrected else self.base_steps()
+            corr = self.corrector if corrected else None
             fn = M.latent_dps if solver == "dps" else M.psld
 
             def one(params, op, y, k, w):
@@ -145,7 +155,10 @@ class Runner:
                 kw = {} if solver == "dps" else {"gluing_weight": 0.1 * w}
                 out = fn(k, prob, num_steps=steps, step_size=w, corrector=corr,
                          t_max=self.t_max, ddim_eta=self.ddim_eta, **kw)
-                return out.x0, out.info.final_residual, out.info.nfe
+                ci = out.info.corrector
+                rej = jnp.mean(ci.rejected.astype(jnp.float32)) if corrected else jnp.nan
+                sq = jnp.mean(ci.squared_step) if corrected else jnp.nan
+                return out.x0, out.info.final_residual, out.info.nfe, rej, sq
 
             f = jax.vmap(one, in_axes=(None, None, 0, None, None))  # digits
             f = jax.vmap(f, in_axes=(None, None, None, 0, None))  # seeds
@@ -180,6 +193,9 @@ def main():
     ap.add_argument("--weights", default="1,3,10", help="guidance-weight grid")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--solvers", default="dps,psld")
+    ap.add_argument("--protocol", choices=("paper", "equal_nfe"), default="paper")
+    ap.add_argument("--corrector", choices=tuple(M.CONSTRAINTS), default="projection")
+    ap.add_argument("--step-rule", choices=M.STEP_RULES, default="variance")
     ap.add_argument("--fast", action="store_true")
     a = ap.parse_args()
     if a.fast:
@@ -196,12 +212,15 @@ def main():
     noises = tuple(float(s) for s in a.noise.split(","))
     print(f"# MCLC benchmark: model {model.name} (latent {model.latent_shape}), "
           f"{a.val} validation + {a.test} test held-out MNIST digits, seeds {seeds}, "
-          f"weights {weights}, N = {a.steps} (base: {2 * a.steps - 1} DDIM steps; "
-          f"+MCLC: {a.steps} steps + 1 corrector step each), DDIM eta 1, first step "
+          f"weights {weights}, N = {a.steps}, protocol {a.protocol} (base: "
+          f"{a.steps if a.protocol == 'paper' else 2 * a.steps - 1} DDIM steps; +MCLC: "
+          f"{a.steps} steps + 1 corrector step each, constraint {a.corrector}, step rule "
+          f"{a.step_rule}), DDIM eta 1, first step "
           f"t = {t_max} (abar {float(model.alpha_bars[t_max]):.3g})")
     print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    runner = Runner(model, a.steps, t_max)
+    runner = Runner(model, a.steps, t_max, protocol=a.protocol,
+                    corrector=M.mclc(1, step_rule=a.step_rule, constraint=a.corrector))
     rows = []
     for task in a.tasks.split(","):
         op = operator(task, x_all.shape[1:], jax.random.key(1234))
@@ -218,23 +237,29 @@ def main():
                     if method not in cache:
                         t0 = time.time()
                         keys = jnp.stack([jax.random.key(1000 + s) for s in seeds])
-                        xh, res, nfe = runner.program(solver, corrected)(
+                        xh, res, nfe, rej, sq = runner.program(solver, corrected)(
                             model.params, op, y, keys, jnp.asarray(weights, jnp.float32))
                         xh = jax.block_until_ready(xh)
                         m = [evaluate(xh[i, j], x_all, y, res[i, j], res_true)
                              for i in range(len(weights)) for j in range(len(seeds))]
-                        cache[method] = (m, int(nfe.ravel()[0]), time.time() - t0)
-                    m, nfe, sec = cache[method]
-                    p, s, f = m[weights.index(w) * len(seeds) + seeds.index(seed)]
+                        cache[method] = (m, int(nfe.ravel()[0]), time.time() - t0,
+                                         np.asarray(rej).mean(-1), np.asarray(sq).mean(-1))
+                    m, nfe, sec, rej, sq = cache[method]
+                    i, j = weights.index(w), seeds.index(seed)
+                    p, s, f = m[i * len(seeds) + j]
                     v, te = slice(0, a.val), slice(a.val, None)
                     return {"val": float(np.nanmean(p[v])) if np.isfinite(p[v]).any() else
                             float("nan"), "test": float(np.nanmean(p[te])),
                             "ssim": float(np.mean(s[te])), "fail": float(np.mean(f[te])),
-                            "fail_val": float(np.mean(f[v])), "nfe": nfe, "sec": sec}
+                            "fail_val": float(np.mean(f[v])), "nfe": nfe, "sec": sec,
+                            "rejected": float(rej[i, j]), "sq_step": float(sq[i, j])}
 
                 spec = Comparison(methods=(solver, f"{solver}+mclc"), lrs=weights, seeds=seeds,
-                                  budget=f"{2 * a.steps - 1} network evaluations per "
-                                         f"reconstruction")
+                                  budget=f"{a.steps} DDIM steps per reconstruction "
+                                         f"(+{a.steps - 1} corrector evaluations with MCLC)"
+                                  if a.protocol == "paper" else
+                                  f"{2 * a.steps - 1} network evaluations per "
+                                  f"reconstruction")
                 print(f"## {task}, noise {sig:g}, {solver}\n")
                 res = run_comparison(spec, run, higher_is_better=True, metric="PSNR",
                                      log=lambda line: None)
@@ -242,7 +267,9 @@ def main():
                 print(res.summary_table(baseline=solver, fmt=".2f",
                                         extras=(("SSIM", "ssim", ".3f"),
                                                 ("failure rate", "fail", ".3f"),
-                                                ("NFE", "nfe", ".0f"))))
+                                                ("NFE", "nfe", ".0f"),
+                                                ("rejected steps", "rejected", ".3f"),
+                                                ("mean squared step", "sq_step", ".3g"))))
                 print(res.verdict(f"{solver}+mclc", solver, fmt=".2f") + "\n")
                 rec = {}
                 for meth in spec.methods:

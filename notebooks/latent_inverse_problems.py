@@ -20,9 +20,10 @@
 # observed. Latent DPS and PSLD guide the reverse diffusion toward the measurement with the
 # gradient of `||y - A D(zhat_0(z_t))||`. MCLC (arXiv 2601.04791) inserts Langevin steps on the
 # diffusion prior between solver steps, constrained so that this residual does not increase.
-# The update used here is a reconstruction (the paper's equation could not be read): a
-# Langevin step with the SNR step-size rule, projected onto the tangent space of the residual's
-# level set and returned to it by a Gauss-Newton step (`jaxlib_ext.samplers.mclc`).
+# The update used here is the published form (as its secondary descriptions give it; the
+# paper's text could not be read): a Langevin step at the solver's level whose drift and noise
+# are projected off the residual's gradient, with a step `eta_t = c (1 - abar_t)`
+# (`jaxlib_ext.samplers.mclc`; a retraction to the level set and the SNR step rule are options).
 #
 # Here: the residual along the solver with and without the corrector, reconstructions side by
 # side at equal network evaluations, and a final check on the linear-Gaussian latent model,
@@ -185,7 +186,9 @@ start = zs + 2.0 * (zs - mean) @ null + null @ jnp.full((D,), 1.5)
 
 def corrector_run(keys, z):
     def step(z, k):
-        z = jax.vmap(lambda kk, zz: M.mclc_correct(kk, zz, 0, prob_lg, axis_name="chains")[0],
+        # at t = 0 the variance rule's step is tiny: the SNR rule, norms averaged over chains
+        z = jax.vmap(lambda kk, zz: M.mclc_correct(kk, zz, 0, prob_lg, step_rule="snr",
+                                                   axis_name="chains")[0],
                      axis_name="chains")(jax.random.split(k, z.shape[0]), z)
         r = jax.vmap(lambda zz: M.measurement_residual(prob_lg, zz, 0))(z)
         return z, r

@@ -3,8 +3,10 @@ measurement-consistent Langevin corrector (arXiv 2601.04791).
 
 :mod:`problem` (the problem container, operator checks, Tweedie's denoiser, the measurement
 residual and its linearisation), :mod:`solvers` (latent DPS and PSLD over DDIM, with a
-``corrector=`` hook), :mod:`corrector` (``mclc_correct`` and its constraint forms: tangent
-projection, first-order compensation, none), :mod:`gaussian` (the linear-Gaussian latent model
+``corrector=`` hook), :mod:`corrector` (``mclc_correct`` and its constraint forms: the
+published projection (default); ours: projection with retraction, first-order compensation,
+none; the step rules: ``eta_t`` proportional to the level's variance (default), the SNR
+rule), :mod:`gaussian` (the linear-Gaussian latent model
 with its closed-form posterior, the oracle of the tests; a Gaussian prior on principal
 components of images, an untrained latent model with an exact denoiser).
 """
@@ -13,11 +15,15 @@ from jaxlib_ext.samplers.mclc import corrector, gaussian, problem, solvers
 from jaxlib_ext.samplers.mclc.corrector import (
     CONSTRAINTS,
     MCLC,
+    STEP_RULES,
     CorrectorInfo,
+    StepBoundWarning,
     compensation_constraint,
+    expected_squared_step,
     mclc,
     mclc_correct,
     no_constraint,
+    projection_constraint,
     tangent_constraint,
 )
 from jaxlib_ext.samplers.mclc.gaussian import (
@@ -51,8 +57,10 @@ __all__ = [
     "LinearOperator",
     "PCALatentPrior",
     "ResidualLinearization",
+    "STEP_RULES",
     "SolverInfo",
     "SolverResult",
+    "StepBoundWarning",
     "as_linear_operator",
     "check_adjoint",
     "compensation_constraint",
@@ -60,6 +68,7 @@ __all__ = [
     "ddim_step",
     "ddim_timesteps",
     "denoise",
+    "expected_squared_step",
     "gaussian",
     "gaussian_kl",
     "latent_dps",
@@ -71,6 +80,7 @@ __all__ = [
     "no_constraint",
     "pca_latent_prior",
     "problem",
+    "projection_constraint",
     "psld",
     "residual_linearization",
     "solvers",

@@ -5,68 +5,80 @@ A plug-in for latent-diffusion inverse solvers: after the solver's step has prod
 toward the stable reverse diffusion, while a constraint keeps the measurement residual
 ``r(z, t) = ||y - A D(zhat_0(z, t))||`` of (P.5) from increasing.
 
-**Reconstructed update.** The paper's update equation could not be read; what follows is
-reconstructed from its abstract (Langevin updates that stay measurement-consistent without the
-linear-manifold assumption of earlier corrections) and the predictor-corrector samplers of
-Song et al. (arXiv 2011.13456, Algorithm 5). Each corrector step, with ``xi ~ N(0, I)`` and the
-score ``s = -eps_model(z, t) / sqrt(1 - abar_t)`` of (P.4)::
+**The published update.** The paper's text could not be read here; the update follows the
+published descriptions of it (the method's equations of sec. 3 as summarised in secondary
+notes: a Langevin step at the solver's current level whose drift and noise are both projected
+onto the orthogonal complement of the normalised residual gradient, first-order consistency
+only). Each corrector step, with ``xi ~ N(0, I)``, the score ``s = -eps_model(z, t) /
+sqrt(1 - abar_t)`` of (P.4) and ``g = grad_z r / ||grad_z r||``::
 
-    eta   = 2 (snr ||xi|| / ||s||)^2           (the SNR rule of arXiv 2011.13456, Alg. 5)  (C.1)
-    Delta = eta s + sqrt(2 eta) xi                                                       (C.2)
-    z    <- z + constraint(Delta)                                                        (C.3)
+    Delta = eta_t s + sqrt(2 eta_t) xi                                                   (C.2)
+    z    <- z + (I - g g^T) Delta                 (constraint="projection", the default) (C.3)
 
-(``step_size=`` replaces (C.1) by a fixed ``eta``.) With per-chain norms the step size depends
-on the state, and an unadjusted Langevin chain with a state-dependent ``eta(z)`` samples
-``p(z) / eta(z)`` rather than ``p(z)``: in a few dimensions that bias is large, in a latent of
-hundreds of dimensions ``||xi||`` and ``||s||`` concentrate and it fades. Song et al. average
-both norms over the batch; ``axis_name=`` does the same over a named ``vmap`` axis of chains,
-which makes ``eta`` the same for every chain. The constraint is chosen so that ``r`` does
-not increase; the form is swappable (``constraint=`` takes a name or a function, see
-:data:`CONSTRAINTS`):
+To first order the residual does not move; its increase per step is second order in the step
+(the paper's consistency theorem bounds it when the expected squared step ``E||Delta||^2`` is
+below 1, a dimension-dependent bound on ``eta_t``). Nothing brings it back, so over many steps
+the rises add up: on the linear-Gaussian oracle (:mod:`.gaussian`) the projection alone lets
+the residual grow and does not keep the posterior, where the ``"tangent"`` option below does.
 
-* ``"tangent"`` (default): project ``Delta`` onto the tangent space of the level set
-  ``{r = r(z)}`` (remove its component along ``g = grad_z r``), then return to the level set
-  along ``v = J^T (rho + J Delta_tan)``, ``J`` the residual's Jacobian:
-  ``z + Delta_tan - zeta v`` with ``zeta`` the smallest root of
-  ``||rho + J (Delta_tan - zeta v)|| = r``. ``v`` is the Gauss-Newton gradient at the
-  predicted residual (``r g`` plus a term of the step's size); along ``g`` itself the line
-  misses the level set whenever the step is long against ``r``, along ``v`` the predicted
-  residual moves toward the origin. This is a constrained overdamped Langevin scheme in the
-  manner of Lelievre, Rousset and Stoltz (Math. Comp. 81, 2012): it preserves ``p_t``
-  restricted to ``{r = c}`` up to ``O(eta)``. Where the likelihood is a function of ``r`` only
-  (the DPS surrogate ``N(y; A D(zhat_0), sigma_y^2 I)``) the posterior restricted to a level
-  set equals the prior restricted to it, so the corrector leaves the posterior invariant up to
-  the discretisation and the co-area factor ``|grad r|`` (constant on level sets when the
-  linearised residual map has orthogonal rows of equal norm). It cannot change the residual's
-  distribution over chains: that is the solver's guidance's job.
-* ``"compensate"``: first-order compensation: keep the isotropic increment and add
-  ``-zeta v``, ``v = J^T (rho + J Delta)``, with the smallest ``zeta >= 0`` for which the
-  predicted residual does not exceed ``r`` (``zeta = 0`` when ``Delta`` already lowers it).
-  Steps that lower the residual are kept, so this form drifts toward lower residuals (by
-  ``O(sqrt(eta))`` per step) and does not leave the posterior invariant; it trades exactness
-  for measurement consistency.
+**Step size.** ``eta_t`` is a tuned hyper-parameter in the paper, under that bound. Here:
+
+* ``step_rule="variance"`` (default): ``eta_t = c (1 - abar_t)``, proportional to the level's
+  noise variance, with ``c = step_scale``. With the Gaussian-score estimate ``||s||^2 ~ d /
+  (1 - abar_t)`` (``d`` the latent dimension) the expected squared step is::
+
+      E||Delta||^2 ~ eta_t^2 d / (1 - abar_t) + 2 eta_t d = d (1 - abar_t) (c^2 + 2 c)    (C.4)
+
+  ``step_scale=None`` takes ``c = 1 / (4 d)``, our choice: (C.4) at about 1/2 at the noisiest
+  level. Tune ``c`` on a grid as the solver's guidance weight is tuned.
+* ``step_rule="snr"`` (ours, the earlier reconstruction): the signal-to-noise rule of Song et
+  al. (arXiv 2011.13456, Alg. 5), ``eta = 2 (snr ||xi|| / ||s||)^2`` (C.1), about ``2 snr^2 (1
+  - abar_t)``: at ``snr = 0.16`` and ``d = 196`` (C.4) is near 20, far past the bound. With
+  per-chain norms the step depends on the state, and an unadjusted chain with a
+  state-dependent ``eta(z)`` samples ``p(z) / eta(z)``; ``axis_name=`` averages both norms
+  over a named ``vmap`` axis of chains, as Song et al. average them over the batch.
+* ``step_size=``: a fixed ``eta``, or a ``(T,)`` schedule ``eta_t`` indexed by ``t``.
+
+When the step is known at trace time (every rule but ``"snr"``), (C.4) is checked over the
+schedule and :class:`StepBoundWarning` raised where it exceeds 1.
+
+**Our options** (``constraint=`` takes a name or a function, see :data:`CONSTRAINTS`):
+
+* ``"tangent"``: the projection of (C.3), then a return to the level set ``{r = r(z)}`` along
+  ``v = J^T (rho + J Delta_tan)``, ``J`` the residual's Jacobian: ``z + Delta_tan - zeta v``
+  with ``zeta`` the smallest root of ``||rho + J (Delta_tan - zeta v)|| = r``; steps whose
+  level set is unreachable under the Gauss-Newton model are rejected (``z`` unchanged,
+  ``CorrectorInfo.rejected``). Neither the retraction nor the rejection is in the paper. It
+  is a constrained overdamped Langevin scheme in the manner of Lelievre, Rousset and Stoltz
+  (Math. Comp. 81, 2012): it preserves ``p_t`` restricted to ``{r = c}`` up to ``O(eta)``, and
+  the residual is non-increasing step by step where ``D``, ``A`` and ``zhat_0`` are affine.
+  Where the likelihood is a function of ``r`` only (the DPS surrogate) the posterior
+  restricted to a level set equals the prior restricted to it, up to the co-area factor
+  ``|grad r|`` (constant on level sets when the linearised residual map has orthogonal rows of
+  equal norm).
+* ``"compensate"``: keep the isotropic increment and add ``-zeta v``, ``v = J^T (rho + J
+  Delta)``, with the smallest ``zeta >= 0`` for which the predicted residual does not exceed
+  ``r``; it drifts toward lower residuals and does not leave the posterior invariant.
 * ``"none"``: plain Langevin on ``p_t`` (an ablation; not measurement-consistent).
 
-Both constrained forms predict the residual with the Gauss-Newton model
-``rho(z + u) ~ rho + J u`` (two Jacobian-vector products of the one linearised network pass),
-which is exact when ``D``, ``A`` and ``zhat_0`` are affine (a linear decoder and a Gaussian
-latent prior); there the residual is non-increasing step by step up to round-off. If the
-model says no ``zeta`` reaches the level set, the step is rejected (``z`` unchanged,
-``CorrectorInfo.rejected``).
+The constrained forms predict the residual with the Gauss-Newton model ``rho(z + u) ~ rho + J
+u``, exact when ``D``, ``A`` and ``zhat_0`` are affine.
 
-Cost per corrector step: one ``eps_model`` evaluation, linearised: two Jacobian-vector
-products and two transposed ones (``J^T rho`` and ``J^T p``) of the map ``z -> rho``.
+Cost per corrector step: one ``eps_model`` evaluation, linearised (the residual's gradient
+``J^T rho`` and the prediction ``J u``; the retraction adds one more of each).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxlib_ext.samplers.mclc.problem import (
     LatentInverseProblem,
@@ -77,26 +89,46 @@ from jaxlib_ext.samplers.mclc.problem import (
 __all__ = [
     "CONSTRAINTS",
     "MCLC",
+    "STEP_RULES",
     "CorrectorInfo",
+    "StepBoundWarning",
     "compensation_constraint",
+    "expected_squared_step",
     "mclc",
     "mclc_correct",
     "no_constraint",
+    "projection_constraint",
     "tangent_constraint",
 ]
+
+#: ``"variance"``: ``eta_t = c (1 - abar_t)`` (default); ``"snr"``: (C.1), ours.
+STEP_RULES = ("variance", "snr")
+
+
+class StepBoundWarning(UserWarning):
+    """The expected squared corrector step (C.4) exceeds 1, the paper's consistency bound."""
 
 
 class CorrectorInfo(NamedTuple):
     """Per-step diagnostics of :func:`mclc_correct`, each of shape ``(K,)``.
 
     residual: ``r(z, t)`` before each step. predicted_residual: the Gauss-Newton prediction of
-    ``r`` after it. step_size: ``eta`` of (C.1). rejected: whether the step was rejected.
+    ``r`` after it. step_size: ``eta_t``. rejected: whether the step was rejected (only the
+    ``"tangent"`` and ``"compensate"`` options reject). squared_step: ``||z' - z||^2``, the
+    squared norm of the applied step.
     """
 
     residual: jax.Array
     predicted_residual: jax.Array
     step_size: jax.Array
     rejected: jax.Array
+    squared_step: jax.Array
+
+
+def expected_squared_step(eta, one_minus_abar, latent_dim):
+    """(C.4): ``eta^2 d / (1 - abar) + 2 eta d``, the expected squared step under the
+    Gaussian-score estimate ``||s||^2 ~ d / (1 - abar)``."""
+    return eta ** 2 * latent_dim / one_minus_abar + 2.0 * eta * latent_dim
 
 
 def _dot(a, b):
@@ -123,6 +155,16 @@ def _retract(p_shift, lin: ResidualLinearization):
     zeta = dq / jnp.where(denom > 0, denom, 1.0)
     reachable = (disc >= 0) & (denom > 0)
     return v, zeta, reachable, dq
+
+
+def projection_constraint(delta, lin: ResidualLinearization):
+    """The published form (C.3): ``(I - g g^T) delta``, no retraction, no rejection:
+    ``(increment, predicted residual, rejected=False)``."""
+    gg = _dot(lin.grad, lin.grad)
+    active = gg > 0
+    out = delta - (_dot(delta, lin.grad) / jnp.where(active, gg, 1.0)) * lin.grad
+    p = lin.residual + lin.jvp(out)
+    return out, jnp.sqrt(_dot(p, p)), jnp.zeros((), bool)
 
 
 def tangent_constraint(delta, lin: ResidualLinearization):
@@ -159,6 +201,7 @@ def no_constraint(delta, lin: ResidualLinearization):
 
 
 CONSTRAINTS: dict[str, Callable] = {
+    "projection": projection_constraint,
     "tangent": tangent_constraint,
     "compensate": compensation_constraint,
     "none": no_constraint,
@@ -175,41 +218,103 @@ def _resolve_constraint(constraint):
                      f"{constraint!r}")
 
 
-def _check_corrector_args(num_steps, snr, step_size, constraint):
+def _is_positive(v):
+    return math.isfinite(float(v)) and float(v) > 0
+
+
+def _check_corrector_args(num_steps, snr, step_size, constraint, step_rule, step_scale):
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps: expected an int >= 1, got {num_steps!r}")
-    if not isinstance(snr, jax.core.Tracer) and not (math.isfinite(float(snr))
-                                                     and float(snr) > 0):
+    if step_rule not in STEP_RULES:
+        raise ValueError(f"step_rule: expected one of {STEP_RULES}, got {step_rule!r}")
+    if not isinstance(snr, jax.core.Tracer) and not _is_positive(snr):
         raise ValueError(f"snr: expected a positive finite number, got {snr!r}")
-    if step_size is not None and not isinstance(step_size, jax.core.Tracer) and not (
-            math.isfinite(float(step_size)) and float(step_size) > 0):
-        raise ValueError(f"step_size: expected a positive finite number or None (the SNR "
-                         f"rule), got {step_size!r}")
+    if step_scale is not None and not isinstance(step_scale, jax.core.Tracer) and not (
+            _is_positive(step_scale)):
+        raise ValueError(f"step_scale: expected a positive finite number or None (1 / (4 d)), "
+                         f"got {step_scale!r}")
+    if step_size is not None and not isinstance(step_size, jax.core.Tracer):
+        arr = np.asarray(step_size)
+        if arr.ndim > 1:
+            raise ValueError(f"step_size: expected a number or a (T,) schedule, got shape "
+                             f"{arr.shape}")
+        if np.any(~(np.isfinite(arr) & (arr > 0))):
+            raise ValueError(f"step_size: expected positive finite value(s) or None, got "
+                             f"{step_size!r}")
     return _resolve_constraint(constraint)
 
 
+def _step_schedule(problem, step_size, step_rule, step_scale):
+    """``eta_t`` for every ``t`` as a ``(T,)`` array, or ``None`` for the SNR rule."""
+    one_minus = 1.0 - problem.alpha_bars
+    if step_size is not None:
+        eta = jnp.asarray(step_size, one_minus.dtype)
+        if eta.ndim == 1 and eta.shape != one_minus.shape:
+            raise ValueError(f"step_size: a schedule needs one value per level, "
+                             f"{one_minus.shape[0]} (len(alpha_bars)), got {eta.shape[0]}")
+        return jnp.broadcast_to(eta, one_minus.shape)
+    if step_rule == "snr":
+        return None
+    d = math.prod(problem.latent_shape)
+    c = 1.0 / (4.0 * d) if step_scale is None else step_scale
+    return c * one_minus
+
+
+def _warn_if_past_bound(problem, etas):
+    """(C.4) over the schedule, when it is concrete; warns where it exceeds 1."""
+    try:
+        e = jax.device_get(etas)
+        one_minus = jax.device_get(1.0 - problem.alpha_bars)
+    except jax.errors.ConcretizationTypeError:
+        return
+    if isinstance(e, jax.core.Tracer) or isinstance(one_minus, jax.core.Tracer):
+        return
+    d = math.prod(problem.latent_shape)
+    noisy = one_minus > 0
+    if not noisy.any():
+        return
+    bound = expected_squared_step(e[noisy], one_minus[noisy], d)
+    if bound.max() > 1.0:
+        warnings.warn(f"mclc: the expected squared corrector step (C.4) reaches "
+                      f"{float(bound.max()):.3g} > 1 at latent dimension {d}, past the paper's "
+                      f"consistency bound; lower step_scale or step_size", StepBoundWarning,
+                      stacklevel=4)
+
+
 def mclc_correct(key, z, t, problem: LatentInverseProblem, *, num_steps: int = 1,
-                 snr: float = 0.16, step_size: float | None = None,
-                 constraint: str | Callable = "tangent", axis_name=None):
-    """``num_steps`` corrector steps (C.1)-(C.3) at noise level ``t``: ``(z, CorrectorInfo)``.
+                 step_rule: str = "variance", step_scale: float | None = None,
+                 snr: float = 0.16, step_size=None, constraint: str | Callable = "projection",
+                 axis_name=None):
+    """``num_steps`` corrector steps (C.2)-(C.3) at noise level ``t``: ``(z, CorrectorInfo)``.
 
     key: PRNG key. z: one latent of ``problem.latent_shape``. t: int index into
-    ``problem.alpha_bars`` (``abar_t < 1``). snr: the signal-to-noise ratio of (C.1).
-    step_size: a fixed ``eta`` instead of (C.1). constraint: ``"tangent"``, ``"compensate"``,
+    ``problem.alpha_bars`` (``abar_t < 1``). step_rule: ``"variance"`` (``eta_t = step_scale
+    (1 - abar_t)``) or ``"snr"`` ((C.1) with ``snr``). step_scale: ``c > 0``, or ``None`` for
+    ``1 / (4 d)``. step_size: a fixed ``eta`` or a ``(T,)`` schedule, replacing the rule.
+    constraint: ``"projection"`` (the published form), ``"tangent"``, ``"compensate"``,
     ``"none"`` or a function ``(delta, ResidualLinearization) -> (delta, predicted_residual,
     rejected)``. axis_name: average the norms of (C.1) over this named ``vmap`` axis.
+
+    Raises:
+      ValueError: naming the argument (``num_steps``, ``step_rule``, ``step_scale``, ``snr``,
+        ``step_size`` including a schedule of the wrong length, ``constraint``, ``z``).
+    Warns:
+      StepBoundWarning: (C.4) exceeds 1 somewhere on the schedule (known steps only).
     """
-    cfn = _check_corrector_args(num_steps, snr, step_size, constraint)
+    cfn = _check_corrector_args(num_steps, snr, step_size, constraint, step_rule, step_scale)
     if tuple(jnp.shape(z)) != tuple(problem.latent_shape):
         raise ValueError(f"z: expected shape {tuple(problem.latent_shape)} (latent_shape), got "
                          f"{tuple(jnp.shape(z))}")
     sigma = jnp.sqrt(1.0 - problem.alpha_bars[t])
+    etas = _step_schedule(problem, step_size, step_rule, step_scale)
+    if etas is not None:
+        _warn_if_past_bound(problem, etas)
 
     def one(z, k):
         lin = residual_linearization(problem, z, t)
         xi = jax.random.normal(k, z.shape, z.dtype)
         score = -lin.eps / sigma  # (P.4)
-        if step_size is None:  # (C.1)
+        if etas is None:  # (C.1)
             xi_norm, s_norm = jnp.sqrt(_dot(xi, xi)), jnp.sqrt(_dot(score, score))
             if axis_name is not None:
                 xi_norm = jax.lax.pmean(xi_norm, axis_name)
@@ -217,13 +322,13 @@ def mclc_correct(key, z, t, problem: LatentInverseProblem, *, num_steps: int = 1
             ratio = xi_norm / jnp.maximum(s_norm, 1e-12)
             eta = 2.0 * (snr * ratio) ** 2
         else:
-            eta = jnp.asarray(step_size, z.dtype)
+            eta = etas[t].astype(z.dtype)
         delta = eta * score + jnp.sqrt(2.0 * eta) * xi  # (C.2)
         inc, pred, rej = cfn(delta, lin)
-        return z + inc, (lin.norm, pred, eta, rej)  # (C.3)
+        return z + inc, (lin.norm, pred, eta, rej, _dot(inc, inc))  # (C.3)
 
-    z, (r, pred, eta, rej) = jax.lax.scan(one, z, jax.random.split(key, num_steps))
-    return z, CorrectorInfo(r, pred, eta, rej)
+    z, (r, pred, eta, rej, sq) = jax.lax.scan(one, z, jax.random.split(key, num_steps))
+    return z, CorrectorInfo(r, pred, eta, rej, sq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,22 +339,27 @@ class MCLC:
     extra network evaluations per solver step."""
 
     num_steps: int = 1
+    step_rule: str = "variance"
+    step_scale: float | None = None
     snr: float = 0.16
-    step_size: float | None = None
-    constraint: str | Callable = "tangent"
+    step_size: Any = None
+    constraint: str | Callable = "projection"
     axis_name: Any = None
 
     def __post_init__(self):
-        _check_corrector_args(self.num_steps, self.snr, self.step_size, self.constraint)
+        _check_corrector_args(self.num_steps, self.snr, self.step_size, self.constraint,
+                              self.step_rule, self.step_scale)
 
     def __call__(self, key, z, t, problem):
-        return mclc_correct(key, z, t, problem, num_steps=self.num_steps, snr=self.snr,
+        return mclc_correct(key, z, t, problem, num_steps=self.num_steps,
+                            step_rule=self.step_rule, step_scale=self.step_scale, snr=self.snr,
                             step_size=self.step_size, constraint=self.constraint,
                             axis_name=self.axis_name)
 
 
-def mclc(num_steps: int = 1, snr: float = 0.16, *, step_size: float | None = None,
-         constraint: str | Callable = "tangent", axis_name=None) -> MCLC:
+def mclc(num_steps: int = 1, step_scale: float | None = None, *, step_rule: str = "variance",
+         snr: float = 0.16, step_size=None, constraint: str | Callable = "projection",
+         axis_name=None) -> MCLC:
     """The corrector to pass as ``corrector=`` to :func:`latent_dps` or :func:`psld`
     (arguments as :func:`mclc_correct`)."""
-    return MCLC(num_steps, snr, step_size, constraint, axis_name)
+    return MCLC(num_steps, step_rule, step_scale, snr, step_size, constraint, axis_name)

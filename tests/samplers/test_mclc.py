@@ -40,9 +40,10 @@ def _ensemble_kl(samples, mean, cov):
 
 def test_corrector_leaves_posterior_invariant_error_shrinks_with_step(gauss):
     """8000 exact draws of the level-0 posterior, corrected for a time of 3 (``K eta = 3``,
-    about two relaxation times) with the tangent constraint: the whitened moment error is
-    about 0.33-0.43 at eta = 0.1 and 0.11-0.14 at eta = 0.01 (3 model seeds), against 0.08
-    for the exact draws themselves (Monte Carlo)."""
+    about two relaxation times) with the retraction option (``constraint="tangent"``): the
+    whitened moment error shrinks with the step, toward 0.08 for the exact draws themselves
+    (Monte Carlo). The published projection alone does not keep the posterior (see the KL
+    test): its second-order rise of the residual accumulates."""
     model, y, prob = gauss
     mean, cov = model.posterior(y, 0)
     zs = _draw(jax.random.key(2), mean, cov, 8000)
@@ -51,7 +52,7 @@ def test_corrector_leaves_posterior_invariant_error_shrinks_with_step(gauss):
     for eta in (0.1, 0.01):
         k = int(round(3 / eta))
         run = jax.jit(jax.vmap(lambda key, z, k=k, eta=eta: M.mclc_correct(
-            key, z, 0, prob, num_steps=k, step_size=eta)))
+            key, z, 0, prob, num_steps=k, step_size=eta, constraint="tangent")))
         out, info = run(keys, zs)
         assert out.shape == zs.shape and info.residual.shape == (zs.shape[0], k)
         errs[eta] = _whitened_error(out, mean, cov)
@@ -61,9 +62,10 @@ def test_corrector_leaves_posterior_invariant_error_shrinks_with_step(gauss):
 
 def test_corrector_reduces_kl_from_perturbed_ensemble(gauss):
     """Exact draws moved within the level sets of the residual (the null space of ``A W``:
-    shifted by 1.5 and spread by 3x there) return to the posterior under the SNR rule with
-    the norms averaged over the chains; plain Langevin (``constraint="none"``) instead drifts
-    to the prior."""
+    shifted by 1.5 and spread by 3x there) return to the posterior with the retraction option
+    (``constraint="tangent"``, the SNR rule with the norms averaged over the chains); plain
+    Langevin (``constraint="none"``) drifts to the prior, and so does the published projection
+    alone: each step raises the residual to second order and nothing brings it back."""
     model, y, prob = gauss
     mean, cov = model.posterior(y, 0)
     zs = _draw(jax.random.key(4), mean, cov, 4000)
@@ -74,14 +76,15 @@ def test_corrector_reduces_kl_from_perturbed_ensemble(gauss):
     kl0 = _ensemble_kl(pert, mean, cov)
     keys = jax.random.split(jax.random.key(5), pert.shape[0])
     out = {}
-    for c in ("tangent", "none"):
+    for c in ("tangent", "projection", "none"):
         run = jax.jit(jax.vmap(lambda key, z, c=c: M.mclc_correct(
-            key, z, 0, prob, num_steps=300, snr=0.16, constraint=c, axis_name="chains")[0],
-            axis_name="chains"))
+            key, z, 0, prob, num_steps=300, step_rule="snr", snr=0.16, constraint=c,
+            axis_name="chains")[0], axis_name="chains"))
         out[c] = _ensemble_kl(run(keys, pert), mean, cov)
     assert kl0 > 2.0, kl0
     assert out["tangent"] < 0.05 * kl0, (kl0, out)
     assert out["none"] > 5 * out["tangent"], (kl0, out)
+    assert out["projection"] > kl0, (kl0, out)
 
 
 @pytest.mark.parametrize("constraint", ["tangent", "compensate"])
@@ -98,7 +101,8 @@ def test_residual_non_increasing_per_corrector_step(constraint, t):
 
     def steps(c):
         def one(z, key):
-            z = jax.vmap(lambda k, zz: M.mclc_correct(k, zz, t, prob, constraint=c)[0])(
+            z = jax.vmap(lambda k, zz: M.mclc_correct(k, zz, t, prob, constraint=c,
+                                                      step_rule="snr")[0])(
                 jax.random.split(key, z.shape[0]), z)
             return z, res(z)
 
@@ -114,6 +118,49 @@ def test_residual_non_increasing_per_corrector_step(constraint, t):
         assert float(jnp.mean(rs[-1] - rs[0])) < -tol
 
 
+def test_projection_raises_the_residual_only_to_second_order():
+    """The published projection removes the residual's first-order change: for this affine
+    model ``r^2`` grows by exactly ``||J u||^2 >= 0`` per step, so the increase is positive and
+    shrinks like the squared step (4x smaller at a 4x smaller ``eta``)."""
+    model = M.linear_gaussian_model(jax.random.key(1), D, N_PIX, 3, 0.05,
+                                    orthonormal_pullback=False)
+    _, _, y = model.sample_measurement(jax.random.key(7))
+    prob = model.problem(y)
+    zs = jax.random.normal(jax.random.key(8), (2000, D))
+    keys = jax.random.split(jax.random.key(9), zs.shape[0])
+    res = jax.vmap(lambda z: M.measurement_residual(prob, z, 0))
+    rise = {}
+    for eta in (4e-3, 1e-3):
+        out, info = jax.jit(jax.vmap(lambda k, z, eta=eta: M.mclc_correct(
+            k, z, 0, prob, step_size=eta)))(keys, zs)
+        up = res(out) - res(zs)
+        assert float(jnp.min(up)) > -1e-4, eta
+        assert not bool(jnp.any(info.rejected))
+        np.testing.assert_allclose(info.squared_step[:, 0],
+                                   jnp.sum((out - zs) ** 2, axis=1), rtol=1e-4)
+        rise[eta] = float(jnp.mean(up))
+    assert 3.0 < rise[4e-3] / rise[1e-3] < 5.0, rise
+
+
+def test_default_step_follows_the_variance_rule_and_the_bound_warns(gauss):
+    model, y, prob = gauss
+    z = jnp.zeros(D)
+    t = 10
+    info = M.mclc_correct(jax.random.key(0), z, t, prob, num_steps=2)[1]
+    np.testing.assert_allclose(info.step_size, (1 - prob.alpha_bars[t]) / (4 * D), rtol=1e-5)
+    info = M.mclc_correct(jax.random.key(0), z, t, prob, step_scale=0.01)[1]
+    np.testing.assert_allclose(info.step_size, 0.01 * (1 - prob.alpha_bars[t]), rtol=1e-5)
+    sched = jnp.linspace(1e-3, 2e-3, prob.alpha_bars.shape[0])
+    info = M.mclc_correct(jax.random.key(0), z, t, prob, step_size=sched)[1]
+    np.testing.assert_allclose(info.step_size, sched[t], rtol=1e-6)
+    with pytest.warns(M.StepBoundWarning, match="consistency bound"):
+        M.mclc_correct(jax.random.key(0), z, t, prob, step_scale=1.0)
+    with pytest.raises(ValueError, match="step_size: a schedule"):
+        M.mclc_correct(jax.random.key(0), z, t, prob, step_size=jnp.full((3,), 1e-3))
+    d, one_minus = 196, 0.5
+    assert M.expected_squared_step(2 * 0.16 ** 2 * one_minus, one_minus, d) > 1.0
+
+
 def test_corrector_info_and_custom_constraint(gauss):
     model, y, prob = gauss
     z = jnp.zeros(D)
@@ -127,8 +174,10 @@ def test_corrector_info_and_custom_constraint(gauss):
     z2, _ = M.mclc_correct(jax.random.key(0), z, 10, prob, num_steps=3, constraint="none")
     assert calls and np.allclose(z1, z2)
     assert info.residual.shape == info.step_size.shape == info.rejected.shape == (3,)
+    assert info.squared_step.shape == (3,)
     assert bool(jnp.all(info.step_size > 0))
-    fixed = M.mclc_correct(jax.random.key(0), z, 10, prob, num_steps=2, step_size=0.05)[1]
+    with pytest.warns(M.StepBoundWarning):  # a fixed eta is past the bound at low noise
+        fixed = M.mclc_correct(jax.random.key(0), z, 10, prob, num_steps=2, step_size=0.05)[1]
     np.testing.assert_allclose(fixed.step_size, 0.05)
 
 
@@ -234,6 +283,8 @@ def test_inconsistent_adjoint_is_rejected(gauss):
     (dict(snr=0.0), "snr"), (dict(snr=-1.0), "snr"), (dict(snr=float("nan")), "snr"),
     (dict(step_size=0.0), "step_size"), (dict(step_size=-0.1), "step_size"),
     (dict(num_steps=0), "num_steps"), (dict(constraint="sideways"), "constraint"),
+    (dict(step_scale=0.0), "step_scale"), (dict(step_scale=-1.0), "step_scale"),
+    (dict(step_rule="adam"), "step_rule"), (dict(step_size=jnp.ones((2, 2))), "step_size"),
 ])
 def test_bad_corrector_arguments(gauss, kw, match):
     _, _, prob = gauss
