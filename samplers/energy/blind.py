@@ -64,7 +64,11 @@ def blind_posterior(energy_fn: EnergyFn, y, operators, noise_stds, *, basis: str
         raise ValueError(f"log_prior: expected shape {(ni, nj)}, got {jnp.shape(log_prior)}")
     # validates shapes and noise levels once, outside the loop
     diagonal_problem(y, ops[0], basis=basis, noise_std=ns[0], sigma_max=sigma_max)
-    if not bool(jnp.all(ns > 0)):
+    try:
+        bad = not bool(jnp.all(ns > 0))
+    except jax.errors.ConcretizationTypeError:  # traced (under jit): checked where concrete
+        bad = False
+    if bad:
         raise ValueError("noise_stds: expected positive noise levels")
 
     def one(ij):

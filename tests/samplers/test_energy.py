@@ -301,6 +301,17 @@ def test_blind_argmin_recovers_true_scale_and_box():
     assert hits >= 5
 
 
+def test_blind_posterior_under_jit_equals_eager():
+    u = en.gaussian_energy(jnp.full((4, 4, 1), 0.5), 0.05 * jnp.eye(16) + 0.02)
+    op = deg.box_inpainting((4, 4, 1), 2)
+    y = deg.measure(jax.random.key(0), op, jnp.full((1, 4, 4, 1), 0.5), 0.05)
+    ops, ns = jnp.stack([op.diagonal] * 2), jnp.array([0.05, 0.1])
+    eager = blind.blind_posterior(u, y, ops, ns, basis="pixel").posterior
+    jitted = jax.jit(lambda yy, s: blind.blind_posterior(u, yy, ops, s, basis="pixel")
+                     .posterior)(y, ns)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6)
+
+
 def test_blind_evidence_matches_gaussian_marginal_likelihood():
     """(P.2) with U* is the exact log p(y | A, sigma_n) of the linear-Gaussian model."""
     shape = (4, 4, 1)
