@@ -1,4 +1,4 @@
-"""The AdamW / FOAM / SMET recipes: what each name builds, overrides and errors."""
+"""The AdamW / FOAM / SMET / POET-X recipes: what each name builds, overrides and errors."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ import pytest
 
 from jaxlib_ext.optim import (
     OPTIMIZER_NAMES,
+    clip_by_global_norm_merge_warmup,
     decay_mask,
     foam,
     make_optimizer,
@@ -27,8 +28,9 @@ def _hand_built(name, lr, wd):
         return optax.chain(clip, optax.adamw(lr, weight_decay=wd, mask=decay_mask))
     if name == "foam":
         return optax.chain(clip, foam(lr, b1=0.9, b2=0.95, weight_decay=wd, level=2))
-    if name == "poet_x":
-        return optax.chain(clip, poet_x(lr, weight_decay=wd, base_learning_rate=lambda c: 2 * lr(c),
+    if name == "poet_x":  # the authors' clipping warm-up after each merge
+        warm = clip_by_global_norm_merge_warmup(1.0, merge_every=200, until=2000)
+        return optax.chain(warm, poet_x(lr, weight_decay=wd, base_learning_rate=lambda c: 2 * lr(c),
                                         seed=3))
     every = max(1, min(100, STEPS // 6))
     tx = smet(lr, density=0.5, total_steps=STEPS, update_every=every,
