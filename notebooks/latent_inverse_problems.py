@@ -168,8 +168,10 @@ for (solver, corrected), res in results.items():
 # Gaussian prior, linear decoder, linear measurement with Gaussian noise: the posterior is
 # Gaussian and known. An ensemble of exact posterior draws moved along the level sets of the
 # residual (spread and shifted in the null space of `A W`) returns to the posterior under the
-# corrector (the SNR rule with norms averaged over the chains), and no corrector step raises the
-# residual of any chain.
+# corrector with the retraction option (`constraint="tangent"`, the SNR rule with norms averaged
+# over the chains), and no corrector step raises the residual of any chain. The published
+# projection alone does not pass this check: each of its steps raises the residual to second
+# order and the rises add up (`tests/samplers/test_mclc.py` measures it).
 
 # %%
 D = 4
@@ -188,6 +190,7 @@ def corrector_run(keys, z):
     def step(z, k):
         # at t = 0 the variance rule's step is tiny: the SNR rule, norms averaged over chains
         z = jax.vmap(lambda kk, zz: M.mclc_correct(kk, zz, 0, prob_lg, step_rule="snr",
+                                                   constraint="tangent",
                                                    axis_name="chains")[0],
                      axis_name="chains")(jax.random.split(k, z.shape[0]), z)
         r = jax.vmap(lambda zz: M.measurement_residual(prob_lg, zz, 0))(z)
