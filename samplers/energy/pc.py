@@ -111,19 +111,9 @@ def build_kernel(energy_fn: EnergyFn, *, corrector_steps: int = 1, snr: float = 
         nxt = level(problem, sigma_next ** 2, levels)
         target_fn = _target(energy_fn, problem, lev)
         x = state.position
-        lstate = langevin.init(x, target_fn)
         keys = jax.random.split(key, corrector_steps + 1)
-
-        def corr(ls, k):
-            ls2, info = move(k, ls, target_fn, lev.precond, snr=snr, temperature=temperature)
-            return ls2, (info.acceptance_rate, info.step_size)
-
-        if corrector_steps:
-            lstate, (acc, hs) = jax.lax.scan(corr, lstate, keys[1:])
-            acc_mean, h_last = acc.mean(0), hs[-1]
-        else:
-            acc_mean = jnp.ones(x.shape[:1], x.dtype)
-            h_last = jnp.zeros(x.shape[:1], x.dtype)
+        lstate, acc_mean, h_last = _correct(move, langevin.init(x, target_fn), target_fn,
+                                            lev.precond, keys[1:], snr, temperature)
         x = lstate.position
         gu = _prior_from(lstate, problem, lev)
         d = lev.cov.diag - nxt.cov.diag                 # D_k = Sigma_k - Sigma_{k+1}
@@ -157,23 +147,28 @@ def build_predictor_first_kernel(energy_fn: EnergyFn, *, corrector_steps: int = 
         xi = jax.random.normal(keys[0], gu.shape, gu.dtype)
         x = state.position - lev.cov.apply_diag(gu, d) + lev.cov.apply_diag(xi, jnp.sqrt(d))
         target_fn = _target(energy_fn, problem, nxt)
-        lstate = langevin.init(x, target_fn)
-
-        def corr(ls, k):
-            ls2, info = move(k, ls, target_fn, nxt.precond, snr=snr, temperature=temperature)
-            return ls2, (info.acceptance_rate, info.step_size)
-
-        if corrector_steps:
-            lstate, (acc, hs) = jax.lax.scan(corr, lstate, keys[1:])
-            acc_mean, h_last = acc.mean(0), hs[-1]
-        else:
-            acc_mean = jnp.ones(x.shape[:1], x.dtype)
-            h_last = jnp.zeros(x.shape[:1], x.dtype)
+        lstate, acc_mean, h_last = _correct(move, langevin.init(x, target_fn), target_fn,
+                                            nxt.precond, keys[1:], snr, temperature)
         denoised = lstate.position - nxt.cov.apply(_prior_from(lstate, problem, nxt))
         info = PCInfo(jnp.asarray(sigma_next), acc_mean, h_last, lstate.energy)
         return lstate, info, denoised
 
     return kernel
+
+
+def _correct(move, lstate, target_fn, precond, keys, snr, temperature):
+    """The corrector moves, one per key: ``(state, mean acceptance [B], last step size [B])``
+    (acceptance 1 and step 0 without moves)."""
+    x = lstate.position
+    if keys.shape[0] == 0:
+        return lstate, jnp.ones(x.shape[:1], x.dtype), jnp.zeros(x.shape[:1], x.dtype)
+
+    def corr(ls, k):
+        ls2, info = move(k, ls, target_fn, precond, snr=snr, temperature=temperature)
+        return ls2, (info.acceptance_rate, info.step_size)
+
+    lstate, (acc, hs) = jax.lax.scan(corr, lstate, keys)
+    return lstate, acc.mean(0), hs[-1]
 
 
 def _target(energy_fn, problem, lev):
@@ -187,6 +182,16 @@ def _target(energy_fn, problem, lev):
 def _prior_from(ls, problem, lev):
     """``grad U = grad E_k - W_k (x - z)`` from a cached ``grad E_k`` (V.2)."""
     return ls.grad - lev.cov.apply_diag(ls.position - problem.z, lev.weight)
+
+
+def _level_step(kernel, problem):
+    """A ``lax.scan`` body over ``(key, sigma, sigma_next)``."""
+    def body(st, inp):
+        k, s, sn = inp
+        st2, info, den = kernel(k, st, problem, s, sn)
+        return st2, (info, den)
+
+    return body
 
 
 def sample(energy_fn: EnergyFn, problem: DiagonalProblem, key, *, num_levels: int = 100,
@@ -215,27 +220,18 @@ def sample(energy_fn: EnergyFn, problem: DiagonalProblem, key, *, num_levels: in
         state = langevin.init(x0, _target(energy_fn, problem,
                                           level(problem, sigmas[0] ** 2, levels)))
 
-        def body(st, inp):
-            k, s, sn = inp
-            st2, info, den = kernel(k, st, problem, s, sn)
-            return st2, (info, den)
-
         keys = jax.random.split(key, num_levels)
-        last, (infos, dens) = jax.lax.scan(body, state, (keys, sigmas[:-1], sigmas[1:]))
+        last, (infos, dens) = jax.lax.scan(_level_step(kernel, problem), state,
+                                           (keys, sigmas[:-1], sigmas[1:]))
         return PCResult(dens[-1], last.position, infos, 1 + num_levels * (1 + corrector_steps))
 
     sigmas = geometric_sigmas(problem.sigma_max, sigma_end, num_levels)
     nexts = jnp.concatenate([sigmas[1:], jnp.zeros((1,), sigmas.dtype)])
     kernel = build_kernel(energy_fn, **opts)
     state = init(k0, problem)
-
-    def body(st, inp):
-        k, s, sn = inp
-        st2, info, den = kernel(k, st, problem, s, sn)
-        return st2, (info, den)
-
     keys = jax.random.split(key, num_levels)
-    last, (infos, dens) = jax.lax.scan(body, state, (keys[:-1], sigmas[:-1], nexts[:-1]))
+    last, (infos, dens) = jax.lax.scan(_level_step(kernel, problem), state,
+                                       (keys[:-1], sigmas[:-1], nexts[:-1]))
     final, info_last, den_last = kernel(keys[-1], last, problem, sigmas[-1], nexts[-1])
     infos = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), infos, info_last)
     return PCResult(den_last, last.position, infos, num_levels * (1 + corrector_steps))
