@@ -375,12 +375,8 @@ def run(algorithm: SOSMCAlgorithm, state: SOSMCState, num_steps: int, key, *,
         raise ValueError(f"num_steps: expected an int >= 1, got {num_steps!r}")
     if objective_fn is not None and not callable(objective_fn):
         raise TypeError(f"objective_fn: expected a callable, got {type(objective_fn)}")
-    if jnp.shape(state.log_weights) == (1,):  # a one-chain baseline (SOUL's default)
-        values = concrete_values(jnp.asarray(state.log_weights))
-        if values is not None and not np.all(np.isfinite(values)):
-            raise ValueError("state.log_weights: non-finite values")
-    else:
-        check_log_weights(state.log_weights, "state.log_weights")
+    # one entry is a one-chain baseline (SOUL's default)
+    check_log_weights(state.log_weights, "state.log_weights", min_size=1)
     start = state.step
 
     def body(carry, k):

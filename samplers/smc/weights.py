@@ -50,10 +50,11 @@ def concrete_values(x) -> np.ndarray | None:
     return np.asarray(x)
 
 
-def check_log_weights(log_weights, name: str = "log_weights") -> jax.Array:
+def check_log_weights(log_weights, name: str = "log_weights", min_size: int = 2) -> jax.Array:
     """Validates a 1-D array of log-weights and returns it as a float array.
 
-    Rules: a 1-D float array with at least 2 entries; no NaN, no ``+inf``; ``-inf`` (zero weight)
+    Rules: a 1-D float array with at least ``min_size`` entries (2 for a particle system; 1
+    for a one-chain baseline); no NaN, no ``+inf``; ``-inf`` (zero weight)
     is allowed but not for every entry. The value checks run whenever the values are known,
     constants closed over by a ``jit``-ed function included; on traced arguments (under
     ``jit``/``vmap``) only the shape check runs.
@@ -62,8 +63,8 @@ def check_log_weights(log_weights, name: str = "log_weights") -> jax.Array:
     lw = jnp.asarray(log_weights)
     if not jnp.issubdtype(lw.dtype, jnp.floating):
         raise TypeError(f"{name}: expected a float array, got dtype {lw.dtype}")
-    if lw.ndim != 1 or lw.shape[0] < 2:
-        raise ValueError(f"{name}: expected shape (N,) with N >= 2, got {lw.shape}")
+    if lw.ndim != 1 or lw.shape[0] < min_size:
+        raise ValueError(f"{name}: expected shape (N,) with N >= {min_size}, got {lw.shape}")
     values = concrete_values(lw)
     if values is not None:
         if np.any(np.isnan(values)) or np.any(values == np.inf):
