@@ -180,13 +180,17 @@ def test_pc_mala_reproduces_gaussian_posterior(kind, order, shape_of_levels):
     assert res.nfe == 40 * 3 + (order == "predictor_first")
 
 
+def _box_problem(seed, measure_seed, noise, chains):
+    """A 4x4 Gaussian prior's energy and its 2x2-box inpainting of the prior mean, ``chains``
+    copies."""
+    mu, c = _gaussian(16, seed=seed, shape=(4, 4, 1))
+    op = deg.box_inpainting((4, 4, 1), 2)
+    y = deg.measure(jax.random.key(measure_seed), op, mu[None], noise)
+    return en.gaussian_energy(mu, c), pc.repeat(en.from_operator(y, op, noise), chains)
+
+
 def test_mala_acceptance_tends_to_one_as_step_shrinks():
-    shape = (4, 4, 1)
-    mu, c = _gaussian(16, seed=15, shape=shape)
-    u = en.gaussian_energy(mu, c)
-    op = deg.box_inpainting(shape, 2)
-    y = deg.measure(jax.random.key(16), op, mu[None], 0.1)
-    prob = pc.repeat(en.from_operator(y, op, 0.1), 256)
+    u, prob = _box_problem(15, 16, 0.1, 256)
     lev = levels.level(prob, jnp.full((256,), 0.3 ** 2))
 
     def target(x):
@@ -236,12 +240,7 @@ def test_pc_and_adaptive_and_dps_run_and_denoise_gaussian(kind):
 
 
 def test_adaptive_schedule_steps_stay_within_their_bounds():
-    shape = (4, 4, 1)
-    mu, c = _gaussian(16, seed=25, shape=shape)
-    u = en.gaussian_energy(mu, c)
-    op = deg.box_inpainting(shape, 2)
-    y = deg.measure(jax.random.key(26), op, mu[None], 0.05)
-    prob = pc.repeat(en.from_operator(y, op, 0.05), 8)
+    u, prob = _box_problem(25, 26, 0.05, 8)
     k, end = 30, 0.01
     res = adaptive.sample(u, prob, jax.random.key(27), num_steps=k, sigma_end=end)
     gamma = (end / 20.0) ** (2.0 / (k - 1))
@@ -256,12 +255,7 @@ def test_adaptive_schedule_steps_stay_within_their_bounds():
 def test_per_entry_schedule_keeps_covariances_positive_and_decreasing():
     """The authors' schedule (E.1)-(E.2): every entry of Sigma_t stays positive and never
     grows, the missing entries shrink; inside jit, with the authors' defaults."""
-    shape = (4, 4, 1)
-    mu, c = _gaussian(16, seed=25, shape=shape)
-    u = en.gaussian_energy(mu, c)
-    op = deg.box_inpainting(shape, 2)
-    y = deg.measure(jax.random.key(26), op, mu[None], 0.05)
-    prob = pc.repeat(en.from_operator(y, op, 0.05), 8)
+    u, prob = _box_problem(25, 26, 0.05, 8)
     kernel = adaptive.build_per_entry_kernel(u, inner_steps=1)
 
     @jax.jit
