@@ -14,8 +14,10 @@ unifies objective and constraint violation, complete the continuous ones with an
 * :mod:`energy`: the penalty energy (E.1) on the integer block.
 * :mod:`langevin`: DLP / DMALA (arXiv 2206.09914) and the regularised flip rule, annealed,
   many chains under ``jit``/``vmap``.
-* :mod:`gnn`: the bipartite GNN (Flax NNX); :mod:`training`: unsupervised and supervised
-  training; :mod:`diving`: the Neural Diving baseline (arXiv 2012.13349).
+* :mod:`gnn`: the bipartite GNN (Flax NNX); :mod:`proposal`: the learned proposal, the network
+  whose outputs are the moves (after RLNN, Feng and Yang, ICML 2025); :mod:`training`: its
+  on-policy training, the bounded-bias hybrid's unsupervised training and the supervised one;
+  :mod:`diving`: the Neural Diving baseline (arXiv 2012.13349).
 * :mod:`solve`: :func:`solve` -> :class:`MILPResult`, the certified end-to-end solver.
 """
 
@@ -41,6 +43,7 @@ from jaxlib_ext.samplers.milp.generators import (
 from jaxlib_ext.samplers.milp.gnn import BipartiteGNN, gnn_bias_fn, node_features
 from jaxlib_ext.samplers.milp.highs import HighsResult, highs_model, solve_highs
 from jaxlib_ext.samplers.milp.langevin import (
+    LEARNED_METHODS,
     METHODS,
     LangevinInfo,
     LangevinState,
@@ -53,20 +56,35 @@ from jaxlib_ext.samplers.milp.langevin import (
     proposal_log_prob,
     run_langevin,
 )
-from jaxlib_ext.samplers.milp.lp_completion import Completion, complete
+from jaxlib_ext.samplers.milp.lp_completion import Completion, complete, lp_value_cuts
 from jaxlib_ext.samplers.milp.mps import read_mps
 from jaxlib_ext.samplers.milp.problem import MILP, SolutionCheck, check_solution, make_milp
+from jaxlib_ext.samplers.milp.proposal import (
+    LearnedProposal,
+    load_proposal,
+    move_log_probs,
+    save_proposal,
+)
 from jaxlib_ext.samplers.milp.solve import MILPResult, solve
-from jaxlib_ext.samplers.milp.training import stack_problems, train_supervised, train_unsupervised
+from jaxlib_ext.samplers.milp.training import (
+    random_box_state,
+    stack_for_proposal,
+    stack_problems,
+    train_proposal,
+    train_supervised,
+    train_unsupervised,
+)
 
 __all__ = [
     "FAMILIES",
+    "LEARNED_METHODS",
     "METHODS",
     "MILP",
     "BipartiteGNN",
     "Completion",
     "EnergyData",
     "HighsResult",
+    "LearnedProposal",
     "LangevinInfo",
     "LangevinState",
     "MILPResult",
@@ -89,19 +107,26 @@ __all__ = [
     "highs_model",
     "independent_set",
     "init",
+    "load_proposal",
+    "lp_value_cuts",
     "make_milp",
     "miplib_path",
+    "move_log_probs",
     "neural_diving",
     "node_features",
     "pad_energy_data",
     "predict_assignment",
     "proposal_log_prob",
+    "random_box_state",
     "read_mps",
     "run_langevin",
+    "save_proposal",
     "set_cover",
     "solve",
     "solve_highs",
+    "stack_for_proposal",
     "stack_problems",
+    "train_proposal",
     "train_supervised",
     "train_unsupervised",
     "violation",

@@ -4,9 +4,10 @@ Architecture after Gasse et al. (arXiv 1906.01629, sec. 4): one node per integer
 per row, edges weighted by the row-scaled coefficients ``w_i A_ij`` (signed), embeddings of the
 node features, then ``num_layers`` rounds of a constraint half-convolution (rows gather from their
 columns) and a variable half-convolution (columns gather from their rows), each
-``h <- relu(W [h, mean_nbrs(w_i A_ij h_nbr)])``, and a linear head to one logit per column. The
-head starts at zero, so an untrained network adds nothing to the flip rule (D.3) of
-:mod:`langevin`: the learned sampler begins as the plain Langevin sampler.
+``h <- relu(W [h, mean_nbrs(w_i A_ij h_nbr)])``, and a linear head to ``outputs`` logits per
+column. The head's weights start at zero: as the bounded bias of the flip rule (D.3) of
+:mod:`langevin` an untrained network adds nothing (the hybrid begins as the plain sampler); as the
+learned proposal of :mod:`proposal` (two unbounded outputs) it begins as a lazy random walk.
 
 Node features are computed from the current state (the sampler calls the network at every step):
 
@@ -59,24 +60,30 @@ def node_features(data: EnergyData, z, g, shift=0.0, penalty=1.0):
 
 
 class BipartiteGNN(nnx.Module):
-    """Bipartite GNN: ``model(data, z, g, shift, penalty) -> (n,)`` logits in
-    ``(-max_logit, max_logit)`` (``max_logit * tanh(head / max_logit)``; zero on padded
-    columns)."""
+    """Bipartite GNN: ``model(data, z, g, shift, penalty)`` -> logits, ``(n,)`` for
+    ``outputs=1`` and ``(n, outputs)`` otherwise, zero on padded columns.
 
-    def __init__(self, hidden: int = 32, num_layers: int = 2, *, max_logit: float = 2.0,
-                 rngs: nnx.Rngs):
+    ``max_logit`` bounds them to ``(-max_logit, max_logit)`` (``max_logit * tanh(head /
+    max_logit)``); ``None`` leaves them unbounded."""
+
+    def __init__(self, hidden: int = 32, num_layers: int = 2, *, outputs: int = 1,
+                 max_logit: float | None = 2.0, rngs: nnx.Rngs):
         if hidden < 1 or num_layers < 1:
             raise ValueError(f"hidden, num_layers: expected >= 1, got {hidden}, {num_layers}")
-        if not max_logit > 0:
-            raise ValueError(f"max_logit: expected > 0, got {max_logit}")
-        self.max_logit = float(max_logit)
+        if outputs < 1:
+            raise ValueError(f"outputs: expected >= 1, got {outputs}")
+        if max_logit is not None and not max_logit > 0:
+            raise ValueError(f"max_logit: expected > 0 or None, got {max_logit}")
+        self.max_logit = None if max_logit is None else float(max_logit)
+        self.outputs = int(outputs)
         self.var_embed = nnx.Linear(VAR_FEATURES, hidden, rngs=rngs)
         self.con_embed = nnx.Linear(CON_FEATURES, hidden, rngs=rngs)
         self.con_layers = nnx.List([nnx.Linear(2 * hidden, hidden, rngs=rngs)
                                     for _ in range(num_layers)])
         self.var_layers = nnx.List([nnx.Linear(2 * hidden, hidden, rngs=rngs)
                                     for _ in range(num_layers)])
-        self.head = nnx.Linear(hidden, 1, kernel_init=nnx.initializers.zeros, rngs=rngs)
+        self.head = nnx.Linear(hidden, self.outputs, kernel_init=nnx.initializers.zeros,
+                               rngs=rngs)
 
     def __call__(self, data: EnergyData, z, g, shift=0.0, penalty=1.0):
         var_x, con_x = node_features(data, z, g, shift, penalty)
@@ -89,16 +96,21 @@ class BipartiteGNN(nnx.Module):
         for con_layer, var_layer in zip(self.con_layers, self.var_layers):
             hc = jax.nn.relu(con_layer(jnp.concatenate([hc, edges @ hv / deg_c], -1)))
             hv = jax.nn.relu(var_layer(jnp.concatenate([hv, edges.T @ hc / deg_v], -1)))
-        # bounded: the learned logit reshapes the flip rule's moves but cannot override (D.3)
-        # once the temperature is low and the gains dominate
-        return self.max_logit * jnp.tanh(self.head(hv)[:, 0] / self.max_logit) * data.var_mask
+        out = self.head(hv)
+        if self.max_logit is not None:
+            # bounded: as a bias the learned logit reshapes the flip rule's moves but cannot
+            # override (D.3) once the temperature is low and the gains dominate
+            out = self.max_logit * jnp.tanh(out / self.max_logit)
+        out = out * data.var_mask[:, None]
+        return out[:, 0] if self.outputs == 1 else out
 
 
 @functools.cache
 def gnn_bias_fn(graphdef):
-    """The learned-logit callable ``fn(params, data, z, g, shift, penalty) -> (n,)`` for
-    ``langevin.run_langevin(bias_fn=..., bias_params=params)`` of a split model
-    (``graphdef, params = nnx.split(model)``); cached so each graphdef compiles once."""
+    """The network as a callable ``fn(params, data, z, g, shift, penalty)`` of a split model
+    (``graphdef, params = nnx.split(model)``), for ``langevin.run_langevin(bias_fn=...,
+    bias_params=params)`` or ``run_langevin(proposal_fn=..., proposal_params=params)``; cached so
+    each graphdef compiles once."""
 
     def fn(params, data, z, g, shift, penalty):
         return nnx.merge(graphdef, params)(data, z, g, shift, penalty)

@@ -27,6 +27,10 @@ so about ``k`` coordinates move per step. ``b_i`` is an optional learned logit (
 unsupervised GNN of :mod:`gnn`, zero when untrained); the rule is a heuristic annealer, not
 MH-corrected, as in Feng and Yang.
 
+**Learned proposal** (``method="learned"`` and ``"learned-mh"``): the moves of every column are
+drawn from the network's own distribution (P.1) of :mod:`proposal`, unadjusted or with the
+Metropolis-Hastings test (P.2), which keeps ``pi`` invariant exactly for any parameters.
+
 **Annealing** (:func:`annealing_schedule`): temperature ``tau`` and penalty ``lam`` follow
 geometric schedules over the steps of a run, cooling ``tau`` and raising ``lam`` so that late
 samples concentrate on feasible low-objective points. Every chain records the best objective among
@@ -34,7 +38,7 @@ the states it visits whose rows are satisfied (violation below ``feas_tol`` in (
 units; for problems with continuous columns this is only a hint, the host LP completion decides).
 
 Layout (BlackJAX-style): :func:`init` makes a :class:`LangevinState`, :func:`build_kernel` returns
-``kernel(key, state, data, shift, const, temperature, penalty, bias_params) -> (state, info)``
+``kernel(key, state, data, shift, const, temperature, penalty, params) -> (state, info)``
 with a :class:`LangevinInfo`, and :func:`run_langevin` scans the kernel for all chains (vmapped)
 in one ``jit``.
 """
@@ -49,12 +53,14 @@ import jax
 import jax.numpy as jnp
 
 from jaxlib_ext.samplers.milp.energy import EnergyData, energy_terms
+from jaxlib_ext.samplers.milp.proposal import move_log_probs
 
 __all__ = ["METHODS", "LangevinInfo", "LangevinState", "annealing_schedule", "build_kernel",
-           "coordinate_gains",
+           "coordinate_gains", "LEARNED_METHODS",
            "dlp_logits", "flip_logits", "init", "proposal_log_prob", "run_langevin"]
 
-METHODS = ("dlp", "dmala", "rld")
+METHODS = ("dlp", "dmala", "rld", "learned", "learned-mh")
+LEARNED_METHODS = ("learned", "learned-mh")
 
 
 class LangevinState(NamedTuple):
@@ -172,14 +178,18 @@ def init(data: EnergyData, z, shift=0.0, const=0.0, penalty=1.0, power: int = 1,
 
 def build_kernel(method: str = "rld", *, step_size: float = 1.0, window: int = 1,
                  num_flips: int = 4, power: int = 1, feas_tol: float = 1e-6,
-                 bias_fn: Callable | None = None, exact_gains: bool = True):
-    """The step ``kernel(key, state, data, shift, const, temperature, penalty, bias_params)``.
+                 bias_fn: Callable | None = None, exact_gains: bool = True,
+                 proposal_fn: Callable | None = None):
+    """The step ``kernel(key, state, data, shift, const, temperature, penalty, params)``.
 
-    ``method``: "dlp" (D.1), "dmala" (D.1 + D.2) or "rld" (D.3). ``step_size`` is ``alpha`` of
-    (D.1), ``window`` its ``W``, ``num_flips`` the ``k`` of (D.3). ``bias_fn(bias_params, data,
-    z, g, shift, penalty) -> (n,)`` adds learned logits ``b_i`` to (D.3) (``method="rld"`` only).
-    ``exact_gains`` (rld): rank moves by the exact single-coordinate energy change
-    (:func:`coordinate_gains`) instead of its first-order estimate.
+    ``method``: "dlp" (D.1), "dmala" (D.1 + D.2), "rld" (D.3), "learned" (P.1) or "learned-mh"
+    (P.1 + P.2). ``step_size`` is ``alpha`` of (D.1), ``window`` its ``W``, ``num_flips`` the
+    ``k`` of (D.3). ``bias_fn(params, data, z, g, shift, penalty) -> (n,)`` adds learned logits
+    ``b_i`` to (D.3) (``method="rld"`` only). ``exact_gains`` (rld): rank moves by the exact
+    single-coordinate energy change (:func:`coordinate_gains`) instead of its first-order
+    estimate. ``proposal_fn(params, data, z, g, shift, penalty) -> (n, 2)``: the learned
+    proposal's network (required by, and only used by, the learned methods; the temperature
+    enters only the test of "learned-mh").
     """
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
@@ -189,16 +199,26 @@ def build_kernel(method: str = "rld", *, step_size: float = 1.0, window: int = 1
         raise ValueError(f"window, num_flips: expected >= 1, got {window}, {num_flips}")
     if bias_fn is not None and method != "rld":
         raise ValueError("bias_fn: a learned bias is used by method='rld' only")
+    if (proposal_fn is not None) != (method in LEARNED_METHODS):
+        raise ValueError(f"proposal_fn: required by the methods {LEARNED_METHODS} and used by "
+                         f"no other, got method={method!r} with "
+                         f"proposal_fn={'a callable' if proposal_fn is not None else None}")
 
-    def kernel(key, state, data, shift, const, temperature, penalty, bias_params=None):
+    def kernel(key, state, data, shift, const, temperature, penalty, params=None):
         z = state.z
         e0, _, _, g = _terms_and_grad(data, z, shift, const, penalty, power)
-        if method == "rld":
+        if method in LEARNED_METHODS:  # (P.1)
+            k_prop, k_acc = jax.random.split(key)
+            logp = move_log_probs(proposal_fn(params, data, z, g, shift, penalty), data, z)
+            idx = jax.random.categorical(k_prop, logp, axis=-1)
+            z_new = z + (idx - 1).astype(z.dtype)
+            accept = jnp.asarray(1.0)
+        elif method == "rld":
             gains = (coordinate_gains(data, z, shift, const, penalty, power) if exact_gains
                      else None)
             logits, direction = flip_logits(data, z, g, temperature, num_flips, gains)
             if bias_fn is not None:
-                logits = logits + bias_fn(bias_params, data, z, g, shift, penalty)
+                logits = logits + bias_fn(params, data, z, g, shift, penalty)
             move = jax.random.bernoulli(key, jax.nn.sigmoid(logits))
             z_new = z + jnp.where(move, direction, 0.0)
             accept = jnp.asarray(1.0)
@@ -209,9 +229,15 @@ def build_kernel(method: str = "rld", *, step_size: float = 1.0, window: int = 1
             z_new = z + (idx - window).astype(z.dtype)
             accept = jnp.asarray(1.0)
         e1, obj1, pen1, g1 = _terms_and_grad(data, z_new, shift, const, penalty, power)
-        if method == "dmala":  # (D.2)
-            fwd = proposal_log_prob(data, z, z_new, g, temperature, step_size, window)
-            rev = proposal_log_prob(data, z_new, z, g1, temperature, step_size, window)
+        if method in ("dmala", "learned-mh"):  # (D.2), (P.2)
+            if method == "dmala":
+                fwd = proposal_log_prob(data, z, z_new, g, temperature, step_size, window)
+                rev = proposal_log_prob(data, z_new, z, g1, temperature, step_size, window)
+            else:  # the reverse of move index j (d = j - 1) is 2 - j
+                logp1 = move_log_probs(proposal_fn(params, data, z_new, g1, shift, penalty),
+                                       data, z_new)
+                fwd = jnp.sum(jnp.take_along_axis(logp, idx[:, None], -1))
+                rev = jnp.sum(jnp.take_along_axis(logp1, (2 - idx)[:, None], -1))
             log_acc = -(e1 - e0) / temperature + rev - fwd
             ok = jnp.log(jax.random.uniform(k_acc)) < log_acc
             accept = ok.astype(z.dtype)
@@ -228,13 +254,13 @@ def build_kernel(method: str = "rld", *, step_size: float = 1.0, window: int = 1
 
 
 @functools.partial(jax.jit, static_argnames=("method", "window", "num_flips", "power", "bias_fn",
-                                             "feas_tol", "exact_gains"))
-def _run(key, data_shared, z0, shift, const, cost, temperatures, penalties, bias_params,
+                                             "feas_tol", "exact_gains", "proposal_fn"))
+def _run(key, data_shared, z0, shift, const, cost, temperatures, penalties, params,
          step_size, *,
-         method, window, num_flips, power, bias_fn, feas_tol, exact_gains):
+         method, window, num_flips, power, bias_fn, feas_tol, exact_gains, proposal_fn):
     kernel = build_kernel(method, step_size=step_size, window=window, num_flips=num_flips,
                           power=power, feas_tol=feas_tol, bias_fn=bias_fn,
-                          exact_gains=exact_gains)
+                          exact_gains=exact_gains, proposal_fn=proposal_fn)
 
     def chain(key, z0, shift, const, cost):
         data = data_shared._replace(c=cost)
@@ -242,7 +268,7 @@ def _run(key, data_shared, z0, shift, const, cost, temperatures, penalties, bias
 
         def body(state, xs):
             k, t, lam = xs
-            state, info = kernel(k, state, data, shift, const, t, lam, bias_params)
+            state, info = kernel(k, state, data, shift, const, t, lam, params)
             return state, info
 
         keys = jax.random.split(key, temperatures.shape[0])
@@ -256,7 +282,8 @@ def run_langevin(key, data: EnergyData, z0, *, temperatures, penalties, shift=No
                  cost=None,
                  method: str = "rld", step_size: float = 1.0, window: int = 1,
                  num_flips: int = 4, power: int = 1, feas_tol: float = 1e-6,
-                 bias_fn: Callable | None = None, bias_params=None, exact_gains: bool = True):
+                 bias_fn: Callable | None = None, bias_params=None, exact_gains: bool = True,
+                 proposal_fn: Callable | None = None, proposal_params=None):
     """Run ``K`` chains from ``z0`` (K, n) for ``len(temperatures)`` steps in one ``jit``.
 
     ``shift`` (K, m) / ``const`` (K,) are the per-chain continuous-block terms of (E.1) (zeros by
@@ -287,7 +314,9 @@ def run_langevin(key, data: EnergyData, z0, *, temperatures, penalties, shift=No
                          f"{shift.shape} and {const.shape}")
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
-    return _run(key, data, z0, shift, const, cost, temperatures, penalties, bias_params,
+    params = proposal_params if method in LEARNED_METHODS else bias_params
+    return _run(key, data, z0, shift, const, cost, temperatures, penalties, params,
                 jnp.asarray(step_size, data.c.dtype), method=method, window=int(window),
                 num_flips=int(num_flips), power=int(power), bias_fn=bias_fn,
-                feas_tol=float(feas_tol), exact_gains=bool(exact_gains))
+                feas_tol=float(feas_tol), exact_gains=bool(exact_gains),
+                proposal_fn=proposal_fn)

@@ -34,7 +34,7 @@ from jaxlib_ext.samplers.milp.highs import _status_name
 from jaxlib_ext.samplers.milp.mps import _highspy
 from jaxlib_ext.samplers.milp.problem import FEAS_TOL, MILP, check_solution
 
-__all__ = ["Completion", "complete"]
+__all__ = ["Completion", "complete", "lp_value_cuts"]
 
 
 class Completion(NamedTuple):
@@ -150,3 +150,18 @@ def complete(problem: MILP, Z, *, penalty: float | None = None) -> Completion:
             objective[u] = np.nan
     return Completion(X[inverse], objective[inverse], value[inverse], feasible[inverse],
                       [status[i] for i in inverse], vgrad[inverse])
+
+
+def lp_value_cuts(problem: MILP, Z, *, penalty: float) -> tuple[np.ndarray, np.ndarray]:
+    """The cuts of (E.2) of :mod:`energy` at the assignments ``Z`` (B, n_int), for
+    ``energy.with_cuts``: ``(cut_h (B, n_int), cut_a (B,))``, the subgradients ``h_k`` of the
+    continuous part of the elastic LP value (L.2) at ``penalty`` and the intercepts ``a_k =
+    value_k - c_z^T z_k - h_k^T z_k`` (minimisation form); ``cut_a = -inf`` where that LP has no
+    finite value."""
+    Z = np.round(np.asarray(Z, np.float64))
+    comp = complete(problem, Z, penalty=penalty)
+    cz = problem.sense * problem.c[problem.integer_index]
+    h = np.where(np.isfinite(comp.value)[:, None], comp.value_grad, 0.0)
+    a = np.where(np.isfinite(comp.value),
+                 comp.value - Z @ cz - np.einsum("bn,bn->b", h, Z), -np.inf)
+    return h, a

@@ -50,7 +50,13 @@ import optax
 from flax import nnx
 
 from jaxlib_ext.core import loop
-from jaxlib_ext.samplers.milp.energy import EnergyData, energy, energy_data, pad_energy_data
+from jaxlib_ext.samplers.milp.energy import (
+    EnergyData,
+    energy,
+    energy_data,
+    pad_energy_data,
+    with_cuts,
+)
 from jaxlib_ext.samplers.milp.gnn import BipartiteGNN
 from jaxlib_ext.samplers.milp.highs import solve_highs
 from jaxlib_ext.samplers.milp.langevin import (
@@ -60,9 +66,12 @@ from jaxlib_ext.samplers.milp.langevin import (
     flip_logits,
     run_langevin,
 )
+from jaxlib_ext.samplers.milp.lp_completion import lp_value_cuts
 from jaxlib_ext.samplers.milp.problem import MILP
+from jaxlib_ext.samplers.milp.proposal import LearnedProposal, move_log_probs
 
-__all__ = ["stack_problems", "train_supervised", "train_unsupervised"]
+__all__ = ["random_box_state", "stack_for_proposal", "stack_problems", "train_proposal",
+           "train_supervised", "train_unsupervised"]
 
 
 def _round_up(v, k):
@@ -103,9 +112,13 @@ def _collect_states(key, stacked: EnergyData, num_chains, num_steps, snapshots, 
 
 
 def _train_loop(model, loss_fn, batch_fn, *, steps, lr, progress, desc, checkpoint_dir,
-                checkpoint_every, resume, max_seconds, metrics_path, meta):
+                checkpoint_every, resume, max_seconds, metrics_path, meta, rollout=None):
     """Adam on ``loss_fn(model, batch_fn(t))`` through :func:`jaxlib_ext.core.loop.run_loop`;
-    returns ``(model, losses)``, the per-step losses of the steps this call ran."""
+    returns ``(model, losses)``, the per-step losses of the steps this call ran.
+
+    With ``rollout`` (a pytree of arrays: chains that the trained model itself moves), the loss
+    is ``loss_fn(model, batch, rollout) -> (loss, next_rollout)`` and the chains are part of the
+    checkpointed state, so a resumed run continues them exactly."""
     graphdef, params = nnx.split(model, nnx.Param)
     rest = nnx.state(model, nnx.Not(nnx.Param))
     tx = optax.adam(lr)
@@ -116,11 +129,15 @@ def _train_loop(model, loss_fn, batch_fn, *, steps, lr, progress, desc, checkpoi
 
         def f(params):
             m = nnx.merge(graphdef, params, rest)
-            return loss_fn(m, batch)
-        loss, grads = jax.value_and_grad(f)(params)
+            if rollout is None:
+                return loss_fn(m, batch), None
+            return loss_fn(m, batch, state["rollout"])
+        (loss, nxt), grads = jax.value_and_grad(f, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return ({"params": optax.apply_updates(params, updates), "opt_state": opt_state},
-                {"loss": loss})
+        new = {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
+        if rollout is not None:
+            new["rollout"] = nxt
+        return new, {"loss": loss}
 
     config = loop.LoopConfig(
         steps=steps, log_every=1, checkpoint_dir=checkpoint_dir,
@@ -128,8 +145,10 @@ def _train_loop(model, loss_fn, batch_fn, *, steps, lr, progress, desc, checkpoi
         resume=resume, metrics_path=metrics_path, progress=progress, desc=desc,
         max_seconds=max_seconds, schedule={"kind": "constant", "peak_lr": float(lr)},
         meta=meta)
-    res = loop.run_loop(step, {"params": params, "opt_state": tx.init(params)}, batch_fn,
-                        config)
+    state = {"params": params, "opt_state": tx.init(params)}
+    if rollout is not None:
+        state["rollout"] = rollout
+    res = loop.run_loop(step, state, batch_fn, config)
     nnx.update(model, res.state["params"])
     return model, np.asarray([row["loss"] for row in res.history], np.float64)
 
@@ -321,3 +340,159 @@ def train_supervised(key, problems: list[MILP], *, solutions=None, hidden: int =
                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                        resume=resume, max_seconds=max_seconds, metrics_path=metrics_path,
                        meta=meta)
+
+
+def stack_for_proposal(problems: list[MILP], *, pad_to: int = 16, num_cuts: int = 16,
+                       penalty: float = 10.0, seed: int = 0) -> EnergyData:
+    """:class:`EnergyData` of every problem for :func:`train_proposal`, padded and stacked.
+
+    Pure-integer problems as :func:`stack_problems`. A problem with continuous columns frees the
+    rows that hold them and carries ``num_cuts`` cuts of its elastic LP value (E.2) at
+    ``penalty`` (from the all-lower, all-upper and random box assignments), so the training
+    energy is the unified one of :func:`solve`: objective, penalty, and the LP value."""
+    if not problems:
+        raise ValueError("problems: expected at least one MILP")
+    if num_cuts < 2:
+        raise ValueError(f"num_cuts: expected >= 2, got {num_cuts}")
+    rng = np.random.default_rng(seed)
+    mixed = any(p.continuous_index.size for p in problems)
+    datas = []
+    for p in problems:
+        d = energy_data(p, lp_rows=True)
+        if mixed:
+            lo, up = np.asarray(d.lower, np.float64), np.asarray(d.upper, np.float64)
+            Z = np.where(rng.random((num_cuts, lo.size)) < 0.5, lo, up)
+            Z[0], Z[1] = lo, up
+            if p.continuous_index.size:
+                h, a = lp_value_cuts(p, Z, penalty=penalty)
+            else:
+                h, a = np.zeros((num_cuts, lo.size)), np.full(num_cuts, -np.inf)
+            d = with_cuts(d, h, a)
+        datas.append(d)
+    n = _round_up(max(d.c.shape[0] for d in datas), pad_to)
+    m = _round_up(max(d.A.shape[0] for d in datas), pad_to)
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *[pad_energy_data(d, n, m) for d in datas])
+
+
+def random_box_state(key, data: EnergyData):
+    """A uniformly random integer assignment in the box ``[lower, upper]`` (0 on padded
+    columns), the proposal's start state."""
+    u = jax.random.uniform(key, data.lower.shape)
+    z = jnp.floor(data.lower + u * (data.upper - data.lower + 1.0))
+    return jnp.clip(z, data.lower, data.upper) * data.var_mask
+
+
+def train_proposal(key, problems: list[MILP], *, hidden: int = 64, num_layers: int = 3,
+                   init_move_logit: float = -3.0, steps: int = 2000, num_chains: int = 32,
+                   rollout_steps: int = 100, num_samples: int = 4,
+                   learning_rate: float = 1e-3, num_flips: int = 4, move_weight: float = 0.1,
+                   penalty=(1.0, 10.0), num_cuts: int = 16, progress: bool = False,
+                   checkpoint_dir=None, checkpoint_every: int = 0, resume: bool = True,
+                   max_seconds: float | None = None, metrics_path=None):
+    """Train a :class:`~jaxlib_ext.samplers.milp.proposal.LearnedProposal` on its own rollouts.
+
+    On-policy REINFORCE after the learned sampler of Feng and Yang (ICML 2025, RLNN): a buffer
+    of ``num_chains`` chains, each on a random training instance from a uniformly random box
+    state, is moved by the current proposal (P.1) one step per training step; a chain that has
+    made ``rollout_steps`` moves restarts on a new instance. The penalty ``lam`` of each chain
+    follows the geometric schedule ``penalty`` over its rollout, as in :func:`solve`. At every
+    chain's state ``z`` the loss draws ``S = num_samples`` moves ``z'_s ~ q_theta(. | z)`` and
+    rewards the one-step decrease of the unified energy (E.1)/(E.2)::
+
+        r_s = E_lam(z) - E_lam(z'_s)
+        L(theta) = -mean_s[(r_s - mean_s r) log q_theta(z'_s | z)]
+                   + mu (sum_i P_theta(z_i moves) - k)^2 / n                               (T.3)
+
+    ``mu = move_weight``, ``k = num_flips``; the mean over the ``S`` moves is a variance-reducing
+    baseline (RLNN uses the reward alone) and the move term is RLNN's regulariser, divided by the
+    column count ``n`` so that ``mu`` does not scale with the instance. No solution and no
+    solver label enters (T.3); the network never sees an optimum.
+
+    Args:
+      key: the PRNG key of the initialisation, the rollouts and the sampled moves.
+      problems: the training instances (one family; hundreds for a useful proposal).
+      hidden, num_layers, init_move_logit: the proposal's network (:class:`LearnedProposal`).
+      steps, learning_rate: the Adam run (a resumed run continues up to ``steps``).
+      num_chains, rollout_steps, num_samples: the on-policy buffer and the moves per state.
+      num_flips, move_weight: ``k`` and ``mu`` of (T.3).
+      penalty: ``(start, end)`` of each rollout's geometric penalty schedule.
+      num_cuts: LP-value cuts per mixed instance (:func:`stack_for_proposal`).
+      checkpoint_dir: the checkpoint folder (Orbax: the parameters, the optimiser state and the
+        chains every ``checkpoint_every`` steps and at the end), or ``None`` for none.
+      checkpoint_every: steps between checkpoints; ``0``: only the last step.
+      resume: continue from the newest checkpoint in ``checkpoint_dir``, if any.
+      max_seconds: stop early (with a checkpoint) after this wall time.
+      metrics_path: a JSONL file of the per-step losses, or ``None``.
+      progress: show a progress bar.
+
+    Returns:
+      ``(proposal, losses)``: the trained proposal and the per-step losses of the steps this
+      call ran (their value is minus the mean one-step energy decrease plus the move term).
+
+    Raises:
+      ValueError: bad arguments.
+      jaxlib_ext.core.loop.NonFiniteLossError: the loss became NaN or Inf.
+    """
+    _check_run(steps, num_chains, checkpoint_every)
+    if rollout_steps < 1 or num_samples < 2:
+        raise ValueError(f"rollout_steps, num_samples: expected >= 1 and >= 2, got "
+                         f"{rollout_steps}, {num_samples}")
+    p0, p1 = map(float, penalty)
+    if not (p0 > 0 and p1 > 0):
+        raise ValueError(f"penalty: expected two positive values, got {penalty}")
+    k_model, k_rollout, k_batch = jax.random.split(key, 3)
+    stacked = stack_for_proposal(problems, num_cuts=num_cuts, penalty=p1,
+                                 seed=int(jax.random.randint(k_batch, (), 0, 2**31 - 1)))
+    num_problems = stacked.c.shape[0]
+    proposal = LearnedProposal(hidden, num_layers, init_move_logit=init_move_logit,
+                               rngs=nnx.Rngs(k_model))
+    # every chain starts "finished", so the first step draws its instance and start state
+    rollout = {"z": jnp.zeros((num_chains, stacked.c.shape[1])),
+               "age": jnp.full((num_chains,), rollout_steps, jnp.int32),
+               "instance": jnp.zeros((num_chains,), jnp.int32)}
+    base_seed = int(jax.random.randint(k_rollout, (), 0, 2**31 - 1))
+
+    def batches(t):
+        return np.asarray([base_seed, t], np.uint32)
+
+    def loss_fn(m, seed, roll):
+        key = jax.random.fold_in(jax.random.key(seed[0]), seed[1])
+        k_inst, k_start, k_moves = jax.random.split(key, 3)
+        restart = roll["age"] >= rollout_steps
+        inst = jnp.where(restart, jax.random.randint(k_inst, (num_chains,), 0, num_problems),
+                         roll["instance"])
+        data = jax.tree.map(lambda a: a[inst], stacked)
+        z = jnp.where(restart[:, None],
+                      jax.vmap(random_box_state)(jax.random.split(k_start, num_chains), data),
+                      roll["z"])
+        age = jnp.where(restart, 0, roll["age"])
+        lam = p0 * (p1 / p0) ** (age / max(rollout_steps - 1, 1))
+
+        def one(key, data, z, lam):  # (T.3) at one chain's state
+            _, _, _, g = _terms_and_grad(data, z, 0.0, 0.0, lam, 1)
+            logp = move_log_probs(m(data, z, g, 0.0, lam), data, z)
+            idx = jax.random.categorical(key, jax.lax.stop_gradient(logp), axis=-1,
+                                         shape=(num_samples,) + z.shape)
+            z_new = z + (idx - 1).astype(z.dtype)
+            reward = energy(data, z, penalty=lam) - jax.vmap(
+                lambda zz: energy(data, zz, penalty=lam))(z_new)
+            logq = jnp.sum(jnp.take_along_axis(logp[None], idx[..., None], -1)[..., 0], -1)
+            adv = jax.lax.stop_gradient(reward - reward.mean())
+            surrogate = -jnp.mean(adv * logq)
+            p_move = jnp.sum((1.0 - jnp.exp(logp[:, 1])) * data.var_mask)
+            n = jnp.maximum(data.var_mask.sum(), 1.0)
+            moves = move_weight * (p_move - num_flips) ** 2 / n
+            value = surrogate - jax.lax.stop_gradient(surrogate) - jax.lax.stop_gradient(
+                reward.mean())
+            return value + moves, z_new[0]
+
+        losses, z_next = jax.vmap(one)(jax.random.split(k_moves, num_chains), data, z, lam)
+        nxt = {"z": jax.lax.stop_gradient(z_next), "age": age + 1, "instance": inst}
+        return jnp.mean(losses), nxt
+
+    meta = {"trainer": "milp.proposal", **proposal.config()}
+    return _train_loop(proposal, loss_fn, batches, steps=steps, lr=learning_rate,
+                       progress=progress, desc="learned proposal",
+                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                       resume=resume, max_seconds=max_seconds, metrics_path=metrics_path,
+                       meta=meta, rollout=rollout)
