@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grow": ("jaxlib_ext.cli.grow", "grow a trained LM checkpoint (depth, experts) for a new run"),
     "distill": ("jaxlib_ext.cli.distill", "distil a GGUF teacher LM into an xLSTM student"),
     "milp": ("jaxlib_ext.cli.milp", "solve a MILP (MPS/LP file) by learned Langevin sampling"),
+    "milp-train": ("jaxlib_ext.cli.milp_train",
+                   "train the learned MILP proposal on generated instances of one family"),
     "ldm": ("jaxlib_ext.cli.ldm", "train the MNIST latent diffusion model"),
     "energy": ("jaxlib_ext.cli.energy", "train a normalized energy prior on digits"),
 }
