@@ -1,12 +1,18 @@
-"""Training the bipartite GNN: unsupervised (expected energy) and supervised (Neural Diving).
+"""Training the bipartite GNN: the learned proposal on its own rollouts, the bounded-bias hybrid
+without labels, and the supervised Neural-Diving network.
 
-**Unsupervised** (:func:`train_unsupervised`; the paper's "no labelled solutions" sampler,
-reconstructed): states ``z`` are collected by running the untrained flip-rule sampler (D.3) of
-:mod:`langevin` on the training instances (snapshots along its annealing schedule, each with its
-``tau`` and ``lam``). At each state the network's logits ``b`` are added to (D.3), giving move
-probabilities ``p = sigmoid(l + b)`` along the move directions ``dir``; the loss is the energy (E.1)
-of the expected next state (the relaxation; the "Erdos goes neural" form of the learned proposal
-of Feng and Yang, ICML 2025) plus a move-count regulariser::
+**Learned proposal** (:func:`train_proposal`, the default learned sampler of :func:`solve`): the
+network *is* the proposal (P.1) of :mod:`proposal`, trained on-policy by REINFORCE on the
+one-step decrease of the unified energy along its own rollouts from random states (T.3; after
+RLNN, Feng and Yang, ICML 2025). See its docstring.
+
+**Unsupervised bounded bias** (:func:`train_unsupervised`, the hybrid option): states ``z`` are
+collected by running the untrained flip-rule sampler (D.3) of :mod:`langevin` on the training
+instances (snapshots along its annealing schedule, each with its ``tau`` and ``lam``). At each
+state the network's logits ``b`` are added to (D.3), giving move probabilities
+``p = sigmoid(l + b)`` along the move directions ``dir``; the loss is the energy (E.1) of the
+expected next state (the relaxation; the "Erdos goes neural" form of the learned proposal of Feng
+and Yang, ICML 2025) plus a move-count regulariser::
 
     L(theta) = E_{z} [ E_lam(z + p * dir) + mu (sum_i p_i - k)^2 / n ]                   (T.1)
 
