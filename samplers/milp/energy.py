@@ -142,18 +142,20 @@ def continuous_shift(problem: MILP, y) -> tuple[np.ndarray, np.ndarray]:
 
 def pad_energy_data(data: EnergyData, n: int, m: int) -> EnergyData:
     """Pad to ``n`` columns and ``m`` rows: padded rows are free (infinite bounds, zero
-    coefficients), padded columns are fixed at 0 (``var_mask`` 0), so (E.1) is unchanged."""
+    coefficients), padded columns are fixed at 0 (``var_mask`` 0), so (E.1) is unchanged. NumPy
+    arrays stay NumPy arrays (padding on the host, no device program)."""
     n0, m0 = data.c.shape[0], data.A.shape[0]
     if n < n0 or m < m0:
         raise ValueError(f"n, m: cannot pad ({n0}, {m0}) down to ({n}, {m})")
+    xp = np if isinstance(data.c, np.ndarray) else jnp
     pn, pm = n - n0, m - m0
     return EnergyData(
-        jnp.pad(data.c, (0, pn)), jnp.pad(data.A, ((0, pm), (0, pn))),
-        jnp.pad(data.row_lower, (0, pm), constant_values=-jnp.inf),
-        jnp.pad(data.row_upper, (0, pm), constant_values=jnp.inf),
-        jnp.pad(data.row_weight, (0, pm), constant_values=1.0), data.obj_scale,
-        jnp.pad(data.lower, (0, pn)), jnp.pad(data.upper, (0, pn)), jnp.pad(data.var_mask, (0, pn)),
-        jnp.pad(data.cut_h, ((0, 0), (0, pn))), data.cut_a)
+        xp.pad(data.c, (0, pn)), xp.pad(data.A, ((0, pm), (0, pn))),
+        xp.pad(data.row_lower, (0, pm), constant_values=-np.inf),
+        xp.pad(data.row_upper, (0, pm), constant_values=np.inf),
+        xp.pad(data.row_weight, (0, pm), constant_values=1.0), data.obj_scale,
+        xp.pad(data.lower, (0, pn)), xp.pad(data.upper, (0, pn)), xp.pad(data.var_mask, (0, pn)),
+        xp.pad(data.cut_h, ((0, 0), (0, pn))), data.cut_a)
 
 
 def violation(data: EnergyData, z, shift=0.0):

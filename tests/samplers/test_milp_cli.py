@@ -1,5 +1,7 @@
 """``python -m jaxlib_ext milp``: a real MIPLIB file end to end, and bad input."""
 
+import json
+
 import pytest
 
 from jaxlib_ext import cli
@@ -43,3 +45,41 @@ def test_cli_malformed_file(capsys, tmp_path):
 
 def test_cli_parser_prog():
     assert cli_milp.build_parser().prog == "python -m jaxlib_ext milp"
+
+
+def test_cli_progress_bar_shows_time_and_best(capsys):
+    rc = cli_milp.main([str(milp.miplib_path("p0033")), "--time-limit", "1", "--chains", "4"])
+    captured = capsys.readouterr()
+    assert rc in (0, 1) and "compile_seconds: " in captured.out
+    assert "best=none, t=" in captured.err  # the time shows before a first feasible point
+    assert "s]" in captured.err and "t=" in captured.err.rsplit("best=", 1)[1]
+
+
+@pytest.mark.parametrize("case", ["missing", "features", "metropolis"])
+def test_cli_bad_proposal(case, capsys, tmp_path):
+    argv = [str(milp.miplib_path("p0033")), "--no-progress"]
+    if case == "missing":
+        argv += ["--proposal", str(tmp_path / "nowhere")]
+    elif case == "features":  # a proposal saved by a network with other feature sizes
+        (tmp_path / "proposal.json").write_text(json.dumps(
+            {"config": {"hidden": 8, "num_layers": 1, "init_move_logit": -3.0,
+                        "var_features": 99, "con_features": 99}, "meta": {}}))
+        argv += ["--proposal", str(tmp_path)]
+    else:
+        argv += ["--metropolis"]
+    assert cli_milp.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ")
+    assert ("metropolis" if case == "metropolis" else "proposal") in err
+
+
+def test_cli_solves_with_a_saved_proposal(capsys, tmp_path):
+    proposal_mod = pytest.importorskip("jaxlib_ext.samplers.milp.proposal")
+    from flax import nnx
+
+    proposal_mod.save_proposal(tmp_path / "prop",
+                               proposal_mod.LearnedProposal(8, 1, rngs=nnx.Rngs(0)))
+    rc = cli_milp.main([str(milp.miplib_path("p0033")), "--time-limit", "2", "--chains", "4",
+                        "--no-progress", "--proposal", str(tmp_path / "prop"), "--metropolis"])
+    out = capsys.readouterr().out
+    assert rc in (0, 1) and "method: langevin-learned-mh" in out

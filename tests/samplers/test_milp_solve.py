@@ -1,5 +1,9 @@
 """End-to-end: the tiny-MILP oracle (enumeration + LP completion = scipy.optimize.milp = solve),
-certified solutions, bad input."""
+certified solutions, the wall-clock limit, repair and adaptive penalty, learned components, bad
+input."""
+
+import importlib
+import time
 
 import numpy as np
 import pytest
@@ -121,3 +125,93 @@ def test_p0033_reaches_optimum_within_budget():
     p = milp.read_mps(milp.miplib_path("p0033"))
     r = milp.solve(p, time_limit=120.0, num_chains=16, max_rounds=6, seed=0)
     assert r.feasible and r.objective == pytest.approx(3089.0)
+
+
+def test_time_limit_includes_compilation_and_a_cached_call_meets_it():
+    # a round of 10^5 steps cannot fit: the first round's anneal is compressed into the limit
+    p = milp.set_cover(5, n_rows=18, n_cols=36)
+    limit, tol = 1.0, 1.0  # tol: one chunk and one completion, with room for a loaded CI machine
+    first = milp.solve(p, time_limit=limit, num_chains=8, steps_per_round=100_000)
+    assert first.compile_seconds >= 0.0
+    assert first.seconds - first.compile_seconds <= limit + tol
+    again = milp.solve(p, time_limit=limit, num_chains=8, steps_per_round=100_000, seed=1)
+    assert again.compile_seconds == 0.0  # the compiled programs are kept across calls
+    assert again.seconds <= limit + tol
+    assert again.feasible and again.status == "feasible"
+
+
+def test_a_limit_spent_by_compilation_stops_right_after_it(monkeypatch):
+    solve_mod = importlib.import_module("jaxlib_ext.samplers.milp.solve")
+
+    def slow_compiled(fn, static, args):  # a compilation that outlasts the limit
+        time.sleep(0.6)
+        program, _ = compiled(fn, static, args)
+        return program, 0.6
+
+    compiled = solve_mod._compiled
+    monkeypatch.setattr(solve_mod, "_compiled", slow_compiled)
+    r = milp.solve(tiny_milp(0), time_limit=0.5, num_chains=4, steps_per_round=25)
+    assert not r.feasible and r.status == "no_solution_found" and np.isnan(r.x).all()
+    assert r.compile_seconds == pytest.approx(0.6) and "compiling" in r.message
+    assert r.seconds < 0.5 + 0.6 + 1.0
+
+
+def knapsack_cover(seed, n=30, m=4, fill=0.85):
+    """Binaries with knapsack-like cover rows ``a_i^T z >= fill * sum(a_i)``, positive costs:
+    the objective pulls every column to 0, the rows need most of them at 1."""
+    rng = np.random.default_rng(seed)
+    A = rng.integers(1, 20, size=(m, n)).astype(float)
+    return milp.make_milp(rng.integers(1, 10, size=n).astype(float), A, fill * A.sum(1), None,
+                          0.0, 1.0, np.ones(n, bool), name=f"knapsack-cover-{seed}")
+
+
+def test_repair_makes_the_final_states_feasible():
+    # one hot step at a negligible penalty cannot reach the rows; the greedy repair can
+    p = knapsack_cover(0)
+    kw = dict(time_limit=30.0, num_chains=4, max_rounds=1, steps_per_round=1,
+              temperature=(5.0, 5.0), penalty=(1e-3, 1e-3), adaptive_penalty=False)
+    assert not milp.solve(p, repair_steps=0, **kw).feasible
+    r = milp.solve(p, repair_steps=40, **kw)
+    assert r.feasible and milp.check_solution(p, r.x).feasible
+
+
+def test_adaptive_penalty_reaches_feasibility_from_a_too_small_penalty():
+    p = knapsack_cover(1)
+    kw = dict(time_limit=30.0, num_chains=4, max_rounds=14, steps_per_round=50,
+              penalty=(0.01, 0.01), repair_steps=0)
+    assert not milp.solve(p, adaptive_penalty=False, **kw).feasible
+    r = milp.solve(p, adaptive_penalty=True, **kw)
+    assert r.feasible and milp.check_solution(p, r.x).feasible
+
+
+def test_learned_components_need_integer_columns_and_exclude_each_other():
+    from flax import nnx
+
+    lp = milp.make_milp([-1.0, -2.0], [[1.0, 1.0]], None, [1.5], 0.0, 1.0)
+    net = milp.BipartiteGNN(4, 1, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="no integer columns; a learned model needs some"):
+        milp.solve(lp, model=net)
+    with pytest.raises(ValueError, match="no integer columns; a learned proposal needs some"):
+        milp.solve(lp, proposal=net)
+    p = tiny_milp(0)
+    with pytest.raises(ValueError, match="model, proposal"):
+        milp.solve(p, model=net, proposal=net)
+    with pytest.raises(ValueError, match="metropolis"):
+        milp.solve(p, metropolis=True)
+    with pytest.raises(TypeError, match="proposal"):
+        milp.solve(p, proposal=lambda *a: None)
+    with pytest.raises(ValueError, match="repair_steps"):
+        milp.solve(p, repair_steps=-1)
+
+
+@pytest.mark.parametrize("metropolis", [False, True])
+def test_learned_proposal_runs_the_learned_sampler(metropolis):
+    proposal_mod = pytest.importorskip("jaxlib_ext.samplers.milp.proposal")
+    from flax import nnx
+
+    p = milp.set_cover(2, n_rows=15, n_cols=30)
+    net = proposal_mod.LearnedProposal(8, 1, rngs=nnx.Rngs(0))
+    r = milp.solve(p, proposal=net, metropolis=metropolis, time_limit=60.0, num_chains=4,
+                   max_rounds=1, steps_per_round=25)
+    assert r.method == ("langevin-learned-mh" if metropolis else "langevin-learned")
+    assert r.feasible and milp.check_solution(p, r.x).feasible
