@@ -118,16 +118,20 @@ def _collect_states(key, stacked: EnergyData, num_chains, num_steps, snapshots, 
 
 
 def _train_loop(model, loss_fn, batch_fn, *, steps, lr, progress, desc, checkpoint_dir,
-                checkpoint_every, resume, max_seconds, metrics_path, meta, rollout=None):
+                checkpoint_every, resume, max_seconds, metrics_path, meta, rollout=None,
+                clip_norm=None):
     """Adam on ``loss_fn(model, batch_fn(t))`` through :func:`jaxlib_ext.core.loop.run_loop`;
     returns ``(model, losses)``, the per-step losses of the steps this call ran.
 
     With ``rollout`` (a pytree of arrays: chains that the trained model itself moves), the loss
     is ``loss_fn(model, batch, rollout) -> (loss, next_rollout)`` and the chains are part of the
-    checkpointed state, so a resumed run continues them exactly."""
+    checkpointed state, so a resumed run continues them exactly. ``clip_norm``: clip the
+    gradient's global norm before Adam."""
     graphdef, params = nnx.split(model, nnx.Param)
     rest = nnx.state(model, nnx.Not(nnx.Param))
     tx = optax.adam(lr)
+    if clip_norm is not None:
+        tx = optax.chain(optax.clip_by_global_norm(clip_norm), tx)
 
     @jax.jit
     def step(state, batch):
@@ -392,7 +396,8 @@ def train_proposal(key, problems: list[MILP], *, hidden: int = 64, num_layers: i
                    init_move_logit: float = -3.0, steps: int = 2000, num_chains: int = 32,
                    rollout_steps: int = 100, num_samples: int = 4,
                    learning_rate: float = 1e-3, num_flips: int = 4, move_weight: float = 0.1,
-                   penalty=(1.0, 10.0), num_cuts: int = 16, progress: bool = False,
+                   penalty=(1.0, 10.0), num_cuts: int = 16, clip_norm: float | None = 1.0,
+                   progress: bool = False,
                    checkpoint_dir=None, checkpoint_every: int = 0, resume: bool = True,
                    max_seconds: float | None = None, metrics_path=None):
     """Train a :class:`~jaxlib_ext.samplers.milp.proposal.LearnedProposal` on its own rollouts.
@@ -405,14 +410,16 @@ def train_proposal(key, problems: list[MILP], *, hidden: int = 64, num_layers: i
     chain's state ``z`` the loss draws ``S = num_samples`` moves ``z'_s ~ q_theta(. | z)`` and
     rewards the one-step decrease of the unified energy (E.1)/(E.2)::
 
-        r_s = E_lam(z) - E_lam(z'_s)
-        L(theta) = -mean_s[(r_s - mean_s r) log q_theta(z'_s | z)]
+        r_s = E_lam(z) - E_lam(z'_s),   A_s = (r_s - mean_s r) / sigma
+        L(theta) = -mean_s[A_s log q_theta(z'_s | z)]
                    + mu (sum_i P_theta(z_i moves) - k)^2 / n                               (T.3)
 
-    ``mu = move_weight``, ``k = num_flips``; the mean over the ``S`` moves is a variance-reducing
-    baseline (RLNN uses the reward alone) and the move term is RLNN's regulariser, divided by the
-    column count ``n`` so that ``mu`` does not scale with the instance. No solution and no
-    solver label enters (T.3); the network never sees an optimum.
+    ``mu = move_weight``, ``k = num_flips``. Our choices beside RLNN (which uses the raw reward):
+    the mean over the ``S`` moves is a baseline, ``sigma`` the standard deviation of
+    ``r_s - mean_s r`` over the whole batch (so the step does not scale with the instances'
+    energy units), and the gradient's global norm is clipped at ``clip_norm``; the move term is
+    RLNN's regulariser, divided by the column count ``n`` so that ``mu`` does not scale with the
+    instance. No solution and no solver label enters (T.3); the network never sees an optimum.
 
     Args:
       key: the PRNG key of the initialisation, the rollouts and the sampled moves.
@@ -423,6 +430,7 @@ def train_proposal(key, problems: list[MILP], *, hidden: int = 64, num_layers: i
       num_flips, move_weight: ``k`` and ``mu`` of (T.3).
       penalty: ``(start, end)`` of each rollout's geometric penalty schedule.
       num_cuts: LP-value cuts per mixed instance (:func:`stack_for_proposal`).
+      clip_norm: the gradient's global-norm clip (``None``: no clipping).
       checkpoint_dir: the checkpoint folder (Orbax: the parameters, the optimiser state and the
         chains every ``checkpoint_every`` steps and at the end), or ``None`` for none.
       checkpoint_every: steps between checkpoints; ``0``: only the last step.
@@ -474,7 +482,7 @@ def train_proposal(key, problems: list[MILP], *, hidden: int = 64, num_layers: i
         age = jnp.where(restart, 0, roll["age"])
         lam = p0 * (p1 / p0) ** (age / max(rollout_steps - 1, 1))
 
-        def one(key, data, z, lam):  # (T.3) at one chain's state
+        def one(key, data, z, lam):  # (T.3) at one chain's state, before the batch scale
             _, _, _, g = _terms_and_grad(data, z, 0.0, 0.0, lam, 1)
             logp = move_log_probs(m(data, z, g, 0.0, lam), data, z)
             idx = jax.random.categorical(key, jax.lax.stop_gradient(logp), axis=-1,
@@ -483,22 +491,25 @@ def train_proposal(key, problems: list[MILP], *, hidden: int = 64, num_layers: i
             reward = energy(data, z, penalty=lam) - jax.vmap(
                 lambda zz: energy(data, zz, penalty=lam))(z_new)
             logq = jnp.sum(jnp.take_along_axis(logp[None], idx[..., None], -1)[..., 0], -1)
-            adv = jax.lax.stop_gradient(reward - reward.mean())
-            surrogate = -jnp.mean(adv * logq)
             p_move = jnp.sum((1.0 - jnp.exp(logp[:, 1])) * data.var_mask)
             n = jnp.maximum(data.var_mask.sum(), 1.0)
             moves = move_weight * (p_move - num_flips) ** 2 / n
-            value = surrogate - jax.lax.stop_gradient(surrogate) - jax.lax.stop_gradient(
-                reward.mean())
-            return value + moves, z_new[0]
+            return reward, logq, moves, z_new[0]
 
-        losses, z_next = jax.vmap(one)(jax.random.split(k_moves, num_chains), data, z, lam)
+        reward, logq, moves, z_next = jax.vmap(one)(
+            jax.random.split(k_moves, num_chains), data, z, lam)
+        centred = reward - reward.mean(axis=1, keepdims=True)
+        adv = jax.lax.stop_gradient(centred / (jnp.sqrt(jnp.mean(centred**2)) + 1e-8))
+        surrogate = -jnp.mean(adv * logq)
+        # value: minus the mean one-step decrease (and the move term); gradient: (T.3)
+        loss = (surrogate - jax.lax.stop_gradient(surrogate)
+                - jax.lax.stop_gradient(reward.mean()) + jnp.mean(moves))
         nxt = {"z": jax.lax.stop_gradient(z_next), "age": age + 1, "instance": inst}
-        return jnp.mean(losses), nxt
+        return loss, nxt
 
     meta = {"trainer": "milp.proposal", **proposal.config()}
     return _train_loop(proposal, loss_fn, batches, steps=steps, lr=learning_rate,
                        progress=progress, desc="learned proposal",
                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                        resume=resume, max_seconds=max_seconds, metrics_path=metrics_path,
-                       meta=meta, rollout=rollout)
+                       meta=meta, rollout=rollout, clip_norm=clip_norm)
