@@ -1,34 +1,37 @@
-"""Langevin MILP sampler vs the supervised Neural-Diving baseline vs HiGHS.
+"""Langevin MILP: the learned proposal vs the oracle-gain rule, DMALA, Neural Diving and HiGHS.
 
 Per family (set cover, combinatorial auction, capacitated facility location, independent set;
 ``jaxlib_ext.samplers.milp.generators``) at two sizes, on unseen instances (test seeds never used
-for training), and on the MIPLIB 3 instances p0033 and p0201 (several sampler seeds): feasibility
-rate, mean primal gap to the HiGHS optimum ``100 |f - f*| / max(|f*|, 1)`` (over the instances
-a method solved) and mean wall time for
+for training or validation), and on the MIPLIB 3 instances p0033 and p0201:
 
-* ``unsup-gnn``: the Langevin flip-rule sampler with the unsupervised bipartite GNN's logits,
-  trained per family on generated instances of both sizes without labels;
-* ``langevin``: the same sampler untrained (the GNN's head is zero at initialisation);
-* ``neural-diving``: the same network trained on HiGHS-optimal labels; predict, fix, complete;
-* ``highs``: HiGHS branch-and-cut, one thread, the same time limit.
+* ``learned``: the learned proposal (P.1; the network is the proposal), trained per family and
+  size by ``train_proposal`` on its own rollouts (on-policy REINFORCE, no labels);
+* ``rld``: the regularised flip rule with exact single-move gains (the oracle-gain baseline:
+  regularised Langevin with the energy's exact gains, untrained);
+* ``dmala``: plain discrete Langevin with the MH test (gradient proposal, untrained);
+* ``neural-diving``: the same network size trained on HiGHS-optimal labels; predict, fix,
+  complete with HiGHS;
+* ``highs``: HiGHS branch-and-cut, one thread.
 
-Every method gets the same wall-time limit per instance. The samplers run their first annealing
-round in full, so their wall time can exceed the limit; the tables show the measured times.
-Compilation is excluded: each (family, size) is padded to one shape and solved once before
-timing. For MIPLIB no family matches; the learned samplers use the set-cover networks (transfer).
-The learned-vs-supervised comparison uses one learning rate and one training seed per family (a
-short training budget on 2 CPU cores), so it is indicative, not a verdict under the
-``_comparison`` rule.
+The two trained methods follow the ``_comparison`` rule: the same learning-rate grid, seeds and
+training budget, each method's rate picked by its mean validation gap at equal wall time, the
+test figures reported at that rate over the 3 seeds. The untrained samplers run with the same 3
+sampler seeds. Two budgets:
 
-``--rule FAMILY``: instead, the learned-vs-supervised comparison under the ``_comparison`` rule
-on the family's smaller size: both networks on the same learning-rate grid and seeds, the same
-training instances and steps, each method's rate picked by the mean validation gap (8
-validation instances), the test gap reported at that rate.
+* equal wall time: every method gets ``--time-limit`` seconds per instance, compilation included
+  (each shape is compiled once before timing, so the limit buys sampling, not compiling);
+* equal sampler steps: the samplers run ``--rounds`` annealing rounds of ``--steps-per-round``
+  steps with the same chains and start states, without a time limit.
 
-Scaling: time per sampler step (flip rule with exact gains, and DMALA) vs number of integer
-variables (set cover, rows = columns / 2) and chains.
+Metrics: feasibility rate (a certified point found), mean primal gap to the HiGHS optimum
+``100 |f - f*| / max(|f*|, 1)`` (an instance without a solution counts as 100 %), and the time to
+the first feasible point. For MIPLIB no family matches; the learned models are the set-cover
+ones of the smaller size (transfer).
 
-    python benchmarks/samplers_milp.py              # full run, about 15 min on 2 busy CPU cores
+Scaling: time per sampler step (flip rule with exact gains, DMALA) vs integer variables.
+
+    python benchmarks/samplers_milp.py              # all families, about 45 min on 2 CPU cores
+    python benchmarks/samplers_milp.py --families setcover --sizes 0
     python benchmarks/samplers_milp.py --fast       # smoke run
 """
 
@@ -51,8 +54,11 @@ SIZES = {
     "facility": (dict(n_customers=10, n_facilities=5), dict(n_customers=20, n_facilities=10)),
     "indset": (dict(n_nodes=50), dict(n_nodes=100)),
 }
-METHODS = ("unsup-gnn", "langevin", "neural-diving", "highs")
-TRAIN_SEED0 = 10_000
+SAMPLERS = ("learned", "rld", "dmala")
+METHODS = (*SAMPLERS, "neural-diving", "highs")
+TRAIN_SEED0, VAL_SEED0 = 10_000, 20_000
+LRS = (3e-4, 1e-3, 3e-3)
+SEEDS = (0, 1, 2)
 
 
 def size_name(kw):
@@ -63,104 +69,186 @@ def gap(obj, ref):
     return 100.0 * abs(obj - ref) / max(abs(ref), 1.0)
 
 
-def run_methods(p, models, args, pad_to, seed=0):
-    out = {}
-    unsup, sup = models
-    r = milp.solve(p, time_limit=args.time_limit, model=unsup, pad_to=pad_to, seed=seed,
-                   num_chains=args.chains, steps_per_round=args.steps_per_round)
-    out["unsup-gnn"] = (r.feasible, r.objective, r.seconds)
-    r = milp.solve(p, time_limit=args.time_limit, pad_to=pad_to, seed=seed,
-                   num_chains=args.chains, steps_per_round=args.steps_per_round)
-    out["langevin"] = (r.feasible, r.objective, r.seconds)
-    r = milp.neural_diving(p, sup, time_limit=args.time_limit, pad_to=pad_to)
-    out["neural-diving"] = (r.feasible, r.objective, r.seconds)
+def score(results, refs):
+    """(feasible %, mean gap % with 100 for a miss, mean seconds to the first feasible point)."""
+    feas = [r.feasible for r in results]
+    gaps = [gap(r.objective, f) if r.feasible else 100.0 for r, f in zip(results, refs)]
+    first = [r.trace[0][0] for r in results if r.feasible and r.trace]
+    return (100.0 * float(np.mean(feas)), float(np.mean(gaps)),
+            float(np.mean(first)) if first else float("nan"))
+
+
+class Bench:
+    """One (family, size): instances, references, and the solver calls of every method."""
+
+    def __init__(self, family, kw, args):
+        gen = milp.FAMILIES[family]
+        self.name = f"{family} {size_name(kw)}"
+        self.args = args
+        self.train = [gen(TRAIN_SEED0 + i, **kw) for i in range(args.train)]
+        self.val = [gen(VAL_SEED0 + i, **kw) for i in range(args.val)]
+        self.test = [gen(i, **kw) for i in range(args.instances)]
+        self.refs = {id(p): milp.solve_highs(p, time_limit=120.0).objective
+                     for p in self.val + self.test}
+        self.pad = (max(int(p.integrality.sum()) for p in self.val + self.test),
+                    max(p.num_rows for p in self.val + self.test))
+        self._labels = None
+
+    def labels(self):
+        if self._labels is None:
+            self._labels = [milp.solve_highs(p, time_limit=30.0).x for p in self.train]
+        return self._labels
+
+    def sampler(self, method, proposal=None, seed=0, budget="time"):
+        a = self.args
+        kw = dict(pad_to=self.pad, seed=seed, num_chains=a.chains,
+                  steps_per_round=a.steps_per_round)
+        if method == "learned":
+            kw["proposal"] = proposal
+        else:
+            kw["method"] = method
+        if budget == "time":
+            return lambda p: milp.solve(p, time_limit=a.time_limit, **kw)
+        return lambda p: milp.solve(p, time_limit=1e9, max_rounds=a.rounds, **kw)
+
+    def warm(self, solver):
+        solver(self.val[0] if self.val else self.test[0])  # compile the padded shape
+
+    def scores(self, solver, problems):
+        return score([solver(p) for p in problems], [self.refs[id(p)] for p in problems])
+
+
+def train_learned(bench, lr, seed, args):
+    proposal, _ = milp.train_proposal(jax.random.key(seed), bench.train, hidden=args.hidden,
+                                      num_layers=args.layers, steps=args.train_steps,
+                                      learning_rate=lr, num_chains=args.train_chains,
+                                      rollout_steps=args.steps_per_round)
+    return proposal
+
+
+def train_diving(bench, lr, seed, args):
+    model, _ = milp.train_supervised(jax.random.key(seed), bench.train, solutions=bench.labels(),
+                                     hidden=args.hidden, num_layers=args.layers,
+                                     steps=args.train_steps, learning_rate=lr)
+    return model
+
+
+def bench_size(family, kw, args, rows, models):
+    from _comparison import Comparison, run_comparison
+
+    t0 = time.perf_counter()
+    b = Bench(family, kw, args)
+    spec = Comparison(methods=("neural-diving", "learned"), lrs=LRS, seeds=SEEDS,
+                      budget=f"{args.train_steps} Adam steps on {len(b.train)} {b.name} "
+                             f"instances, GNN {args.hidden} x {args.layers}")
+    print(f"\n## {b.name}\n\n{spec.describe()}", flush=True)
+    extra = {}
+
+    def run(method, lr, seed):
+        if method == "learned":
+            proposal = train_learned(b, lr, seed, args)
+            solver = b.sampler("learned", proposal, seed)
+            b.warm(solver)
+            steps_solver = b.sampler("learned", proposal, seed, budget="steps")
+            extra[method, lr, seed] = (proposal, b.scores(steps_solver, b.test))
+        else:
+            model = train_diving(b, lr, seed, args)
+            solver = lambda p: milp.neural_diving(  # noqa: E731
+                p, model, time_limit=args.time_limit, pad_to=b.pad)
+            b.warm(solver)
+            extra[method, lr, seed] = (model, None)
+        val, test = b.scores(solver, b.val), b.scores(solver, b.test)
+        extra[method, lr, seed] += (test,)
+        return {"val": val[1], "test": test[1]}
+
+    result = run_comparison(spec, run, metric="gap %")
+    print("\n" + result.grid_table(fmt=".3f"))
+    print("\n" + result.summary_table(baseline="neural-diving", fmt=".3f"))
+    print("\n" + result.verdict("learned", "neural-diving", fmt=".3f"), flush=True)
+    best = {m: result.best_lr(m) for m in spec.methods}
+    table = {}
+    for m in spec.methods:
+        table[m, "time"] = [extra[m, best[m], s][2] for s in SEEDS]
+        if m == "learned":
+            table[m, "steps"] = [extra[m, best[m], s][1] for s in SEEDS]
+    models[b.name] = {m: extra[m, best[m], SEEDS[0]][0] for m in spec.methods}
+    for m in ("rld", "dmala"):
+        for budget in ("time", "steps"):
+            solvers = [b.sampler(m, seed=s, budget=budget) for s in SEEDS]
+            b.warm(solvers[0])
+            table[m, budget] = [b.scores(sv, b.test) for sv in solvers]
     t = time.perf_counter()
-    h = milp.solve_highs(p, time_limit=args.time_limit)
-    out["highs"] = (h.x is not None, h.objective, time.perf_counter() - t)
-    return out, h
+    h = [milp.solve_highs(p, time_limit=args.time_limit) for p in b.test]
+    secs = (time.perf_counter() - t) / len(b.test)
+    table["highs", "time"] = [score([_highs_result(p, r) for p, r in zip(b.test, h)],
+                                    [b.refs[id(p)] for p in b.test])]
+    table["highs", "time"][0] = table["highs", "time"][0][:2] + (secs,)
+    rows.append((b.name, len(b.test), table, best))
+    print(f"{b.name}: {time.perf_counter() - t0:.0f}s", flush=True)
 
 
-def reference(p, h):
-    if h.status == "optimal":
-        return h.objective
-    r = milp.solve_highs(p, time_limit=120.0)
-    return r.objective if r.status == "optimal" else float("nan")
+def _highs_result(p, r):
+    """HiGHS's answer as the fields :func:`score` reads."""
+    class R:
+        pass
+    out = R()
+    out.feasible = r.x is not None and milp.check_solution(p, r.x).feasible
+    out.objective = r.objective
+    out.trace = [(r.seconds, r.objective)] if out.feasible else []
+    return out
 
 
-def summarise(rows):
-    """rows: list of dicts method -> (feasible, objective, seconds, ref)."""
-    res = {}
-    for m in METHODS:
-        feas = [r[m][0] for r in rows]
-        gaps = [gap(r[m][1], r[m][3]) for r in rows if r[m][0] and np.isfinite(r[m][3])]
-        secs = [r[m][2] for r in rows]
-        res[m] = (100.0 * np.mean(feas), np.mean(gaps) if gaps else float("nan"),
-                  np.max(gaps) if gaps else float("nan"), np.mean(secs))
-    return res
-
-
-def table(title, results):
-    print(f"\n### {title}\n")
-    print("| instances | n | method | feasible % | mean gap % | max gap % | mean s |")
-    print("|---|---|---|---|---|---|---|")
-    for (name, count), res in results:
-        for m in METHODS:
-            f, g, gmax, s = res[m]
-            print(f"| {name} | {count} | {m} | {f:.0f} | {g:.2f} | {gmax:.2f} | {s:.3f} |")
-
-
-def bench_family(family, args, all_results, models_out):
-    gen = milp.FAMILIES[family]
-    key = jax.random.key(0)
-    train = [gen(TRAIN_SEED0 + i, **kw) for kw in SIZES[family] for i in range(args.train)]
-    t = time.perf_counter()
-    unsup, ul = milp.train_unsupervised(key, train, steps=args.train_steps,
-                                        num_steps=args.train_sampler_steps, snapshots=4,
-                                        learning_rate=args.lr)
-    t_unsup = time.perf_counter() - t
-    t = time.perf_counter()
-    sup, sl = milp.train_supervised(key, train, steps=args.train_steps, learning_rate=args.lr)
-    t_sup = time.perf_counter() - t
-    print(f"\n{family}: {len(train)} training instances; unsupervised training {t_unsup:.1f}s "
-          f"(loss {ul[:10].mean():.4g} -> {ul[-10:].mean():.4g}), supervised {t_sup:.1f}s incl. "
-          f"HiGHS labels (BCE {sl[:10].mean():.4g} -> {sl[-10:].mean():.4g})", flush=True)
-    models_out[family] = (unsup, sup)
-    for kw in SIZES[family]:
-        tests = [gen(s, **kw) for s in range(args.instances)]
-        n = max(int(p.integrality.sum()) for p in tests)
-        m = max(p.num_rows for p in tests)
-        for model in (unsup, None):  # compile once per shape
-            milp.solve(tests[0], time_limit=60.0, model=model, pad_to=(n, m), max_rounds=1,
-                       num_chains=args.chains, steps_per_round=args.steps_per_round)
-        milp.neural_diving(tests[0], sup, time_limit=5.0, pad_to=(n, m))
-        rows = []
-        t = time.perf_counter()
-        for p in tests:
-            out, h = run_methods(p, (unsup, sup), args, (n, m))
-            ref = reference(p, h)
-            rows.append({k: (*v, ref) for k, v in out.items()})
-        res = summarise(rows)
-        all_results.append(((f"{family} {size_name(kw)}", len(tests)), res))
-        print(f"  {family} {size_name(kw)}: {len(tests)} instances in "
-              f"{time.perf_counter() - t:.0f}s: " + ", ".join(
-                  f"{k} feas {v[0]:.0f}% gap {v[1]:.2f}%" for k, v in res.items()), flush=True)
-
-
-def bench_miplib(args, models, all_results):
-    unsup, sup = models.get("setcover", (None, None))
-    for name in ("p0033", "p0201"):
+def bench_miplib(args, rows, models):
+    learned = models.get(f"setcover {size_name(SIZES['setcover'][0])}", {})
+    for name, ref in (("p0033", 3089.0), ("p0201", 7615.0)):
         p = milp.read_mps(milp.miplib_path(name))
-        ref = {"p0033": 3089.0, "p0201": 7615.0}[name]
-        n, m = p.num_vars, p.num_rows
-        for model in (unsup, None):
-            milp.solve(p, time_limit=60.0, model=model, max_rounds=1, num_chains=args.chains,
-                       steps_per_round=args.steps_per_round)
-        milp.neural_diving(p, sup, time_limit=5.0)
-        rows = []
-        for seed in range(args.miplib_seeds):
-            out, _ = run_methods(p, (unsup, sup), args, (n, m), seed=seed)
-            rows.append({k: (*v, ref) for k, v in out.items()})
-        all_results.append(((f"{name} (seeds)", len(rows)), summarise(rows)))
+        table = {}
+        for m in SAMPLERS:
+            if m == "learned" and "learned" not in learned:
+                continue
+            for budget in ("time", "steps"):
+                res = []
+                for s in SEEDS:
+                    kw = dict(seed=s, num_chains=args.chains, steps_per_round=args.steps_per_round)
+                    kw.update(proposal=learned["learned"]) if m == "learned" else kw.update(
+                        method=m)
+                    if budget == "time":
+                        milp.solve(p, time_limit=1e9, max_rounds=1, **kw)  # compile
+                        res.append(milp.solve(p, time_limit=args.time_limit, **kw))
+                    else:
+                        res.append(milp.solve(p, time_limit=1e9, max_rounds=args.rounds, **kw))
+                table[m, budget] = [score([r], [ref]) for r in res]
+        if "neural-diving" in learned:
+            r = milp.neural_diving(p, learned["neural-diving"], time_limit=args.time_limit)
+            table["neural-diving", "time"] = [score([r], [ref])]
+        t = time.perf_counter()
+        h = milp.solve_highs(p, time_limit=args.time_limit)
+        secs = time.perf_counter() - t
+        table["highs", "time"] = [score([_highs_result(p, h)], [ref])[:2] + (secs,)]
+        rows.append((f"{name} (3 seeds)", 1, table, {}))
+
+
+def _pm(col):
+    col = col[np.isfinite(col)]
+    if not col.size:
+        return "-"
+    return f"{col.mean():.2f}" + (f" ± {col.std(ddof=1):.2f}" if col.size > 1 else "")
+
+
+def print_tables(rows):
+    for budget, title in (("time", "Equal wall time"), ("steps", "Equal sampler steps")):
+        print(f"\n### {title}: feasibility, primal gap to the HiGHS optimum, time to first "
+              "feasible point (mean ± std over 3 seeds)\n")
+        print("| instances | n | method | lr | feasible % | gap % | first feasible s |")
+        print("|---|---|---|---|---|---|---|")
+        for name, count, table, best in rows:
+            for m in METHODS:
+                if (m, budget) not in table:
+                    continue
+                v = np.asarray(table[m, budget], float)
+                lr = f"{best[m]:g}" if m in best else "-"
+                cells = " | ".join(_pm(v[:, j]) for j in range(3))
+                print(f"| {name} | {count} | {m} | {lr} | {cells} |")
 
 
 def bench_scaling(args):
@@ -182,94 +270,47 @@ def bench_scaling(args):
                 print(f"| {method} | {n} | {k} | {ms:.3f} | {ms / k:.4f} |", flush=True)
 
 
-def rule_comparison(args):
-    from _comparison import Comparison, run_comparison
-
-    gen, kw = milp.FAMILIES[args.rule], SIZES[args.rule][0]
-    train = [gen(TRAIN_SEED0 + i, **kw) for i in range(args.train)]
-    val = [gen(20_000 + i, **kw) for i in range(8)]
-    test = [gen(i, **kw) for i in range(args.instances)]
-    labels = [milp.solve_highs(p, time_limit=30.0).x for p in train]
-    refs = {id(p): milp.solve_highs(p, time_limit=120.0).objective for p in val + test}
-    n = max(int(p.integrality.sum()) for p in val + test)
-    m = max(p.num_rows for p in val + test)
-    spec = Comparison(methods=("neural-diving", "unsup-gnn"), lrs=(3e-4, 1e-3, 3e-3),
-                      seeds=(0, 1, 2), budget=f"{args.train_steps} Adam steps on {len(train)} "
-                      f"{args.rule} {size_name(kw)} instances; {args.time_limit}s per instance")
-    print(spec.describe())
-
-    def mean_gap(solver, problems):
-        gaps = []
-        for p in problems:
-            r = solver(p)
-            gaps.append(gap(r.objective, refs[id(p)]) if r.feasible else 100.0)
-        return float(np.mean(gaps))
-
-    def run(method, lr, seed):
-        key = jax.random.key(seed)
-        if method == "unsup-gnn":
-            model, _ = milp.train_unsupervised(key, train, steps=args.train_steps,
-                                               num_steps=args.train_sampler_steps, snapshots=4,
-                                               learning_rate=lr)
-            milp.solve(val[0], time_limit=60.0, model=model, pad_to=(n, m), max_rounds=1,
-                       num_chains=args.chains, steps_per_round=args.steps_per_round)
-            solver = lambda p: milp.solve(  # noqa: E731
-                p, time_limit=args.time_limit, model=model, pad_to=(n, m), seed=seed,
-                num_chains=args.chains, steps_per_round=args.steps_per_round)
-        else:
-            model, _ = milp.train_supervised(key, train, solutions=labels,
-                                             steps=args.train_steps, learning_rate=lr)
-            milp.neural_diving(val[0], model, time_limit=5.0, pad_to=(n, m))
-            solver = lambda p: milp.neural_diving(  # noqa: E731
-                p, model, time_limit=args.time_limit, pad_to=(n, m))
-        return {"val": mean_gap(solver, val), "test": mean_gap(solver, test)}
-
-    result = run_comparison(spec, run, metric="gap %")
-    print("\n" + result.grid_table(fmt=".3f"))
-    print("\n" + result.summary_table(baseline="neural-diving", fmt=".3f"))
-    print("\n" + result.verdict("unsup-gnn", "neural-diving", fmt=".3f"))
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fast", action="store_true", help="smoke run")
-    ap.add_argument("--instances", type=int, default=25,
-                    help="test instances per family size (two sizes: 50 per family)")
-    ap.add_argument("--train", type=int, default=12, help="training instances per size")
-    ap.add_argument("--train-steps", type=int, default=300)
-    ap.add_argument("--train-sampler-steps", type=int, default=200)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--families", default=",".join(SIZES))
+    ap.add_argument("--sizes", default="0,1", help="which of each family's two sizes")
+    ap.add_argument("--instances", type=int, default=10, help="test instances per size")
+    ap.add_argument("--val", type=int, default=5, help="validation instances per size")
+    ap.add_argument("--train", type=int, default=200, help="training instances per size")
+    ap.add_argument("--train-steps", type=int, default=1000)
+    ap.add_argument("--train-chains", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--time-limit", type=float, default=0.5)
     ap.add_argument("--chains", type=int, default=16)
     ap.add_argument("--steps-per-round", type=int, default=200)
-    ap.add_argument("--miplib-seeds", type=int, default=5)
-    ap.add_argument("--families", default=",".join(SIZES))
-    ap.add_argument("--rule", default=None, choices=tuple(SIZES),
-                    help="only the learned-vs-supervised comparison under the _comparison rule")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the equal-steps budget")
+    ap.add_argument("--no-scaling", action="store_true")
     args = ap.parse_args()
     args.scaling_n = (100, 200, 400, 800)
     args.scaling_chains = (1, 4, 16, 64)
     if args.fast:
-        args.instances, args.train, args.train_steps, args.miplib_seeds = 3, 2, 10, 1
-        args.train_sampler_steps = 40
+        args.instances, args.val, args.train, args.train_steps = 2, 2, 4, 10
+        args.steps_per_round, args.rounds = 50, 1
         args.scaling_n, args.scaling_chains = (100,), (1, 4)
     print(f"# Langevin MILP benchmark ({time.strftime('%Y-%m-%d')}, "
           f"{platform.processor() or 'cpu'}, {os.cpu_count()} CPUs, jax {jax.__version__}, "
           f"backend {jax.default_backend()}, highspy {_highs_version()})")
-    print(f"time limit {args.time_limit}s per instance and method, {args.chains} chains, "
-          f"{args.steps_per_round} steps per annealing round; GNN: {args.train} training "
-          f"instances per size, {args.train_steps} Adam steps at lr {args.lr}")
+    print(f"equal wall time {args.time_limit}s per instance; equal steps {args.rounds} x "
+          f"{args.steps_per_round}; {args.chains} chains; {args.train} training, {args.val} "
+          f"validation, {args.instances} test instances per size; GNN {args.hidden} x "
+          f"{args.layers}, {args.train_steps} Adam steps")
     t0 = time.perf_counter()
-    if args.rule:
-        rule_comparison(args)
-        print(f"\ntotal {time.perf_counter() - t0:.0f}s")
-        return
-    results, models = [], {}
+    rows, models = [], {}
+    sizes = [int(i) for i in args.sizes.split(",")]
     for family in args.families.split(","):
-        bench_family(family, args, results, models)
-    bench_miplib(args, models, results)
-    table("Feasibility, primal gap to the HiGHS optimum, wall time", results)
-    bench_scaling(args)
+        for i in sizes:
+            bench_size(family, SIZES[family][i], args, rows, models)
+    bench_miplib(args, rows, models)
+    print_tables(rows)
+    if not args.no_scaling:
+        bench_scaling(args)
     print(f"\ntotal {time.perf_counter() - t0:.0f}s")
 
 
