@@ -53,18 +53,14 @@ from jaxlib_ext.samplers.milp.langevin import (
     dlp_logits,
     flip_logits,
     init,
+    move_log_probs,
     proposal_log_prob,
     run_langevin,
 )
 from jaxlib_ext.samplers.milp.lp_completion import Completion, complete, lp_value_cuts
 from jaxlib_ext.samplers.milp.mps import read_mps
 from jaxlib_ext.samplers.milp.problem import MILP, SolutionCheck, check_solution, make_milp
-from jaxlib_ext.samplers.milp.proposal import (
-    LearnedProposal,
-    load_proposal,
-    move_log_probs,
-    save_proposal,
-)
+from jaxlib_ext.samplers.milp.proposal import LearnedProposal, load_proposal, save_proposal
 from jaxlib_ext.samplers.milp.solve import MILPResult, solve
 from jaxlib_ext.samplers.milp.training import (
     random_box_state,

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxlib_ext.samplers.milp.energy import EnergyData
+from jaxlib_ext.samplers.milp.langevin import coordinate_gains
 
 __all__ = ["CON_FEATURES", "VAR_FEATURES", "BipartiteGNN", "gnn_bias_fn", "node_features"]
 
@@ -39,8 +40,6 @@ CON_FEATURES = 5
 
 def node_features(data: EnergyData, z, g, shift=0.0, penalty=1.0):
     """``(var_x (n, VAR_FEATURES), con_x (m, CON_FEATURES))`` at state ``z`` with gradient ``g``."""
-    from jaxlib_ext.samplers.milp.langevin import coordinate_gains
-
     width = jnp.maximum(data.upper - data.lower, 1.0)
     gscale = jnp.maximum(jnp.max(jnp.abs(g)), 1e-6)
     up, down = coordinate_gains(data, z, shift, 0.0, penalty)

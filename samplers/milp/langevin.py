@@ -53,11 +53,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxlib_ext.samplers.milp.energy import EnergyData, energy_terms
-from jaxlib_ext.samplers.milp.proposal import move_log_probs
 
 __all__ = ["METHODS", "LangevinInfo", "LangevinState", "annealing_schedule", "build_kernel",
            "coordinate_gains", "LEARNED_METHODS",
-           "dlp_logits", "flip_logits", "init", "proposal_log_prob", "run_langevin"]
+           "dlp_logits", "flip_logits", "init", "move_log_probs", "proposal_log_prob",
+           "run_langevin"]
 
 METHODS = ("dlp", "dmala", "rld", "learned", "learned-mh")
 LEARNED_METHODS = ("learned", "learned-mh")
@@ -125,6 +125,18 @@ def proposal_log_prob(data: EnergyData, z_from, z_to, g_from, temperature, step_
     idx = jnp.clip(d + window, 0, 2 * window)
     lp = jnp.take_along_axis(logp, idx[:, None], axis=-1)[:, 0]
     return jnp.where(jnp.all(inside), jnp.sum(lp), -jnp.inf)
+
+
+def move_log_probs(logits, data: EnergyData, z):
+    """Log-probabilities ``(n, 3)`` of the moves ``d = -1, 0, +1`` of the learned proposal (P.1)
+    of :mod:`proposal` from its network's ``(n, 2)`` output at ``z``: ``-inf`` for moves out of
+    the box and for padded columns (which stay)."""
+    real = data.var_mask > 0
+    down_ok = (z - 1 >= data.lower) & real
+    up_ok = (z + 1 <= data.upper) & real
+    full = jnp.stack([jnp.where(down_ok, logits[:, 0], -jnp.inf), jnp.zeros_like(z),
+                      jnp.where(up_ok, logits[:, 1], -jnp.inf)], -1)
+    return jax.nn.log_softmax(full, axis=-1)
 
 
 def coordinate_gains(data: EnergyData, z, shift=0.0, const=0.0, penalty=1.0, power: int = 1):

@@ -39,13 +39,12 @@ import json
 import pathlib
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxlib_ext.samplers.milp.energy import EnergyData
 from jaxlib_ext.samplers.milp.gnn import CON_FEATURES, VAR_FEATURES, BipartiteGNN
 
-__all__ = ["LearnedProposal", "load_proposal", "move_log_probs", "save_proposal"]
+__all__ = ["LearnedProposal", "load_proposal", "save_proposal"]
 
 _CONFIG = "proposal.json"
 _PARAMS = "params"
@@ -76,18 +75,6 @@ class LearnedProposal(nnx.Module):
 
     def __call__(self, data: EnergyData, z, g, shift=0.0, penalty=1.0):
         return self.gnn(data, z, g, shift, penalty) + self.init_move_logit
-
-
-def move_log_probs(logits, data: EnergyData, z):
-    """Log-probabilities ``(n, 3)`` of the moves ``d = -1, 0, +1`` of (P.1) from the network's
-    ``(n, 2)`` output at ``z``: ``-inf`` for moves out of the box and for padded columns (which
-    stay)."""
-    real = data.var_mask > 0
-    down_ok = (z - 1 >= data.lower) & real
-    up_ok = (z + 1 <= data.upper) & real
-    full = jnp.stack([jnp.where(down_ok, logits[:, 0], -jnp.inf), jnp.zeros_like(z),
-                      jnp.where(up_ok, logits[:, 1], -jnp.inf)], -1)
-    return jax.nn.log_softmax(full, axis=-1)
 
 
 def save_proposal(directory, proposal: LearnedProposal, meta: dict | None = None) -> pathlib.Path:

@@ -70,11 +70,12 @@ from jaxlib_ext.samplers.milp.langevin import (
     annealing_schedule,
     coordinate_gains,
     flip_logits,
+    move_log_probs,
     run_langevin,
 )
 from jaxlib_ext.samplers.milp.lp_completion import lp_value_cuts
 from jaxlib_ext.samplers.milp.problem import MILP
-from jaxlib_ext.samplers.milp.proposal import LearnedProposal, move_log_probs
+from jaxlib_ext.samplers.milp.proposal import LearnedProposal
 
 __all__ = ["random_box_state", "stack_for_proposal", "stack_problems", "train_proposal",
            "train_supervised", "train_unsupervised"]
