@@ -51,6 +51,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxlib_ext.samplers.milp.energy import EnergyData, energy_terms
 
@@ -85,15 +86,16 @@ class LangevinInfo(NamedTuple):
 
 
 def annealing_schedule(num_steps: int, temperature=(1.0, 0.02), penalty=(1.0, 10.0)):
-    """Geometric schedules ``(temperatures, penalties)``, each (num_steps,), from the first to the
-    second value of each pair (equal values give a constant schedule)."""
+    """Geometric schedules ``(temperatures, penalties)``, each a float32 NumPy array
+    (num_steps,), from the first to the second value of each pair (equal values give a constant
+    schedule). Computed on the host, so that no device program is compiled for it."""
     if num_steps < 1:
         raise ValueError(f"num_steps: expected >= 1, got {num_steps}")
     for name, (a, b) in (("temperature", temperature), ("penalty", penalty)):
         if not (a > 0 and b > 0):
             raise ValueError(f"{name}: expected two positive values, got {(a, b)}")
-    frac = jnp.linspace(0.0, 1.0, num_steps)
-    geo = lambda a, b: a * (b / a) ** frac  # noqa: E731
+    frac = np.linspace(0.0, 1.0, num_steps)
+    geo = lambda a, b: (a * (b / a) ** frac).astype(np.float32)  # noqa: E731
     return geo(*map(float, temperature)), geo(*map(float, penalty))
 
 

@@ -50,7 +50,7 @@ from jaxlib_ext.samplers.milp.energy import (
 )
 from jaxlib_ext.samplers.milp.gnn import BipartiteGNN, gnn_bias_fn
 from jaxlib_ext.samplers.milp.highs import solve_highs
-from jaxlib_ext.samplers.milp.langevin import coordinate_gains, run_langevin
+from jaxlib_ext.samplers.milp.langevin import annealing_schedule, coordinate_gains, run_langevin
 from jaxlib_ext.samplers.milp.lp_completion import complete
 from jaxlib_ext.samplers.milp.problem import FEAS_TOL, MILP, check_solution
 
@@ -126,12 +126,6 @@ def certified_result(problem: MILP, x, trace, t0, method, status="feasible", mes
 
 def _round_up(v, k):
     return int(-(-v // k) * k)
-
-
-def _geometric(num_steps, start, end):
-    """The geometric schedule of ``langevin.annealing_schedule``, on the host (float32)."""
-    frac = np.linspace(0.0, 1.0, num_steps)
-    return (start * (end / start) ** frac).astype(np.float32)
 
 
 def _host_energy_data(problem, n, m):
@@ -433,8 +427,8 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
     while max_rounds is None or rounds < max_rounds:
         if rounds and elapsed() + run_prog.seconds + post_time > time_limit:
             break  # the next round's first chunk and its completion would not fit
-        temps = _geometric(chunks_per_round * chunk, *map(float, temperature))
-        pens = _geometric(chunks_per_round * chunk, float(penalty[0]), pen_end)
+        temps, pens = annealing_schedule(chunks_per_round * chunk, temperature,
+                                         (penalty[0], pen_end))
         data_round = data_with_cuts()
         bz = np.zeros((num_chains, n0))
         bobj = np.full(num_chains, np.inf)
@@ -445,10 +439,10 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
                 if rounds == 0:  # compress the rest of the anneal into the chunks that fit
                     fit = max(1, int(left // run_prog.seconds))
                     if fit < (temps.size - c0) // chunk:
-                        temps = np.concatenate(
-                            [temps[:c0], _geometric(fit * chunk, temps[c0], temps[-1])])
-                        pens = np.concatenate(
-                            [pens[:c0], _geometric(fit * chunk, pens[c0], pens[-1])])
+                        rest_t, rest_p = annealing_schedule(
+                            fit * chunk, (temps[c0], temps[-1]), (pens[c0], pens[-1]))
+                        temps = np.concatenate([temps[:c0], rest_t])
+                        pens = np.concatenate([pens[:c0], rest_p])
                 elif run_prog.seconds > left:
                     break
             t_chunk = time.perf_counter()
