@@ -90,7 +90,11 @@ def stack_problems(problems: list[MILP], *, pad_to: int = 16) -> EnergyData:
     stacked on a leading axis. Problems with continuous columns use their integer block only."""
     if not problems:
         raise ValueError("problems: expected at least one MILP")
-    datas = [energy_data(p) for p in problems]
+    return _pad_and_stack([energy_data(p) for p in problems], pad_to)
+
+
+def _pad_and_stack(datas: list[EnergyData], pad_to: int) -> EnergyData:
+    """``datas`` padded to common sizes (multiples of ``pad_to``), stacked on a leading axis."""
     n = _round_up(max(d.c.shape[0] for d in datas), pad_to)
     m = _round_up(max(d.A.shape[0] for d in datas), pad_to)
     return jax.tree.map(lambda *xs: jnp.stack(xs), *[pad_energy_data(d, n, m) for d in datas])
@@ -380,9 +384,7 @@ def stack_for_proposal(problems: list[MILP], *, pad_to: int = 16, num_cuts: int 
                 h, a = np.zeros((num_cuts, lo.size)), np.full(num_cuts, -np.inf)
             d = with_cuts(d, h, a)
         datas.append(d)
-    n = _round_up(max(d.c.shape[0] for d in datas), pad_to)
-    m = _round_up(max(d.A.shape[0] for d in datas), pad_to)
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *[pad_energy_data(d, n, m) for d in datas])
+    return _pad_and_stack(datas, pad_to)
 
 
 def random_box_state(key, data: EnergyData):
@@ -484,13 +486,12 @@ def train_proposal(key, problems: list[MILP], *, hidden: int = 64, num_layers: i
         lam = p0 * (p1 / p0) ** (age / max(rollout_steps - 1, 1))
 
         def one(key, data, z, lam):  # (T.3) at one chain's state, before the batch scale
-            _, _, _, g = _terms_and_grad(data, z, 0.0, 0.0, lam, 1)
+            e0, _, _, g = _terms_and_grad(data, z, 0.0, 0.0, lam, 1)
             logp = move_log_probs(m(data, z, g, 0.0, lam), data, z)
             idx = jax.random.categorical(key, jax.lax.stop_gradient(logp), axis=-1,
                                          shape=(num_samples,) + z.shape)
             z_new = z + (idx - 1).astype(z.dtype)
-            reward = energy(data, z, penalty=lam) - jax.vmap(
-                lambda zz: energy(data, zz, penalty=lam))(z_new)
+            reward = e0 - jax.vmap(lambda zz: energy(data, zz, penalty=lam))(z_new)
             logq = jnp.sum(jnp.take_along_axis(logp[None], idx[..., None], -1)[..., 0], -1)
             p_move = jnp.sum((1.0 - jnp.exp(logp[:, 1])) * data.var_mask)
             n = jnp.maximum(data.var_mask.sum(), 1.0)
