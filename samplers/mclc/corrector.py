@@ -157,22 +157,24 @@ def _retract(p_shift, lin: ResidualLinearization):
     return v, zeta, reachable, dq
 
 
+def _project(delta, lin: ResidualLinearization):
+    """``((I - g g^T) delta, active)`` of (C.3), ``active`` where the residual's gradient is
+    nonzero (elsewhere ``delta`` is returned as it is)."""
+    gg = _dot(lin.grad, lin.grad)
+    active = gg > 0
+    return delta - (_dot(delta, lin.grad) / jnp.where(active, gg, 1.0)) * lin.grad, active
+
+
 def projection_constraint(delta, lin: ResidualLinearization):
     """The published form (C.3): ``(I - g g^T) delta``, no retraction, no rejection:
     ``(increment, predicted residual, rejected=False)``."""
-    gg = _dot(lin.grad, lin.grad)
-    active = gg > 0
-    out = delta - (_dot(delta, lin.grad) / jnp.where(active, gg, 1.0)) * lin.grad
-    p = lin.residual + lin.jvp(out)
-    return out, jnp.sqrt(_dot(p, p)), jnp.zeros((), bool)
+    return no_constraint(_project(delta, lin)[0], lin)
 
 
 def tangent_constraint(delta, lin: ResidualLinearization):
     """Tangent projection with return to the level set (module docstring):
     ``(increment, predicted residual, rejected)``."""
-    gg = _dot(lin.grad, lin.grad)
-    active = gg > 0
-    tangent = delta - (_dot(delta, lin.grad) / jnp.where(active, gg, 1.0)) * lin.grad
+    tangent, active = _project(delta, lin)
     v, zeta, reachable, dq = _retract(lin.jvp(tangent), lin)
     reject = active & ~reachable
     out = jnp.where(active, tangent - zeta * v, delta)
