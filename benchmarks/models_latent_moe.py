@@ -106,7 +106,7 @@ def main(argv=None):
         if key not in test_loss:
             test_loss[key] = jax.jit(
                 lambda p, s, r, b, g=graphdef: train.make_loss_fn(g, r)(p, b, s))
-        tx = build_optimizer("adamw", lr, steps=steps, seed=seed)
+        tx = build_optimizer("adamw", lr, steps=steps, key=seed)
         with tempfile.TemporaryDirectory() as out:
             cfg = train.TrainConfig(
                 steps=steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=seed,

@@ -99,7 +99,7 @@ def main(argv=None):
         graphdef, _, rest = nnx.split(model, nnx.Param, ...)
         if name not in test_loss:
             test_loss[name] = jax.jit(lambda p, r, b, g=graphdef: train.make_loss_fn(g, r)(p, b))
-        tx = build_optimizer("adamw", lr, steps=args.steps, seed=seed)
+        tx = build_optimizer("adamw", lr, steps=args.steps, key=seed)
         with tempfile.TemporaryDirectory() as out:
             cfg = train.TrainConfig(
                 steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,

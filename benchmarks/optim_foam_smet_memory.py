@@ -29,8 +29,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxlib_ext.models.sparse_linear import SparseLinear
 from jaxlib_ext.optim import _common, foam, smet
+from jaxlib_ext.optim.smet_layer import SparseLinear
 
 CONFIGS = {  # hidden, intermediate, layers (GaLore configs/llama_*.json), vocab 32000
     "60m": (512, 1376, 8),

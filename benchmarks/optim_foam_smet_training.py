@@ -73,7 +73,7 @@ def make_variant(name: str, lr, steps: int, update_every: int, seed: int):
     if recipe == "smet":
         hyperparams = dict(hyperparams, density=0.5, update_every=update_every,
                            optimizer_warmup_steps=min(100, update_every))
-    return make_optimizer(recipe, lr, total_steps=steps, seed=seed + 1, clip_norm=None,
+    return make_optimizer(recipe, lr, total_steps=steps, key=seed + 1, clip_norm=None,
                           b2=0.95, **hyperparams)
 
 

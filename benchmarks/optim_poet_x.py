@@ -76,7 +76,7 @@ def optimizer(name, lr, steps, seed, merge_every):
     recipe, extra = RECIPES[name]
     if recipe == "poet_x":
         extra = {**extra, "merge_every": merge_every}
-    return make_optimizer(recipe, lr, total_steps=steps, seed=seed, **extra)
+    return make_optimizer(recipe, lr, total_steps=steps, key=seed, **extra)
 
 
 def trained_bytes(params):

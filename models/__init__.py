@@ -1,5 +1,5 @@
 """Language models and layers in Flax NNX: the Transformer baseline, Momentum DeltaNet (MDN,
-arXiv 2605.05838), Gated DeltaNet (GDN, arXiv 2412.06464) and SMET's block-sparse ``SparseLinear``.
+arXiv 2605.05838) and Gated DeltaNet (GDN, arXiv 2412.06464).
 
 Every language model is a :class:`LanguageModel` of blocks ``token mixer + feed-forward``;
 :func:`build_lm` composes any mixer of :data:`MIXERS` (``"attention"``, ``"mdn"``, ``"gdn"``,
@@ -73,7 +73,6 @@ from jaxlib_ext.models.mlstm import MLSTMCache, MLSTMConfig, MLSTMLayer, MLSTMMi
 from jaxlib_ext.models.presets import param_count, preset_param_count
 from jaxlib_ext.models.registry import FFN_REGISTRY, FFNS, MIXER_REGISTRY, MIXERS
 from jaxlib_ext.models.short_conv import ShortConvolution, causal_depthwise_conv
-from jaxlib_ext.models.sparse_linear import SparseLinear, regrow_sparse_indices
 from jaxlib_ext.models.unet import UNet
 from jaxlib_ext.models.xlstm import XLSTMConfig, XLSTMMixer, student_from_teacher
 
@@ -142,8 +141,6 @@ __all__ = [
     "apply_rope",
     "rms_norm",
     "swiglu_hidden_size",
-    "SparseLinear",
-    "regrow_sparse_indices",
     # image models
     "UNet",
 ]

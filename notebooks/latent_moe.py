@@ -65,7 +65,7 @@ D = 64 if FAST else 128
 
 def fit(model, steps, lr=6e-3, seed=0):
     """Trains ``model`` with AdamW; returns the train result (history, final state)."""
-    tx = build_optimizer("adamw", lr, steps=steps, seed=seed)
+    tx = build_optimizer("adamw", lr, steps=steps, key=seed)
     with tempfile.TemporaryDirectory() as out:
         cfg = train.TrainConfig(steps=steps, batch_size=BATCH, seq_len=SEQ, seed=seed,
                                 eval_every=steps, eval_batches=1, log_every=1,

@@ -139,7 +139,7 @@ def make_tx(name, lr):
     if recipe == "smet":
         hyperparams = dict(hyperparams, density=0.5, update_every=EVERY,
                            optimizer_warmup_steps=min(100, EVERY))
-    return make_optimizer(recipe, lr, total_steps=STEPS, seed=1, clip_norm=None, b2=0.95,
+    return make_optimizer(recipe, lr, total_steps=STEPS, key=1, clip_norm=None, b2=0.95,
                           **hyperparams)
 
 

@@ -1,10 +1,12 @@
-"""jaxlib_ext.optim: memory-efficient optimizers as Optax transforms.
+"""jaxlib_ext.optim: memory-efficient optimizers as Optax transforms, and their layers.
 
 * :func:`foam` / :func:`scale_by_foam`: Adam with block-folded moments (arXiv 2512.07112).
 * :func:`smet` / :func:`scale_by_smet`: dynamic sparse training with compact optimizer state
-  (arXiv 2606.00888).
-* :func:`poet_x`: POET-X orthogonal equivalence training with merge-then-reinitialize (arXiv
-  2506.08001, 2603.05500), over :class:`PoetLinear` layers made by :func:`poetize`;
+  (arXiv 2606.00888), over dense leaves or :class:`SparseLinear` layers
+  (:mod:`jaxlib_ext.optim.smet_layer`).
+* :func:`poet_x` / :func:`scale_by_poet`: POET-X orthogonal equivalence training, an optax chain
+  ending in :func:`merge_then_reinitialize` (arXiv 2506.08001, 2603.05500), over
+  :class:`PoetLinear` layers made by :func:`poetize` (:mod:`jaxlib_ext.optim.poet_layer`);
   :func:`clip_by_global_norm_merge_warmup`: the authors' clipping warm-up after each merge.
 * :func:`make_optimizer`: the AdamW / FOAM / SMET / POET-X training recipes by name;
   :func:`build_optimizer`: one of them on the default warm-up-cosine schedule.
@@ -13,12 +15,15 @@
 from jaxlib_ext.optim.foam import ScaleByFoamState, foam, scale_by_foam
 from jaxlib_ext.optim.poet import (
     ClipMergeWarmupState,
-    PoetXState,
+    MergeThenReinitializeState,
+    bound_rotations,
     clip_by_global_norm_merge_warmup,
     merge_clip_threshold,
     merge_poet_layer,
+    merge_then_reinitialize,
     poet_labels,
     poet_x,
+    scale_by_poet,
 )
 from jaxlib_ext.optim.recipes import (
     OPTIMIZER_NAMES,
@@ -43,18 +48,22 @@ from jaxlib_ext.optim.smet import (
 __all__ = [
     "OPTIMIZER_NAMES",
     "ClipMergeWarmupState",
+    "MergeThenReinitializeState",
     "PoetLinear",
-    "PoetXState",
+    "bound_rotations",
     "clip_by_global_norm_merge_warmup",
     "merge_clip_threshold",
     "merge_poet_layer",
+    "merge_then_reinitialize",
     "poet_labels",
     "poet_layers",
     "poet_x",
     "poetize",
     "poetize_report",
+    "scale_by_poet",
     "ScaleByFoamState",
     "ScaleBySmetState",
+    "SparseLinear",
     "SparseSlots",
     "active_masks",
     "build_optimizer",
@@ -64,6 +73,7 @@ __all__ = [
     "make_optimizer",
     "prepare_model",
     "recipe_defaults",
+    "regrow_sparse_indices",
     "scale_by_foam",
     "scale_by_smet",
     "smet",
@@ -73,13 +83,17 @@ __all__ = [
 ]
 
 
-# The NNX layer loads flax on first use: `import jaxlib_ext.optim` does not.
-_POET_LAYER = ("PoetLinear", "poet_layers", "poetize", "poetize_report")
+# The NNX layers load flax on first use: `import jaxlib_ext.optim` does not.
+_LAYERS = {
+    "PoetLinear": "poet_layer", "poet_layers": "poet_layer", "poetize": "poet_layer",
+    "poetize_report": "poet_layer", "SparseLinear": "smet_layer",
+    "regrow_sparse_indices": "smet_layer",
+}
 
 
 def __getattr__(name):
-    if name in _POET_LAYER:
-        from jaxlib_ext.optim import _poet_layer
+    if name in _LAYERS:
+        import importlib
 
-        return getattr(_poet_layer, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAYERS[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Shared helpers for the optimizers in :mod:`jaxlib_ext.optim`.
+r"""Shared helpers for the optimizers in :mod:`jaxlib_ext.optim`.
 
 * argument validation that runs before tracing and tolerates values injected by
   :func:`optax.inject_hyperparams` (concrete or traced scalars);
@@ -7,7 +7,13 @@
 * the default "weight matrix" predicate used by FOAM's ``fold_mask`` and SMET's ``sparse_mask``:
   every leaf with ``ndim >= 2`` whose key path does not name an embedding or the LM head
   (the grouping of the FOAM and SMET reference code, arXiv 2512.07112 and 2606.00888);
-* the HF-style post-update decoupled weight decay that FOAM's reference code applies.
+* the randomness argument ``key`` of the optimizers: a ``jax.random.key``, a raw ``uint32[2]``
+  key or an int seed;
+* HF-style AdamW (bias correction folded into the step size, ``eps`` added to :math:`\sqrt v`):
+  the leaf update :func:`hf_adam_leaf` that FOAM's unfolded leaves and POET-X share, the transform
+  :func:`scale_by_hf_adam` over it, and the post-update decoupled weight decay
+  :func:`hf_decoupled_weight_decay` of FOAM's and POET-X's reference code;
+* :func:`cast_to_params_dtype`, which ends a chain whose updates must be in the params' dtypes.
 """
 
 from __future__ import annotations
@@ -22,8 +28,7 @@ import numpy as np
 import optax
 
 #: Key-path name that marks the compact value leaf of a
-#: :class:`jaxlib_ext.models.sparse_linear.SparseLinear` layer (shape ``(K, block_size)``).
-#: The layer uses the same literal; ``tests/models/test_sparse_linear.py`` checks they agree.
+#: :class:`jaxlib_ext.optim.smet_layer.SparseLinear` layer (shape ``(K, block_size)``).
 SPARSE_VALUES_KEY = "sparse_values"
 
 _EXCLUDED_NAME_PARTS = ("embed", "lm_head", "unembed", "wte", "wpe")
@@ -242,3 +247,146 @@ def hf_decoupled_weight_decay(learning_rate, weight_decay) -> optax.GradientTran
         return updates, HFWeightDecayState(count=count)
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def prng_key(key, name: str = "key") -> jax.Array:
+    """``key`` as a typed PRNG key: a ``jax.random.key`` as is, a raw ``uint32[2]`` key wrapped,
+    an int seed through ``jax.random.key(seed)``; traced values (``optax.inject_hyperparams``)
+    are converted the same way.
+
+    Raises:
+      ValueError: naming ``name``, for anything else (a key array of several keys, a float, ...).
+    """
+    if isinstance(key, (bool, np.bool_)):
+        raise ValueError(f"{name}: expected a jax.random.key or an int seed, got {key!r}")
+    if isinstance(key, numbers.Integral):
+        return jax.random.key(int(key))
+    if not isinstance(key, (jax.Array, np.ndarray)):
+        raise ValueError(
+            f"{name}: expected a jax.random.key or an int seed, got {type(key).__name__}"
+        )
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise ValueError(f"{name}: expected a single PRNG key, got shape {key.shape}")
+        return key
+    if key.dtype == jnp.uint32 and key.shape == (2,):
+        return jax.random.wrap_key_data(key)
+    if jnp.issubdtype(key.dtype, jnp.integer) and key.shape == ():
+        return jax.random.key(key)
+    raise ValueError(
+        f"{name}: expected a jax.random.key, a uint32[2] PRNGKey or an int seed, got "
+        f"{key.dtype}{list(key.shape)}"
+    )
+
+
+def hf_step_factor(count, b1, b2, dtype) -> jax.Array:
+    r"""The bias correction of HF AdamW folded into the step size,
+    :math:`\sqrt{1 - \beta_2^t} / (1 - \beta_1^t)`, in ``dtype`` promoted to at least float32
+    (in bfloat16, ``b2 = 0.999`` rounds to 1)."""
+    ct = jnp.promote_types(dtype, jnp.float32)
+    t = jnp.asarray(count).astype(ct)
+    return jnp.sqrt(1.0 - jnp.asarray(b2, ct) ** t) / (1.0 - jnp.asarray(b1, ct) ** t)
+
+
+def hf_adam_leaf(g, m, v, count, b1, b2, eps):
+    r"""One leaf of HF-style Adam at step ``count`` (the first update is ``count = 1``).
+
+    .. math::
+
+       m \leftarrow \beta_1 m + (1 - \beta_1) g, \quad
+       v \leftarrow \beta_2 v + (1 - \beta_2) g^2, \quad
+       u = \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}\,\frac{m}{\sqrt v + \epsilon},
+
+    the bias correction folded into the step size and ``eps`` outside the square root, as the
+    ``AdamW`` of HF transformers that FOAM's (arXiv 2512.07112) and POET-X's (arXiv 2603.05500)
+    reference code train with.
+
+    Args:
+      g: the gradient.
+      m, v: the moments, in the state's dtype.
+      count: the step count :math:`t \ge 1` (an int32 scalar).
+      b1, b2, eps: the hyperparameters (Python floats or injected arrays).
+
+    Returns:
+      ``(u, m, v)``: ``u`` in ``g``'s dtype promoted to at least float32 (the caller casts it),
+      ``m`` and ``v`` in their input dtypes.
+    """
+    factor = hf_step_factor(count, b1, b2, g.dtype)
+    m_new = b1 * m + (1.0 - b1) * g
+    v_new = b2 * v + (1.0 - b2) * (g * g)
+    u = factor * (m_new / (jnp.sqrt(v_new) + eps))
+    return u, m_new.astype(m.dtype), v_new.astype(v.dtype)
+
+
+class ScaleByHFAdamState(NamedTuple):
+    """State of :func:`scale_by_hf_adam`.
+
+    Attributes:
+      count: steps since the start or the last restart (int32), the bias-correction counter.
+      mu, nu: the moments, the shape and dtype of each parameter.
+    """
+
+    count: jax.Array
+    mu: Any
+    nu: Any
+
+
+def scale_by_hf_adam(b1, b2, eps, *, restart_every: int | None = None
+                     ) -> optax.GradientTransformation:
+    r"""HF-style Adam's preconditioner, :func:`hf_adam_leaf` on every leaf (for ``optax.chain``).
+
+    The updates are in the gradients' dtypes promoted to at least float32, so that the learning
+    rate and weight decay that follow act on them before one final cast
+    (:func:`cast_to_params_dtype`).
+
+    Args:
+      b1, b2, eps: the hyperparameters of :func:`hf_adam_leaf`.
+      restart_every: ``None``, or every this many updates the moments and the counter return to
+        zero after the update (POET-X's reset at each merge, arXiv 2506.08001); static.
+
+    Returns:
+      An ``optax.GradientTransformation`` with state :class:`ScaleByHFAdamState`.
+
+    Raises:
+      ValueError: naming the argument, for ``b1``, ``b2`` outside ``[0, 1)``, ``eps < 0`` or
+        ``restart_every < 1``.
+    """
+    check_scalar("b1", b1, lo=0.0, hi=1.0, hi_open=True)
+    check_scalar("b2", b2, lo=0.0, hi=1.0, hi_open=True)
+    check_scalar("eps", eps, lo=0.0)
+    if restart_every is not None:
+        restart_every = check_int("restart_every", restart_every, lo=1)
+
+    def init_fn(params):
+        zero = jnp.zeros([], jnp.int32)
+        return ScaleByHFAdamState(zero, optax.tree.zeros_like(params),
+                                  optax.tree.zeros_like(params))
+
+    def update_fn(updates, state, params=None):
+        del params
+        count = optax.safe_increment(state.count)
+        treedef = jax.tree.structure(updates)
+        leaves = [hf_adam_leaf(g, m, v, count, b1, b2, eps) for g, m, v in zip(
+            treedef.flatten_up_to(updates), treedef.flatten_up_to(state.mu),
+            treedef.flatten_up_to(state.nu), strict=True)]
+        u, mu, nu = (treedef.unflatten([x[i] for x in leaves]) for i in range(3))
+        if restart_every is not None:
+            restart = count % restart_every == 0
+            mu, nu = (jax.tree.map(lambda x: jnp.where(restart, jnp.zeros_like(x), x), tree)
+                      for tree in (mu, nu))
+            count = jnp.where(restart, jnp.zeros_like(count), count)
+        return u, ScaleByHFAdamState(count, mu, nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def cast_to_params_dtype() -> optax.GradientTransformation:
+    """Cast each update to its parameter's dtype (a chain's last step under mixed precision,
+    where the gradients' dtype is not the params')."""
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("params: cast_to_params_dtype needs update(updates, state, params)")
+        return optax.tree.cast_like(updates, params), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)

@@ -193,18 +193,11 @@ def scale_by_foam(
 
         def leaf(path, g, m, v, folded):
             dtype = m.dtype
-            # Bias correction of the reference code: lr * sqrt(1 - b2^t) / (1 - b1^t), in the
-            # leaf's precision and at least float32 (in bfloat16, b2 = 0.999 rounds to 1).
-            ct = jnp.promote_types(g.dtype, jnp.float32)
-            t = count.astype(ct)
-            step_factor = jnp.sqrt(1.0 - jnp.asarray(b2, ct) ** t) / (
-                1.0 - jnp.asarray(b1, ct) ** t
-            )
             if not folded:  # HF AdamW: (3)-(5) with F = U = identity, R = 0, s = 1
-                m = b1 * m + (1.0 - b1) * g
-                v = b2 * v + (1.0 - b2) * (g * g)
-                u = step_factor * (m / (jnp.sqrt(v) + eps))
-                return u.astype(g.dtype), m.astype(dtype), v.astype(dtype)
+                u, m, v = _common.hf_adam_leaf(g, m, v, count, b1, b2, eps)
+                return u.astype(g.dtype), m, v
+            # the reference code's bias correction, lr * sqrt(1 - b2^t) / (1 - b1^t)
+            step_factor = _common.hf_step_factor(count, b1, b2, g.dtype)
             ax = _axis(fold_axis, g.ndim, path)
             n = g.shape[ax]
             gbar = fold(g, level, ax)  # (1)

@@ -1,21 +1,45 @@
-r"""POET-X: orthogonal equivalence training as one Optax transform (arXiv 2506.08001, 2603.05500).
+r"""POET-X: orthogonal equivalence training as an Optax chain (arXiv 2506.08001, 2603.05500).
 
 A POET layer (:class:`jaxlib_ext.optim.PoetLinear`) computes ``x @ W_eff`` with
 ``W_eff = R_in W0 R_out``; ``W0`` is fixed and only the rotation parameters ``theta`` are trained
 (POET-BS, arXiv 2506.08001, with the Cayley–Neumann blocks of the POET-X kernel, arXiv
 2603.05500; conventions in :mod:`jaxlib_ext.pallas_kernels.poet`). :func:`poet_x` trains a whole
 parameter tree in which such layers appear as subtrees holding the five leaves ``poet_base``,
-``theta_in``, ``theta_out``, ``perm_in`` and ``perm_out`` (a plain dict or an ``nnx.State``):
+``theta_in``, ``theta_out``, ``perm_in`` and ``perm_out`` (a plain dict or an ``nnx.State``).
+:func:`poet_labels` names each leaf's group, and :func:`poet_x` is the chain
 
-* ``theta_*``: HF-style AdamW (``eps`` added to :math:`\sqrt v`, bias correction folded into the
-  step size: :math:`u = \eta\,\mathrm{scale}\,\frac{\sqrt{1-\beta_2^t}}{1-\beta_1^t}
+.. code-block:: python
+
+   optax.chain(
+       optax.partition({
+           "rotation": chain(scale_by_poet(b1, b2, eps, merge_every=merge_every),
+                             scale_by_learning_rate(learning_rate * poet_lr_scale)),
+           "frozen": optax.set_to_zero(),
+           "dense": chain(scale_by_hf_adam(b1, b2, eps),
+                          scale_by_learning_rate(base_learning_rate)),
+           "dense_decay": chain(scale_by_hf_adam(b1, b2, eps),
+                                scale_by_learning_rate(base_learning_rate),
+                                hf_decoupled_weight_decay(base_learning_rate, weight_decay)),
+       }, poet_labels),
+       cast_to_params_dtype(),
+       bound_rotations(orthogonality_bound, on_orthogonality=on_orthogonality),
+       merge_then_reinitialize(merge_every, key),
+   )
+
+with ``scale_by_hf_adam``, ``hf_decoupled_weight_decay`` and ``cast_to_params_dtype`` of
+:mod:`jaxlib_ext.optim._common` (the HF AdamW that FOAM's unfolded leaves share) and
+``bound_rotations`` only when ``orthogonality_bound`` is not ``None``:
+
+* ``"rotation"`` (``theta_*``): HF-style Adam (``eps`` added to :math:`\sqrt v`, bias correction
+  folded into the step size: :math:`u = \eta\,\mathrm{scale}\,\frac{\sqrt{1-\beta_2^t}}{1-\beta_1^t}
   \frac{m}{\sqrt v + \epsilon}`), learning rate ``learning_rate * poet_lr_scale`` (the
   authors' ``poet_scale = 0.5`` multiplies the POET learning rate inside the step), no weight
-  decay;
-* ``poet_base``, ``perm_*``: zero updates and no optimizer state, except at a merge;
-* every other leaf: the same HF AdamW with ``base_learning_rate`` (default ``learning_rate``) and
-  decoupled weight decay :math:`p \leftarrow (p - \eta u)(1 - \eta\lambda)` on leaves with
-  ``ndim >= 2`` (the authors' parameter groups: vectors and biases without decay).
+  decay; its moments and counter restart at each merge (3);
+* ``"frozen"`` (``poet_base``, ``perm_*``): zero updates and no optimizer state, except at a merge;
+* ``"dense"``, ``"dense_decay"`` (every other leaf): the same HF AdamW with
+  ``base_learning_rate`` (default ``learning_rate``) and decoupled weight decay
+  :math:`p \leftarrow (p - \eta u)(1 - \eta\lambda)` on leaves with ``ndim >= 2`` (the authors'
+  parameter groups: vectors and biases without decay).
 
 **Merge-then-reinitialize** (arXiv 2506.08001, POET's training loop; every ``merge_every``
 steps, when the step counter :math:`t \ge 1` after the update is a multiple of it): with
@@ -29,15 +53,17 @@ steps, when the step counter :math:`t \ge 1` after the update is a multiple of i
 
 (1) folds the rotations into the base weight, so the layer's function is unchanged (with
 :math:`\theta = 0` the rotations are the identity for any permutation); (2) draws the
-permutations from ``jax.random.fold_in(key(seed), t)``; (3) zeroes the rotation parameters and
-resets their Adam moments and bias-correction counter, every other leaf's state untouched. The
-merge is expressed through the returned updates (``merged - params`` for the base weight and
-permutations, ``-theta`` for the rotations, which makes ``theta`` exactly zero), so any loop that
-applies ``optax.apply_updates`` runs it; it is a ``lax.cond`` on the step counter, so the step
-compiles once. The learning-rate schedule runs on the global step counter, not the reset one.
-Gradient-clipping warm-up after each merge (the authors' training driver) is a separate
-transform placed before this one, :func:`clip_by_global_norm_merge_warmup`; the ``poet_x``
-recipe (:func:`jaxlib_ext.optim.make_optimizer`) chains the two.
+permutations from ``jax.random.fold_in(key, t)``; (3) zeroes the rotation parameters and
+resets their Adam moments and bias-correction counter, every other leaf's state untouched.
+:func:`merge_then_reinitialize` carries out (1), (2) and :math:`\theta \leftarrow 0` through the
+returned updates (``merged - params`` for the base weight and permutations, ``-theta`` for the
+rotations, which makes ``theta`` exactly zero), so any loop that applies
+``optax.apply_updates`` runs it; it is a ``lax.cond`` on the step counter, so the step compiles
+once. The moment reset of (3) is :func:`scale_by_poet`'s, on the same step count (why there:
+:func:`merge_then_reinitialize`). The learning-rate schedule runs on the global step counter,
+not the reset one. Gradient-clipping warm-up after each merge (the authors' training driver) is
+a separate transform placed before this chain, :func:`clip_by_global_norm_merge_warmup`; the
+``poet_x`` recipe (:func:`jaxlib_ext.optim.make_optimizer`) chains the two.
 
 **Orthogonality bound.** The blocks are the truncated Cayley–Neumann series
 :math:`G = I + 2Q + 2Q^2 + 2Q^3 + Q^4` of a skew :math:`Q` (eigenvalues :math:`\pm i\lambda_j`),
@@ -55,7 +81,7 @@ base weight's singular values by up to :math:`(1 \pm \epsilon)^2`, and these fac
 over the merges of a run, so spectrum preservation (arXiv 2506.08001) holds only while each is
 small. Past the bound ``on_orthogonality="warn"`` (the default, the authors' algorithm
 unchanged) warns once per layer, ``"clip"`` scales the block's ``theta`` back onto
-:math:`\rho = \epsilon^{1/4}`.
+:math:`\rho = \epsilon^{1/4}` (:func:`bound_rotations`).
 The merge timing follows the authors' driver (the completed-step count, so the first merge
 folds ``merge_every`` updates) and the Adam-state reset happens in the same update, which the
 authors' optimizer performs at the start of the next step: the two are the same sequence of
@@ -76,34 +102,18 @@ from jaxlib_ext.pallas_kernels.poet.reference import cayley_neumann, inverse_per
 from jaxlib_ext.pallas_kernels.poet.xla import block_apply
 
 __all__ = [
-    "ClipMergeWarmupState", "PoetXState", "clip_by_global_norm_merge_warmup",
-    "merge_clip_threshold", "merge_poet_layer", "poet_labels", "poet_x", "rotation_radius",
+    "ClipMergeWarmupState", "MergeThenReinitializeState", "bound_rotations",
+    "clip_by_global_norm_merge_warmup", "merge_clip_threshold", "merge_poet_layer",
+    "merge_then_reinitialize", "poet_labels", "poet_x", "rotation_radius", "scale_by_poet",
 ]
 
+# The layer protocol: the leaf names of a POET layer in a parameter tree (PoetLinear's variables).
 _BASE = "poet_base"
 _THETAS = ("theta_in", "theta_out")
 _PERMS = ("perm_in", "perm_out")
 _LAYER_KEYS = frozenset((_BASE, *_THETAS, *_PERMS))
 
 ROTATION, FROZEN, DENSE, DENSE_DECAY = "rotation", "frozen", "dense", "dense_decay"
-
-
-class PoetXState(NamedTuple):
-    """State of :func:`poet_x`.
-
-    Attributes:
-      count: steps done (int32); drives the learning-rate schedules, the merges and the bias
-        correction of the non-POET leaves.
-      rotation_count: steps since the last merge (int32), the bias-correction counter of the
-        rotation parameters; reset to zero at each merge.
-      mu, nu: HF-Adam moments, the shape of each trained leaf; the base weights and
-        permutations of POET layers hold an empty ``[0]`` placeholder (no optimizer state).
-    """
-
-    count: jax.Array
-    rotation_count: jax.Array
-    mu: Any
-    nu: Any
 
 
 def _layers(tree):
@@ -259,6 +269,168 @@ def _merged_updates(updates, params, key):
     return treedef.unflatten(u_leaves)
 
 
+def _check_orthogonality(orthogonality_bound, on_orthogonality):
+    _common.check_scalar("orthogonality_bound", orthogonality_bound, lo=0.0, hi=1.0,
+                         lo_open=True, hi_open=True)
+    if on_orthogonality not in ("warn", "clip"):
+        raise ValueError(f'on_orthogonality: expected "warn" or "clip", got {on_orthogonality!r}')
+
+
+def bound_rotations(
+    orthogonality_bound: float = 1e-2, *, on_orthogonality: str = "warn"
+) -> optax.GradientTransformation:
+    r"""The orthogonality bound of the module docstring, over the POET layers of the tree.
+
+    With :math:`\theta = p + u` each rotation block's parameters after this step (``u`` the
+    incoming update, already scaled by the learning rate and in the params' dtype), the block's
+    radius :math:`\rho` is bounded from above by :func:`rotation_radius` and its drift
+    :math:`\rho^4` compared with ``orthogonality_bound``. Placed after the learning rate and
+    before :func:`merge_then_reinitialize`, so that a merge folds the bounded rotations.
+
+    Args:
+      orthogonality_bound: largest singular-value drift :math:`|\sigma - 1|` of a rotation
+        block that passes silently, in ``(0, 1)``.
+      on_orthogonality: past the bound, ``"warn"`` (a ``RuntimeWarning`` naming each layer,
+        the updates unchanged) or ``"clip"`` (each block's ``theta`` scaled back onto
+        :math:`\rho = \epsilon^{1/4}`).
+
+    Returns:
+      A stateless ``optax.GradientTransformation`` whose ``update`` needs ``params``; the
+      identity on the leaves of other layers and on trees without POET layers.
+
+    Raises:
+      ValueError: naming the argument, for a bound outside ``(0, 1)`` or another mode.
+
+    References:
+      Qiu et al., POET-X: Memory-efficient LLM Training by Scaling Orthogonal
+      Transformation, arXiv 2603.05500 (the truncated Cayley–Neumann blocks).
+    """
+    _check_orthogonality(orthogonality_bound, on_orthogonality)
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("params: bound_rotations needs update(updates, state, params)")
+        return _bound_rotations(updates, params, orthogonality_bound, on_orthogonality), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+class MergeThenReinitializeState(NamedTuple):
+    """State of :func:`merge_then_reinitialize`.
+
+    Attributes:
+      count: steps done (int32); a merge follows each update after which it is a multiple of
+        ``merge_every``, and it seeds that merge's permutations.
+    """
+
+    count: jax.Array
+
+
+def merge_then_reinitialize(
+    merge_every: int, key: jax.Array | int
+) -> optax.GradientTransformation:
+    r"""Equations (1), (2) and :math:`\theta \leftarrow 0` of the module docstring, as updates.
+
+    Every ``merge_every`` updates (when the step count :math:`t` after the update is a multiple
+    of it), the updates of every POET layer of the tree are replaced by those that fold
+    :math:`\theta_t = p + u` into the base weight (1), draw fresh permutations from
+    ``jax.random.fold_in(key, t)`` (2) and set the rotations to exactly zero; between merges,
+    and on trees without POET layers, the updates pass unchanged. A ``lax.cond`` on the step
+    count: the step compiles once. Placed last in a chain whose updates are in the params'
+    dtypes (the merged ones are), after the learning rate.
+
+    The moments of the rotations restart in :func:`scale_by_poet`, on the same step count: an
+    optax transform reads and writes only its own state, and the moments are the state of the
+    rotations' transform inside ``optax.partition``, so the restart belongs to that transform.
+    Both count the updates they have seen; with the same ``merge_every`` (as :func:`poet_x`
+    passes to both) the restart falls on the merge's step, whatever wraps the chain.
+
+    Args:
+      merge_every: the merge interval :math:`T_m` in steps (static).
+      key: PRNG key of the permutations (a ``jax.random.key``, a raw ``uint32[2]`` key or an
+        int seed).
+
+    Returns:
+      An ``optax.GradientTransformation`` with state :class:`MergeThenReinitializeState`,
+      whose ``update`` needs ``params``.
+
+    Raises:
+      ValueError: naming the argument, for ``merge_every < 1`` or a ``key`` that is not a key.
+
+    References:
+      Qiu et al., Reparameterized LLM Training via Orthogonal Equivalence Transformation
+      (POET), arXiv 2506.08001 (merge-then-reinitialize).
+
+      Qiu et al., POET-X: Memory-efficient LLM Training by Scaling Orthogonal
+      Transformation, arXiv 2603.05500.
+    """
+    merge_every = _common.check_int("merge_every", merge_every, lo=1)
+    key = _common.prng_key(key)
+
+    def init_fn(params):
+        del params
+        return MergeThenReinitializeState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("params: merge_then_reinitialize needs update(updates, state, params)")
+        count = optax.safe_increment(state.count)
+        if _layers(params)[0]:
+            step_key = jax.random.fold_in(key, count)
+            updates = jax.lax.cond(count % merge_every == 0,
+                                   lambda u: _merged_updates(u, params, step_key),
+                                   lambda u: u, updates)
+        return updates, MergeThenReinitializeState(count=count)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def scale_by_poet(
+    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, *, merge_every: int = 200
+) -> optax.GradientTransformation:
+    r"""POET-X's preconditioner of the rotation parameters: HF-style Adam restarted at each merge.
+
+    :func:`jaxlib_ext.optim._common.hf_adam_leaf` on every leaf it is given (the ``theta_*``
+    leaves under :func:`poet_labels`'s ``"rotation"``), with the moments and the bias-correction
+    counter set to zero after every ``merge_every``-th update: (3) of the module docstring, the
+    restart that :func:`merge_then_reinitialize` with the same ``merge_every`` relies on. The
+    updates are positive directions in at least float32 (follow with the learning rate).
+
+    Args:
+      b1, b2, eps: HF AdamW hyperparameters (defaults of the authors' ``POETAdamW``).
+      merge_every: the merge interval :math:`T_m` in steps (static).
+
+    Returns:
+      An ``optax.GradientTransformation`` with state
+      :class:`~jaxlib_ext.optim._common.ScaleByHFAdamState` (``count``: steps since the last
+      merge).
+
+    Raises:
+      ValueError: naming the argument, for ``b1``, ``b2`` outside ``[0, 1)``, ``eps < 0`` or
+        ``merge_every < 1``.
+
+    References:
+      Qiu et al., Reparameterized LLM Training via Orthogonal Equivalence Transformation
+      (POET), arXiv 2506.08001.
+
+      Qiu et al., POET-X: Memory-efficient LLM Training by Scaling Orthogonal
+      Transformation, arXiv 2603.05500.
+    """
+    merge_every = _common.check_int("merge_every", merge_every, lo=1)
+    return _common.scale_by_hf_adam(b1, b2, eps, restart_every=merge_every)
+
+
+def _scale_by_learning_rate(learning_rate, factor=None) -> optax.GradientTransformation:
+    """``-learning_rate(count) * factor`` times the updates, the product formed in the learning
+    rate's dtype (at least float32) before it meets the updates."""
+
+    def step_size(count):
+        lr = jnp.asarray(_common.lr_at(learning_rate, count))
+        return lr if factor is None else lr * factor
+
+    return optax.scale_by_learning_rate(step_size)
+
+
 def poet_x(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -269,11 +441,11 @@ def poet_x(
     eps: float = 1e-6,
     weight_decay: float = 0.0,
     base_learning_rate: optax.ScalarOrSchedule | None = None,
-    seed: int = 0,
+    key: jax.Array | int = 0,
     orthogonality_bound: float | None = 1e-2,
     on_orthogonality: str = "warn",
 ) -> optax.GradientTransformation:
-    r"""POET-X's optimizer with merge-then-reinitialize (module docstring).
+    r"""POET-X's optimizer with merge-then-reinitialize: the chain of the module docstring.
 
     Args:
       learning_rate: POET learning rate (float or schedule); the rotations move with
@@ -283,111 +455,68 @@ def poet_x(
       b1, b2, eps: HF AdamW hyperparameters (defaults of the authors' ``POETAdamW``).
       weight_decay: decoupled decay of the non-POET matrices.
       base_learning_rate: learning rate of the non-POET leaves; ``None``: ``learning_rate``.
-      seed: seeds the permutations drawn at merges (static).
+      key: PRNG key of the permutations drawn at merges: a ``jax.random.key``, a raw
+        ``uint32[2]`` key or an int seed (``jax.random.key(seed)``).
       orthogonality_bound: largest singular-value drift :math:`|\sigma - 1|` of a rotation
         block that passes silently (module docstring); ``None``: no check, no cost.
       on_orthogonality: past the bound, ``"warn"`` (once per layer) or ``"clip"`` (scale the
         block's ``theta`` back onto the bound).
 
-    With ``optax.inject_hyperparams`` pass ``static_args=("merge_every", "seed")``.
-    ``update`` needs ``params``; the updates are in the params' dtypes whatever the
-    gradients' dtype (mixed precision, ``optax.MultiSteps``' accumulator).
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``, ``optax.chain`` of ``optax.partition`` over
+      :func:`poet_labels`, :func:`~jaxlib_ext.optim._common.cast_to_params_dtype`,
+      :func:`bound_rotations` (unless ``orthogonality_bound`` is ``None``) and
+      :func:`merge_then_reinitialize`. ``update`` needs ``params``; the updates are in the
+      params' dtypes whatever the gradients' dtype (mixed precision, ``optax.MultiSteps``'
+      accumulator). With ``optax.inject_hyperparams`` pass ``static_args=("merge_every",)``;
+      ``optax.tree.map_params`` over the state needs
+      ``is_leaf=lambda v: isinstance(v, optax.MaskedNode)``, as for any ``optax.partition``.
+
+    Raises:
+      ValueError: naming the argument, for a learning rate, scale, decay, bound or key out of
+        range, or ``merge_every < 1``.
+
+    References:
+      Qiu et al., Reparameterized LLM Training via Orthogonal Equivalence Transformation
+      (POET), arXiv 2506.08001.
+
+      Qiu et al., POET-X: Memory-efficient LLM Training by Scaling Orthogonal
+      Transformation, arXiv 2603.05500.
 
     Example:
       >>> import jax.numpy as jnp
       >>> from jaxlib_ext.optim import poet_x
       >>> opt = poet_x(1e-3, merge_every=2)
       >>> params = {"w": jnp.ones((2, 2))}
-      >>> int(opt.init(params).count)
+      >>> int(opt.init(params)[-1].count)
       0
     """
     _common.check_learning_rate(learning_rate)
     if base_learning_rate is not None:
         _common.check_learning_rate(base_learning_rate)
-    merge_every = _common.check_int("merge_every", merge_every, lo=1)
-    seed = _common.check_int("seed", seed)
     _common.check_scalar("poet_lr_scale", poet_lr_scale, lo=0.0)
     _common.check_scalar("weight_decay", weight_decay, lo=0.0)
     if orthogonality_bound is not None:
-        _common.check_scalar("orthogonality_bound", orthogonality_bound, lo=0.0, hi=1.0,
-                             lo_open=True, hi_open=True)
-    if on_orthogonality not in ("warn", "clip"):
+        _check_orthogonality(orthogonality_bound, on_orthogonality)
+    elif on_orthogonality not in ("warn", "clip"):
         raise ValueError(f'on_orthogonality: expected "warn" or "clip", got {on_orthogonality!r}')
     base_lr = learning_rate if base_learning_rate is None else base_learning_rate
 
-    def init_fn(params):
-        labels = jax.tree.leaves(poet_labels(params))
-        treedef = jax.tree.structure(params)
+    def dense(*decay):
+        return optax.chain(_common.scale_by_hf_adam(b1, b2, eps),
+                           _scale_by_learning_rate(base_lr), *decay)
 
-        def zeros():
-            return treedef.unflatten([
-                jnp.zeros((0,), p.dtype) if lab == FROZEN else jnp.zeros_like(p)
-                for lab, p in zip(labels, treedef.flatten_up_to(params), strict=True)
-            ])
-
-        zero = jnp.zeros([], jnp.int32)
-        return PoetXState(count=zero, rotation_count=zero, mu=zeros(), nu=zeros())
-
-    def update_fn(updates, state, params=None, **extra_args):
-        del extra_args
-        if params is None:
-            raise ValueError("params: poet_x needs them in update(updates, state, params)")
-        labels = jax.tree.leaves(poet_labels(updates))
-        count = optax.safe_increment(state.count)
-        rot_count = optax.safe_increment(state.rotation_count)
-        lr = jnp.asarray(_common.lr_at(learning_rate, state.count))
-        blr = jnp.asarray(_common.lr_at(base_lr, state.count))
-        treedef = jax.tree.structure(updates)
-        out, mus, nus = [], [], []
-        for label, g, m, v, p in zip(labels, treedef.flatten_up_to(updates),
-                                     treedef.flatten_up_to(state.mu),
-                                     treedef.flatten_up_to(state.nu),
-                                     treedef.flatten_up_to(params), strict=True):
-            if label == FROZEN:
-                out.append(jnp.zeros(jnp.shape(p), jnp.result_type(p)))
-                mus.append(m)
-                nus.append(v)
-                continue
-            # HF AdamW: bias correction folded into the step size, eps added to sqrt(v)
-            dtype = m.dtype
-            ct = jnp.promote_types(g.dtype, jnp.float32)
-            t = (rot_count if label == ROTATION else count).astype(ct)
-            factor = jnp.sqrt(1.0 - jnp.asarray(b2, ct) ** t) / (1.0 - jnp.asarray(b1, ct) ** t)
-            m = b1 * m + (1.0 - b1) * g
-            v = b2 * v + (1.0 - b2) * (g * g)
-            adam = factor * (m / (jnp.sqrt(v) + eps))
-            if label == ROTATION:
-                u = -(lr * poet_lr_scale) * adam
-            else:
-                u = -blr * adam
-                if label == DENSE_DECAY and not _common.is_static_zero(weight_decay):
-                    u = u - blr * weight_decay * (p + u)  # HF decay of the updated params
-            # the params' dtype, as the merge branch needs (it sets theta to exactly zero)
-            out.append(u.astype(jnp.result_type(p)))
-            mus.append(m.astype(dtype))
-            nus.append(v.astype(dtype))
-        new_updates = treedef.unflatten(out)
-        mu, nu = treedef.unflatten(mus), treedef.unflatten(nus)
-        if _layers(params)[0] and orthogonality_bound is not None:
-            new_updates = _bound_rotations(new_updates, params, orthogonality_bound,
-                                           on_orthogonality)
-        if _layers(params)[0]:
-            key = jax.random.fold_in(jax.random.key(seed), count)
-
-            def merge(u, m, v, c):
-                reset = lambda tree: treedef.unflatten([  # noqa: E731
-                    jnp.zeros_like(x) if lab == ROTATION else x
-                    for lab, x in zip(labels, treedef.flatten_up_to(tree), strict=True)
-                ])
-                return _merged_updates(u, params, key), reset(m), reset(v), jnp.zeros_like(c)
-
-            new_updates, mu, nu, rot_count = jax.lax.cond(
-                count % merge_every == 0, merge, lambda *a: a, new_updates, mu, nu, rot_count
-            )
-        return new_updates, PoetXState(count=count, rotation_count=rot_count, mu=mu, nu=nu)
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
+    by_label = optax.partition({
+        ROTATION: optax.chain(scale_by_poet(b1, b2, eps, merge_every=merge_every),
+                              _scale_by_learning_rate(learning_rate, poet_lr_scale)),
+        FROZEN: optax.set_to_zero(),
+        DENSE: dense(),
+        DENSE_DECAY: dense(_common.hf_decoupled_weight_decay(base_lr, weight_decay)),
+    }, poet_labels)
+    bound = [] if orthogonality_bound is None else [
+        bound_rotations(orthogonality_bound, on_orthogonality=on_orthogonality)]
+    return optax.chain(by_label, _common.cast_to_params_dtype(), *bound,
+                       merge_then_reinitialize(merge_every, key))
 
 
 class ClipMergeWarmupState(NamedTuple):

@@ -84,7 +84,7 @@ def prepare_model(name: str, model, **hyperparams):
     _check_name(name)
     if name != "poet_x":
         return model
-    from jaxlib_ext.optim._poet_layer import poetize  # loads flax
+    from jaxlib_ext.optim.poet_layer import poetize  # loads flax
 
     hp = {**recipe_defaults(name), **hyperparams}
     return poetize(model, block_size=hp["block_size"], method=hp["method"],
@@ -139,7 +139,7 @@ def make_optimizer(
     learning_rate: optax.ScalarOrSchedule,
     *,
     total_steps: int,
-    seed: int = 0,
+    key: jax.Array | int = 0,
     weight_decay: float = 0.0,
     clip_norm: float | None = 1.0,
     **hyperparams,
@@ -150,19 +150,25 @@ def make_optimizer(
       name: one of :data:`OPTIMIZER_NAMES`.
       learning_rate: a float or an optax schedule ``step -> float``.
       total_steps: length of the run (SMET's prune-rate horizon and topology schedule).
-      seed: seeds SMET's initial masks and regrowth (``jax.random.key(seed)``).
+      key: PRNG key of SMET's initial masks and regrowth and of POET-X's permutations at
+        merges: a ``jax.random.key``, a raw ``uint32[2]`` key or an int seed
+        (``jax.random.key(seed)``).
       weight_decay: decoupled weight decay, applied as the module docstring says per optimizer.
       clip_norm: ``optax.clip_by_global_norm`` threshold applied first; ``None`` for no clipping.
         For ``"poet_x"`` the threshold outside the merge warm-up (module docstring).
       **hyperparams: overrides of :func:`recipe_defaults` (e.g. ``level=4``, ``density=0.1``).
         For SMET, ``optimizer_warmup_steps`` defaults to ``update_every`` (overridden or not).
 
+    Returns:
+      ``optax.chain(<clipping>, <optimizer>)``, or the optimizer alone with ``clip_norm=None``.
+
     Raises:
-      ValueError: on an unknown ``name`` or hyperparameter key, or an out-of-range value.
+      ValueError: on an unknown ``name`` or hyperparameter key, or an out-of-range value
+        (``key`` included).
     """
     _check_name(name)
     total_steps = _common.check_int("total_steps", total_steps, lo=1)
-    seed = _common.check_int("seed", seed)
+    key = _common.prng_key(key)
     _common.check_scalar("weight_decay", weight_decay, lo=0.0)
     if clip_norm is not None:
         _common.check_scalar("clip_norm", clip_norm, lo=0.0, lo_open=True)
@@ -176,7 +182,7 @@ def make_optimizer(
     if name == "smet" and "update_every" in hyperparams:
         known["optimizer_warmup_steps"] = hyperparams["update_every"]
     hp = {**known, **hyperparams}
-    parts = _PARTS[name](learning_rate, total_steps, seed, weight_decay, hp)
+    parts = _PARTS[name](learning_rate, total_steps, key, weight_decay, hp)
     if clip_norm is not None:
         parts = [_clip(name, clip_norm, hp), *parts]
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
@@ -201,22 +207,22 @@ def _clip(name, clip_norm, hp) -> optax.GradientTransformation:
         raise
 
 
-def _adamw(learning_rate, total_steps, seed, weight_decay, hp):
-    del total_steps, seed
+def _adamw(learning_rate, total_steps, key, weight_decay, hp):
+    del total_steps, key
     return [optax.adamw(learning_rate, weight_decay=weight_decay, mask=decay_mask, **hp)]
 
 
-def _foam(learning_rate, total_steps, seed, weight_decay, hp):
-    del total_steps, seed
+def _foam(learning_rate, total_steps, key, weight_decay, hp):
+    del total_steps, key
     return [foam(learning_rate, weight_decay=weight_decay, **hp)]
 
 
-def _smet(learning_rate, total_steps, seed, weight_decay, hp):
+def _smet(learning_rate, total_steps, key, weight_decay, hp):
     decay = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
-    return [*decay, smet(learning_rate, total_steps=total_steps, key=jax.random.key(seed), **hp)]
+    return [*decay, smet(learning_rate, total_steps=total_steps, key=key, **hp)]
 
 
-def _poet_x(learning_rate, total_steps, seed, weight_decay, hp):
+def _poet_x(learning_rate, total_steps, key, weight_decay, hp):
     del total_steps
     hp = {k: v for k, v in hp.items() if k not in (*_POET_MODEL_KEYS, *_POET_CLIP_KEYS)}
     scale = hp.pop("base_lr_scale")
@@ -224,7 +230,7 @@ def _poet_x(learning_rate, total_steps, seed, weight_decay, hp):
         base = lambda count: scale * learning_rate(count)  # noqa: E731
     else:
         base = scale * learning_rate
-    return [poet_x(learning_rate, weight_decay=weight_decay, base_learning_rate=base, seed=seed,
+    return [poet_x(learning_rate, weight_decay=weight_decay, base_learning_rate=base, key=key,
                    **hp)]
 
 
@@ -237,17 +243,27 @@ _PARTS: dict[str, Callable[..., list[optax.GradientTransformation]]] = {
 }
 
 
-def build_optimizer(name: str, lr: optax.ScalarOrSchedule, *, steps: int, seed: int = 0,
-                    weight_decay: float = 0.0, **hyperparams) -> optax.GradientTransformation:
+def build_optimizer(name: str, lr: optax.ScalarOrSchedule, *, steps: int,
+                    key: jax.Array | int = 0, weight_decay: float = 0.0,
+                    **hyperparams) -> optax.GradientTransformation:
     """Recipe ``name`` of :func:`make_optimizer` on the default learning-rate schedule.
 
-    A number ``lr`` is the peak of :func:`jaxlib_ext.core.schedule.warmup_cosine` over
-    ``steps`` (linear warm-up over 10% of the steps, cosine decay to ``lr / 10``), the schedule
-    of ``python -m jaxlib_ext train``; an optax schedule is taken as is.
+    Args:
+      name: one of :data:`OPTIMIZER_NAMES`.
+      lr: a number, the peak of :func:`jaxlib_ext.core.schedule.warmup_cosine` over ``steps``
+        (linear warm-up over 10% of the steps, cosine decay to ``lr / 10``), the schedule of
+        ``python -m jaxlib_ext train``; or an optax schedule, taken as is.
+      steps: length of the run (``total_steps`` of :func:`make_optimizer`).
+      key: PRNG key or int seed, as in :func:`make_optimizer`.
+      weight_decay: as in :func:`make_optimizer`.
+      **hyperparams: overrides of :func:`recipe_defaults`.
+
+    Returns:
+      The ``optax.GradientTransformation`` of :func:`make_optimizer`.
     """
     if isinstance(lr, (int, float)):
         from jaxlib_ext.core.schedule import warmup_cosine
 
         lr = warmup_cosine(lr, steps).to_optax()
-    return make_optimizer(name, lr, total_steps=steps, seed=seed, weight_decay=weight_decay,
+    return make_optimizer(name, lr, total_steps=steps, key=key, weight_decay=weight_decay,
                           **hyperparams)

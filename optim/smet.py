@@ -58,11 +58,11 @@ learning rate; the only difference is that the gradient of step :math:`t+1` was 
 pruned weights were zeroed (their update is then ``-p``).
 
 **Compact layers.** A leaf whose key path ends in ``"sparse_values"`` is the ``[K, block_size]``
-value array of a :class:`jaxlib_ext.models.sparse_linear.SparseLinear` layer, which owns the block
+value array of a :class:`jaxlib_ext.optim.smet_layer.SparseLinear` layer, which owns the block
 indices. SMET keeps per-slot state for it, prunes slots by L1 norm at topology updates (their
 values are zeroed, their moments and step reset) and marks them in ``regrown``;
-``jaxlib_ext.models.sparse_linear.regrow_sparse_indices(model, smet_regrown(state, params), key)``
-then draws the new block indices inside the layer (models never import optim).
+``jaxlib_ext.optim.smet_layer.regrow_sparse_indices(model, smet_regrown(state, params), key)``
+then draws the new block indices inside the layer.
 
 **Limits.** Meshes with ``AxisType.Explicit`` axes are not supported (the gather of the active
 blocks has no output sharding); with ``Auto`` axes the state shards like the parameters (derive
@@ -76,7 +76,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxlib_ext.optim import _common
@@ -125,22 +124,6 @@ class SparseSlots(NamedTuple):
     step: jax.Array  # int16[K] per-slot step counter, clamped at STEP_MAX
     mu: jax.Array  # [K, block_size]
     nu: jax.Array  # [K, block_size]
-
-
-def _key_data(key) -> jax.Array:
-    if isinstance(key, jax.core.Tracer):
-        return key
-    if not isinstance(key, (jax.Array, np.ndarray)):
-        raise ValueError(f"key: expected a jax.random key, got {type(key).__name__}")
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        if key.shape != ():
-            raise ValueError(f"key: expected a single PRNG key, got shape {key.shape}")
-        return jax.random.key_data(key)
-    if key.dtype != jnp.uint32 or key.shape != (2,):
-        raise ValueError(
-            f"key: expected a jax.random.key or a uint32[2] PRNGKey, got {key.dtype}{key.shape}"
-        )
-    return jnp.asarray(key)
 
 
 def num_active_blocks(num_blocks: int, density: float) -> int:
@@ -351,7 +334,7 @@ def scale_by_smet(
     block_size: int = 1,
     warmup_mode: str = "code",
     sparse_mask: Any = None,
-    key: jax.Array,
+    key: jax.Array | int,
 ) -> optax.GradientTransformationExtraArgs:
     r"""SMET's sparse Adam direction and topology controller, without the learning rate.
 
@@ -372,7 +355,8 @@ def scale_by_smet(
       warmup_mode: ``"code"`` (released code), ``"reset"`` (paper text) or ``"none"`` (naive DST).
       sparse_mask: tree of bools / callable choosing sparse leaves; default: ``SparseLinear``
         values and every ``ndim >= 2`` leaf that is not an embedding or LM head.
-      key: PRNG key for the initial masks and the random regrowth.
+      key: PRNG key of the initial masks and the random regrowth: a ``jax.random.key``, a raw
+        ``uint32[2]`` key or an int seed (``jax.random.key(seed)``).
 
     Raises:
       ValueError: on out-of-range hyperparameters, a ``block_size`` that does not divide a sparse
@@ -381,7 +365,7 @@ def scale_by_smet(
     density, block_size = _validate(b1, b2, eps, density, total_steps, update_every, prune_rate,
                                     final_prune_rate, optimizer_warmup_steps, lr_density_power,
                                     block_size, warmup_mode)
-    key_data = _key_data(key)
+    key_data = jax.random.key_data(_common.prng_key(key))
 
     def init_fn(params):
         infos = _leaf_infos(params, sparse_mask, density, block_size)
@@ -565,7 +549,7 @@ def sparsify(params, state) -> Any:
 def smet_regrown(state, params) -> Any:
     """Tree like ``params``: ``bool[K]`` of slots pruned at the last step for compact leaves.
 
-    Pass it to ``jaxlib_ext.models.sparse_linear.regrow_sparse_indices`` after each step.
+    Pass it to ``jaxlib_ext.optim.smet_layer.regrow_sparse_indices`` after each step.
     """
     treedef, kinds = _leaf_kinds(_find_state(state), params)
     return treedef.unflatten([r if kind == "compact" else None for kind, *_, r in kinds])
@@ -587,7 +571,7 @@ def smet(
     block_size: int = 1,
     warmup_mode: str = "code",
     sparse_mask: Any = None,
-    key: jax.Array,
+    key: jax.Array | int,
 ) -> optax.GradientTransformationExtraArgs:
     r"""SMET optimizer (arXiv 2606.00888): dynamic sparse training with compact Adam state.
 

@@ -360,7 +360,7 @@ def run_train(args: argparse.Namespace):
 
     model = prepare_model(args.optimizer, model, **hyperparams)
     tx = build_optimizer(args.optimizer, cfg.schedule.to_optax(), steps=optimizer_steps,
-                         seed=args.seed, weight_decay=args.weight_decay, **hyperparams)
+                         key=args.seed, weight_decay=args.weight_decay, **hyperparams)
     main_process = jax.process_index() == 0
     if main_process:
         print(

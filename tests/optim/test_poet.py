@@ -1,10 +1,11 @@
-"""POET-X: the NNX layer, poetize, the poet_x transform with merge-then-reinitialize, and the
-training CLI with ``--optimizer poet_x``."""
+"""POET-X: the poet_x chain with merge-then-reinitialize against the algorithm written out, its
+pieces, the recipe, and the training CLI with ``--optimizer poet_x``."""
 
 from __future__ import annotations
 
 import json
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -18,19 +19,20 @@ from jaxlib_ext.models.transformer import build_transformer
 from jaxlib_ext.optim import (
     ClipMergeWarmupState,
     PoetLinear,
+    _common,
+    bound_rotations,
     clip_by_global_norm_merge_warmup,
     make_optimizer,
     merge_clip_threshold,
     merge_poet_layer,
+    merge_then_reinitialize,
     poet_labels,
     poet_layers,
     poet_x,
-    poetize,
-    poetize_report,
     prepare_model,
     recipe_defaults,
+    scale_by_poet,
 )
-from jaxlib_ext.optim._poet_layer import PoetBase, PoetPermutation, PoetRotation
 from jaxlib_ext.pallas_kernels.poet import poet_linear
 
 
@@ -74,20 +76,6 @@ def _steps(tx, params, loss, n):
     return params, state, step
 
 
-def test_layer_parameter_count_and_init():
-    layer = PoetLinear(24, 40, block_size=8, rngs=nnx.Rngs(0))
-    rot = nnx.state(layer, PoetRotation)
-    assert sum(x.size for x in jax.tree.leaves(rot)) == (24 + 40) * (8 - 1) // 2
-    assert layer.num_trainable == (24 + 40) * 7 // 2
-    w = layer.poet_base[...]
-    np.testing.assert_allclose(jnp.linalg.norm(w, axis=0), 1.0, rtol=1e-6)  # unit-norm neurons
-    x = jax.random.normal(jax.random.key(0), (3, 24))
-    np.testing.assert_array_equal(layer(x), jnp.matmul(x, w, precision="highest"))
-    perms = [np.asarray(layer.perm_in[...]), np.asarray(layer.perm_out[...])]
-    for p, size in zip(perms, (24, 40), strict=True):
-        np.testing.assert_array_equal(np.sort(p), np.arange(size))
-
-
 def test_layer_gradients_reach_only_theta_and_bias():
     params, loss, _ = _split()
     grads = jax.grad(loss)(params)["poet"]
@@ -121,6 +109,11 @@ def test_merge_of_one_layer_keeps_the_function_float64():
         assert not np.array_equal(new_in, pi)
 
 
+def _label_state(state, label):
+    """The HF-Adam state (count, mu, nu) of one label of :func:`poet_x`'s partition."""
+    return state[0].inner_states[label].inner_state[0]
+
+
 def test_merge_then_reinitialize_inside_jit():
     """At the merge step: the output equals the unmerged layer's, theta is zero, the rotation
     moments and counter are reset, every other leaf's state equals a run without merges."""
@@ -131,58 +124,65 @@ def test_merge_then_reinitialize_inside_jit():
     np.testing.assert_allclose(out(p_m), out(p_p), rtol=2e-5, atol=2e-6)
     poet_m, poet_p = p_m["poet"], p_p["poet"]
     assert float(jnp.abs(poet_p["theta_in"][...]).max()) > 0
+    rot_m, rot_p = _label_state(s_m, "rotation"), _label_state(s_p, "rotation")
     for name in ("theta_in", "theta_out"):
         np.testing.assert_array_equal(poet_m[name][...], 0.0)
-        np.testing.assert_array_equal(s_m.mu["poet"][name][...], 0.0)
-        np.testing.assert_array_equal(s_m.nu["poet"][name][...], 0.0)
-    assert int(s_m.rotation_count) == 0 and int(s_p.rotation_count) == 3
-    assert int(s_m.count) == int(s_p.count) == 3
+        np.testing.assert_array_equal(rot_m.mu["poet"][name][...], 0.0)
+        np.testing.assert_array_equal(rot_m.nu["poet"][name][...], 0.0)
+    assert int(rot_m.count) == 0 and int(rot_p.count) == 3
+    assert int(s_m[-1].count) == int(s_p[-1].count) == 3
+    for label in ("dense", "dense_decay"):
+        jax.tree.map(np.testing.assert_array_equal, _label_state(s_m, label),
+                     _label_state(s_p, label))
     for path in (("poet", "bias"), ("scale",), ("head",)):
-        for a, b in ((s_m.mu, s_p.mu), (s_m.nu, s_p.nu), (p_m, p_p)):
-            for key in path:
-                a, b = a[key], b[key]
-            np.testing.assert_array_equal(a[...], b[...])
+        a, b = p_m, p_p
+        for key in path:
+            a, b = a[key], b[key]
+        np.testing.assert_array_equal(a[...], b[...])
     # new permutations: exact integers, a permutation each
     perm = np.asarray(poet_m["perm_in"][...])
     np.testing.assert_array_equal(np.sort(perm), np.arange(24))
     assert not np.array_equal(perm, np.asarray(poet_p["perm_in"][...]))
     # the frozen leaves hold no optimizer state
-    assert s_m.mu["poet"]["poet_base"][...].shape == (0,)
+    state_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(s_m)]
+    assert not [p for p in state_paths if "poet_base" in p or "perm_" in p]
     # the merge step compiled once with the others
     p_m, s_m = step(p_m, s_m)
     assert step._cache_size() == 1
     assert float(jnp.abs(p_m["poet"]["theta_in"][...]).max()) > 0
 
 
+def test_poet_x_is_the_chain_of_its_public_pieces():
+    """``poet_x`` = its module docstring's chain, written out by hand from the public pieces
+    (optax's own learning-rate scaling, a merge at steps 3 and 6): the same parameters."""
+    params, loss, _ = _split()
+    lr, wd, every = 3e-2, 0.1, 3
+
+    def dense(*decay):
+        return optax.chain(_common.scale_by_hf_adam(0.9, 0.999, 1e-6),
+                           optax.scale_by_learning_rate(lr), *decay)
+
+    hand = optax.chain(
+        optax.partition({
+            "rotation": optax.chain(scale_by_poet(merge_every=every),
+                                    optax.scale_by_learning_rate(lr * 0.5)),
+            "frozen": optax.set_to_zero(),
+            "dense": dense(),
+            "dense_decay": dense(_common.hf_decoupled_weight_decay(lr, wd)),
+        }, poet_labels),
+        _common.cast_to_params_dtype(),
+        bound_rotations(1e-2),
+        merge_then_reinitialize(every, jax.random.key(0)),
+    )
+    got = _steps(poet_x(lr, merge_every=every, weight_decay=wd), params, loss, 7)[0]
+    want = _steps(hand, params, loss, 7)[0]
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
 def test_poet_x_trains_the_layer():
     params, loss, _ = _split()
     trained, _, _ = _steps(poet_x(1e-2, merge_every=10), params, loss, 40)
     assert float(loss(trained)) < 0.5 * float(loss(params))
-
-
-def test_poetize_converts_divisible_layers_and_reports_the_rest():
-    model = build_transformer("tiny", rngs=nnx.Rngs(0))
-    kernel = model.blocks[0].mlp.up.kernel[...]
-    report = poetize_report(model, 32)
-    assert len(report.converted) == 10 and report.skipped == ()
-    report = poetize_report(model, 128, exclude=("lm_head", "qkv"))
-    assert ("blocks.0.attn.qkv", "excluded") in report.skipped
-    assert any("352" in why for _, why in report.skipped)  # the SwiGLU width, 11 * 32
-    with pytest.warns(UserWarning, match="left dense"):
-        poetize(model, 128)
-    assert {p for p, _ in poet_layers(model)} == {f"blocks.{i}.attn.{n}" for i in (0, 1)
-                                                  for n in ("qkv", "out")}
-    poetize(model, 32)  # the rest
-    layer = model.blocks[0].mlp.up
-    assert isinstance(layer, PoetLinear) and isinstance(layer.poet_base, PoetBase)
-    assert isinstance(layer.perm_in, PoetPermutation)
-    assert layer.poet_base.get_metadata()["logical_axes"] == ("embed", "mlp")
-    x = jax.random.normal(jax.random.key(0), (2, 3, 128))
-    unit = kernel / jnp.linalg.norm(kernel, axis=0)
-    np.testing.assert_allclose(layer(x), jnp.matmul(x, unit, precision="highest"), rtol=1e-5,
-                               atol=1e-6)
-    with pytest.raises(ValueError, match="block_size"):
-        poetize(model, 1)
 
 
 def test_recipe_prepares_the_model_and_builds_the_optimizer():
@@ -195,10 +195,6 @@ def test_recipe_prepares_the_model_and_builds_the_optimizer():
     tx = make_optimizer("poet_x", 1e-3, total_steps=10, block_size=32, merge_every=4)
     params = nnx.state(model, nnx.Param)
     assert jax.tree.structure(tx.init(params)) is not None
-    with pytest.raises(ValueError, match="block_size must be an int >= 2"):
-        PoetLinear(8, 8, block_size=1, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="must divide"):
-        PoetLinear(8, 12, block_size=8, rngs=nnx.Rngs(0))
 
 
 def test_cli_trains_the_tiny_transformer_with_poet_x(tmp_path):
@@ -359,3 +355,160 @@ def test_recipe_names_its_clip_warmup_keys_in_errors():
         make_optimizer("poet_x", 1e-3, total_steps=10, clip_warmup_start=0.0)
     with pytest.raises(ValueError, match="clip_warmup_steps"):
         make_optimizer("poet_x", 1e-3, total_steps=10, clip_warmup_steps=-1)
+
+
+def _plain_poet_x(params, grad, steps, *, lr, base_lr, scale, b1, b2, eps, wd, merge_every, key,
+                  block):
+    """POET-X written out as one loop over NumPy float64 arrays: HF AdamW on every trained leaf
+    (the rotations on their own counter), HF decay of the dense matrices, and every
+    ``merge_every`` steps the dense merge ``W0 <- R_in W0 R_out``, fresh permutations from
+    ``fold_in(fold_in(key, t), layer)`` and the rotations and their moments back to zero."""
+    from jaxlib_ext.pallas_kernels.poet.reference import effective_weight
+
+    p = jax.tree.map(np.asarray, params)
+    layers = sorted(k for k, v in p.items() if isinstance(v, dict))
+    trained = [(k, n) for k in layers for n in ("theta_in", "theta_out")] + \
+        [(k, None) for k in p if k not in layers]
+
+    def get(tree, k, n):
+        return tree[k] if n is None else tree[k][n]
+
+    def put(tree, k, n, value):
+        if n is None:
+            tree[k] = value
+        else:
+            tree[k][n] = value
+
+    m = {kn: np.zeros_like(get(p, *kn)) for kn in trained}
+    v = {kn: np.zeros_like(get(p, *kn)) for kn in trained}
+    t = t_rot = 0
+    history = []
+    for _ in range(steps):
+        g = jax.tree.map(np.asarray, grad(p))
+        t, t_rot = t + 1, t_rot + 1
+        for kn in trained:
+            rotation = kn[1] is not None
+            tt = t_rot if rotation else t
+            gi = get(g, *kn)
+            m[kn] = b1 * m[kn] + (1 - b1) * gi
+            v[kn] = b2 * v[kn] + (1 - b2) * gi * gi
+            u = np.sqrt(1 - b2**tt) / (1 - b1**tt) * m[kn] / (np.sqrt(v[kn]) + eps)
+            if rotation:
+                put(p, *kn, get(p, *kn) - lr(t - 1) * scale * u)
+            else:
+                new = get(p, *kn) - base_lr(t - 1) * u
+                put(p, *kn, new * (1 - base_lr(t - 1) * wd) if new.ndim >= 2 else new)
+        if t % merge_every == 0:
+            step_key = jax.random.fold_in(key, t)
+            for j, k in enumerate(layers):
+                layer = p[k]
+                perms = [layer[n].astype(np.int32) for n in ("perm_in", "perm_out")]
+                layer["poet_base"] = np.asarray(effective_weight(
+                    layer["poet_base"], layer["theta_in"], layer["theta_out"], *perms, block))
+                k_in, k_out = jax.random.split(jax.random.fold_in(step_key, j))
+                for name, kk in (("perm_in", k_in), ("perm_out", k_out)):
+                    size = layer[name].shape[0]
+                    layer[name] = np.asarray(jax.random.permutation(kk, size), np.float64)
+                for name in ("theta_in", "theta_out"):
+                    layer[name] = np.zeros_like(layer[name])
+                    m[(k, name)], v[(k, name)] = (np.zeros_like(layer[name]) for _ in range(2))
+            t_rot = 0
+        history.append(jax.tree.map(np.copy, p))
+    return history, m, v
+
+
+def test_poet_x_equals_the_algorithm_written_as_one_loop():
+    """30 steps with merges at 12 and 24 over two POET layers and dense leaves (schedules,
+    ``poet_lr_scale``, decay), float64: every step's parameters and the final moments agree with
+    :func:`_plain_poet_x`, which shares no code with the chain but the key derivation."""
+    block, steps, every = 4, 30, 12
+    lr = lambda c: 2e-2 / (1.0 + 0.05 * c)  # noqa: E731
+    base_lr = lambda c: 0.7 * lr(c)  # noqa: E731
+    kw = dict(b1=0.8, b2=0.95, eps=1e-7)
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+
+        def layer(n, m):
+            p = block * (block - 1) // 2
+            w = rng.normal(size=(n, m))
+            return {"poet_base": jnp.asarray(w / np.linalg.norm(w, axis=0)),
+                    "theta_in": jnp.zeros((n // block, p)), "theta_out": jnp.zeros((m // block, p)),
+                    "perm_in": jnp.asarray(rng.permutation(n), jnp.float64),
+                    "perm_out": jnp.asarray(rng.permutation(m), jnp.float64)}
+
+        params = {"a": layer(12, 8), "b": layer(8, 8), "vec": jnp.ones(8),
+                  "mat": jnp.asarray(0.3 * rng.normal(size=(8, 3)))}
+        x, y = jnp.asarray(rng.normal(size=(5, 12))), jnp.asarray(rng.normal(size=(5, 3)))
+
+        def apply(q, h, name):
+            lay = q[name]
+            return poet_linear(h, jax.lax.stop_gradient(lay["poet_base"]), lay["theta_in"],
+                               lay["theta_out"], lay["perm_in"].astype(jnp.int32),
+                               lay["perm_out"].astype(jnp.int32), block_size=block,
+                               method="reference")
+
+        def loss(q):
+            h = jnp.tanh(apply(q, x, "a"))
+            return jnp.mean(((apply(q, h, "b") * q["vec"]) @ q["mat"] - y) ** 2)
+
+        grad = jax.jit(jax.grad(loss))
+        key = jax.random.key(7)
+        want, m, v = _plain_poet_x(params, grad, steps, lr=lr, base_lr=base_lr, scale=0.3,
+                                   wd=0.1, merge_every=every, key=key, block=block, **kw)
+        tx = poet_x(lr, merge_every=every, poet_lr_scale=0.3, weight_decay=0.1,
+                    base_learning_rate=base_lr, key=key, **kw)
+
+        @jax.jit
+        def step(p, s):
+            u, s = tx.update(grad(p), s, p)
+            return optax.apply_updates(p, u), s
+
+        p, s = params, tx.init(params)
+        for t in range(steps):
+            p, s = step(p, s)
+            close = partial(np.testing.assert_allclose, rtol=1e-9, atol=1e-12,
+                            err_msg=f"step {t + 1}")
+            jax.tree.map(close, p, want[t])
+        rotation, dense = _label_state(s, "rotation"), _label_state(s, "dense")
+        assert int(rotation.count) == steps - 2 * every and int(dense.count) == steps
+        for (k, n), mk in m.items():
+            state = rotation if n is not None else (
+                _label_state(s, "dense_decay") if mk.ndim >= 2 else dense)
+            for got, ref in ((state.mu, mk), (state.nu, v[(k, n)])):
+                np.testing.assert_allclose(got[k] if n is None else got[k][n], ref, rtol=1e-9,
+                                           atol=1e-15)
+
+
+def test_key_forms_agree_and_bad_keys_are_named():
+    """An int seed, its ``jax.random.key`` and its raw ``uint32[2]`` key draw the same merges."""
+    params, loss, _ = _split()
+    ends = [_steps(poet_x(3e-2, merge_every=2, key=k), params, loss, 2)[0]
+            for k in (5, jax.random.key(5), jax.random.PRNGKey(5))]
+    for other in ends[1:]:
+        jax.tree.map(np.testing.assert_array_equal, ends[0], other)
+    for bad in (0.5, "0", jnp.zeros(3), jax.random.split(jax.random.key(0), 2)):
+        with pytest.raises(ValueError, match="key"):
+            poet_x(1e-2, key=bad)
+
+
+def test_scale_by_poet_restarts_its_moments_every_merge():
+    """Between restarts it is HF Adam; after each ``merge_every``-th update its state is zero,
+    so the update after a restart equals the first update of a fresh one."""
+    tx = scale_by_poet(merge_every=3)
+    grads = [{"w": jnp.asarray([[0.5, -2.0], [1.0, 3.0]]) * (1.0 + 0.3 * t)} for t in range(8)]
+    s = tx.init(grads[0])
+    for t, g in enumerate(grads, start=1):
+        u, s = tx.update(g, s)
+        assert int(s.count) == t % 3
+        if t % 3 == 0:
+            np.testing.assert_array_equal(s.mu["w"], 0.0)
+            np.testing.assert_array_equal(s.nu["w"], 0.0)
+        if t % 3 == 1:  # the first step of a fresh HF Adam: g / (|g| + eps / sqrt(1 - b2))
+            fresh, _ = tx.update(g, tx.init(g))
+            np.testing.assert_array_equal(u["w"], fresh["w"])
+            want = g["w"] / (jnp.abs(g["w"]) + 1e-6 / np.sqrt(1 - 0.999))
+            np.testing.assert_allclose(u["w"], want, rtol=1e-5)
+    with pytest.raises(ValueError, match="merge_every"):
+        scale_by_poet(merge_every=0)
+    with pytest.raises(ValueError, match="b2"):
+        scale_by_poet(b2=1.0)

@@ -31,7 +31,7 @@ def _hand_built(name, lr, wd):
     if name == "poet_x":  # the authors' clipping warm-up after each merge
         warm = clip_by_global_norm_merge_warmup(1.0, merge_every=200, until=2000)
         return optax.chain(warm, poet_x(lr, weight_decay=wd, base_learning_rate=lambda c: 2 * lr(c),
-                                        seed=3))
+                                        key=jax.random.key(3)))
     every = max(1, min(100, STEPS // 6))
     tx = smet(lr, density=0.5, total_steps=STEPS, update_every=every,
               optimizer_warmup_steps=every, key=jax.random.PRNGKey(3))
@@ -54,7 +54,7 @@ def _run(tx, steps=8):
 @pytest.mark.parametrize("wd", [0.0, 0.1])
 def test_recipe_equals_hand_built_chain(name, wd):
     lr = optax.warmup_cosine_decay_schedule(0.0, 3e-2, 2, STEPS, 3e-3)
-    got_p, got_s = _run(make_optimizer(name, lr, total_steps=STEPS, seed=3, weight_decay=wd))
+    got_p, got_s = _run(make_optimizer(name, lr, total_steps=STEPS, key=3, weight_decay=wd))
     ref_p, ref_s = _run(_hand_built(name, lr, wd))
     assert jax.tree.structure(got_s) == jax.tree.structure(ref_s)
     jax.tree.map(np.testing.assert_array_equal, got_p, ref_p)
@@ -93,6 +93,8 @@ def test_errors_name_the_key_the_optimizer_and_the_choices():
         make_optimizer("sgd", 1e-3, total_steps=10)
     with pytest.raises(ValueError, match="density"):
         make_optimizer("smet", 1e-3, total_steps=10, density=1.5)
+    with pytest.raises(ValueError, match="key"):
+        make_optimizer("smet", 1e-3, total_steps=10, key=0.5)
 
 
 def test_decay_mask_reads_nnx_metadata():

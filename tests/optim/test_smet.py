@@ -276,7 +276,8 @@ def test_keep_inactive_zero_around_a_custom_chain():
         (dict(warmup_mode="linear"), "warmup_mode"),
         (dict(learning_rate="1e-3"), "learning_rate"),
         (dict(learning_rate=(1e-3,)), "learning_rate"),
-        (dict(key=123), "key"),
+        (dict(key=1.5), "key"),
+        (dict(key=jnp.zeros(3, jnp.uint32)), "key"),
         (dict(prune_rate=1.5), "prune_rate"),
         (dict(total_steps=0), "total_steps"),
     ],
@@ -334,3 +335,12 @@ def test_topology_update_ranks_near_ties_by_block_index():
     assert RANK_BITS < 20  # the 1e-6 noise lies below the resolution
     for p in pruned:  # 12 - floor(12 * 0.7) = 4: the tied blocks of smallest index
         np.testing.assert_array_equal(np.sort(p), np.sort(tied)[:4])
+
+
+def test_key_forms_agree():
+    """An int seed, its ``jax.random.key`` and its raw ``uint32[2]`` key draw the same masks."""
+    params = {"w": jnp.ones((8, 6)), "b": jnp.zeros(6)}
+    states = [smet(1e-3, density=0.5, total_steps=10, key=k).init(params)
+              for k in (4, jax.random.key(4), jax.random.PRNGKey(4))]
+    for state in states[1:]:
+        chex.assert_trees_all_equal(state, states[0])

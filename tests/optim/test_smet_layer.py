@@ -8,14 +8,14 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxlib_ext.models.sparse_linear import (
-    SPARSE_VALUES_KEY,
+from jaxlib_ext.optim import _common, smet, smet_regrown
+from jaxlib_ext.optim._common import SPARSE_VALUES_KEY
+from jaxlib_ext.optim.smet_layer import (
     SparseLinear,
     regrow_indices,
     regrow_sparse_indices,
     sparse_matmul,
 )
-from jaxlib_ext.optim import _common, smet, smet_regrown
 
 
 def rel(a, b):
@@ -23,8 +23,11 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
-def test_protocol_key_matches_optim():
-    assert SPARSE_VALUES_KEY == _common.SPARSE_VALUES_KEY
+def test_smet_recognises_the_value_leaf_as_compact():
+    layer = SparseLinear(6, 4, density=0.5, rngs=nnx.Rngs(0))
+    paths = jax.tree_util.tree_flatten_with_path(nnx.state(layer, nnx.Param))[0]
+    compact = [_common.path_names(p) for p, _ in paths if _common.is_compact_sparse(p)]
+    assert compact == [(SPARSE_VALUES_KEY,)]
 
 
 @pytest.mark.parametrize("block_size, chunk", [(1, 7), (4, 3), (4, 1000), (5, 5)])

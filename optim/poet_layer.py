@@ -53,10 +53,6 @@ __all__ = [
     "poetize_report",
 ]
 
-#: Attribute names of a :class:`PoetLinear`'s variables, as :func:`jaxlib_ext.optim.poet_x`
-#: finds them in a parameter tree.
-BASE_NAME, THETA_NAMES, PERM_NAMES = "poet_base", ("theta_in", "theta_out"), ("perm_in", "perm_out")
-
 
 class PoetBase(nnx.Param):
     """The base weight ``W0`` of a :class:`PoetLinear` (changed only by merges)."""

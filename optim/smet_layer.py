@@ -19,10 +19,10 @@ active entries only, in chunks of slots, and comes out as ``[K, block_size]``; t
 transiently from the values in the forward and backward passes (a weight, not a gradient); a
 Pallas block-sparse matmul would remove that too, and is left for the GPU kernel work.
 
-Protocol with the optimizer (models never import optim): the value leaf is named
-``"sparse_values"``; :func:`jaxlib_ext.optim.smet` recognises it by that key, keeps per-slot state
-and marks slots it pruned; :func:`regrow_sparse_indices` then draws their new block indices among
-the blocks that were inactive, as SMET's random regrowth.
+Protocol with the optimizer: the value leaf is named ``"sparse_values"``
+(``jaxlib_ext.optim._common.SPARSE_VALUES_KEY``); :func:`jaxlib_ext.optim.smet` recognises it by
+that key, keeps per-slot state and marks slots it pruned; :func:`regrow_sparse_indices` then draws
+their new block indices among the blocks that were inactive, as SMET's random regrowth.
 """
 
 from __future__ import annotations
@@ -34,8 +34,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-#: Key-path name of the value leaf; ``jaxlib_ext.optim`` recognises compact sparse leaves by it.
-SPARSE_VALUES_KEY = "sparse_values"
+from jaxlib_ext.optim._common import SPARSE_VALUES_KEY, path_names
+
+__all__ = [
+    "SparseIndices",
+    "SparseLinear",
+    "dense_kernel",
+    "regrow_indices",
+    "regrow_sparse_indices",
+    "sampled_weight_grad",
+    "sparse_matmul",
+]
 
 
 class SparseIndices(nnx.Variable):
@@ -181,20 +190,6 @@ class SparseLinear(nnx.Module):
         return y
 
 
-def _path_key(path) -> tuple[str, ...]:
-    names = []
-    for entry in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(entry, attr):
-                names.append(str(getattr(entry, attr)))
-                break
-        else:
-            names.append(str(entry))
-    if names and names[-1] == "value":
-        names = names[:-1]
-    return tuple(names)
-
-
 def regrow_indices(indices: jax.Array, regrown: jax.Array, num_blocks: int, key) -> jax.Array:
     """New block indices for the ``regrown`` slots, uniform among currently inactive blocks.
 
@@ -224,9 +219,9 @@ def regrow_sparse_indices(model: nnx.Module, regrown_tree, key) -> None:
     """
     flat = jax.tree_util.tree_flatten_with_path(regrown_tree, is_leaf=lambda x: x is None)[0]
     by_path = {
-        _path_key(p)[:-1]: m
+        path_names(p)[:-1]: m
         for p, m in flat
-        if m is not None and _path_key(p)[-1:] == (SPARSE_VALUES_KEY,)
+        if m is not None and path_names(p)[-1:] == (SPARSE_VALUES_KEY,)
     }
     for i, (path, node) in enumerate(nnx.iter_graph(model)):
         if not isinstance(node, SparseLinear):
