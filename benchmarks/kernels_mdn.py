@@ -6,20 +6,16 @@ warm-up call, each ending in ``block_until_ready``; memory is XLA's compiled ``m
 (arguments + outputs + temporaries - aliased bytes) of the jitted function, i.e. the planned peak
 of that executable. The Gated DeltaNet chunk path is timed too, for context.
 
-    .venv/bin/python benchmarks/kernels_mdn.py [--T 2048] [--chunk-size 64] [--repeats 5]
+    .venv/bin/python -m benchmarks.kernels_mdn [--T 2048] [--chunk-size 64] [--repeats 5]
 """
 
 from __future__ import annotations
-
-import argparse
-import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks._harness import environment, forward_backward, forward_backward_table, parser
 from jaxlib_ext.pallas_kernels.gated_delta import gated_delta_rule
 from jaxlib_ext.pallas_kernels.mdn import momentum_delta_rule
 
@@ -81,79 +77,30 @@ def gdn_fns(method, chunk_size):
     return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=(0, 1)))
 
 
-def peak_bytes(jitted, *args):
-    m = jitted.lower(*args).compile().memory_analysis()
-    if m is None:
-        return float("nan")
-    return (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        + m.temp_size_in_bytes
-        - m.alias_size_in_bytes
-    )
-
-
-def median_seconds(fn, *args, repeats):
-    jax.block_until_ready(fn(*args))  # compile + warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def measure(fns, x, h0, repeats):
-    fwd, fwdbwd = fns
-    return dict(
-        fwd_s=median_seconds(fwd, x, h0, repeats=repeats),
-        bwd_s=median_seconds(fwdbwd, x, h0, repeats=repeats),
-        fwd_mem=peak_bytes(fwd, x, h0),
-        bwd_mem=peak_bytes(fwdbwd, x, h0),
-    )
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--B", type=int, default=2)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--H", type=int, default=4)
     ap.add_argument("--K", type=int, default=64)
     ap.add_argument("--V", type=int, default=128)
     ap.add_argument("--chunk-size", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-gdn", action="store_true", help="skip the Gated DeltaNet context column")
     a = ap.parse_args()
 
     x, h0 = make_inputs(a.B, a.T, a.H, a.K, a.V)
+    c, r = a.chunk_size, a.repeats
     res = {
-        "MDN recurrent": measure(mdn_fns("recurrent", a.chunk_size), x, h0, a.repeats),
-        f"MDN chunk (C={a.chunk_size})": measure(mdn_fns("chunk", a.chunk_size), x, h0, a.repeats),
+        "MDN recurrent": forward_backward(*mdn_fns("recurrent", c), x, h0, repeats=r),
+        f"MDN chunk (C={c})": forward_backward(*mdn_fns("chunk", c), x, h0, repeats=r),
     }
     if not a.no_gdn:
-        res[f"GDN chunk (C={a.chunk_size})"] = measure(
-            gdn_fns("chunk", a.chunk_size), x, h0, a.repeats
-        )
-    rec, chk = list(res.values())[:2]
-
-    print(
-        f"momentum_delta_rule, B={a.B} T={a.T} H={a.H} K={a.K} V={a.V}, float32, "
-        f"backend={jax.default_backend()}, jax {jax.__version__}, {platform.processor() or 'cpu'}, "
-        f"median of {a.repeats} after warm-up\n"
-    )
+        res[f"GDN chunk (C={c})"] = forward_backward(*gdn_fns("chunk", c), x, h0, repeats=r)
     cols = list(res)
-    print("| metric | " + " | ".join(cols) + " | recurrent / chunk |")
-    print("|---|" + "---:|" * (len(cols) + 1))
-    rows = [
-        ("forward time (ms)", "fwd_s", 1e3),
-        ("forward+backward time (ms)", "bwd_s", 1e3),
-        ("forward peak memory (MiB)", "fwd_mem", 2.0**-20),
-        ("forward+backward peak memory (MiB)", "bwd_mem", 2.0**-20),
-    ]
-    for label, key, mult in rows:
-        vals = " | ".join(f"{res[c][key] * mult:.1f}" for c in cols)
-        print(f"| {label} | {vals} | {rec[key] / chk[key]:.1f}x |")
 
+    print(f"momentum_delta_rule, B={a.B} T={a.T} H={a.H} K={a.K} V={a.V}, float32, "
+          f"{environment()}, median of {a.repeats} after warm-up\n")
+    print(forward_backward_table(res, (cols[0], cols[1]), "recurrent / chunk"))
 
 if __name__ == "__main__":
     main()

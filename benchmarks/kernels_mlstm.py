@@ -7,21 +7,16 @@ median of ``--repeats`` runs after one warm-up call, each ending in ``block_unti
 is XLA's compiled ``memory_analysis`` (arguments + outputs + temporaries - aliased bytes) of the
 jitted function, the planned peak of that executable.
 
-    .venv/bin/python benchmarks/kernels_mlstm.py [--T 2048] [--chunk-size 64] [--repeats 5]
+    .venv/bin/python -m benchmarks.kernels_mlstm [--T 2048] [--chunk-size 64] [--repeats 5]
 """
 
 from __future__ import annotations
-
-import argparse
-import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext.core.memory import compiled_memory
+from benchmarks._harness import environment, forward_backward, forward_backward_table, parser
 from jaxlib_ext.pallas_kernels.mlstm import mlstm
 
 
@@ -48,63 +43,26 @@ def fns(method, chunk_size):
     return jax.jit(fwd), jax.jit(jax.grad(loss))
 
 
-def median_seconds(fn, x, repeats):
-    jax.block_until_ready(fn(x))  # compile + warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def measure(pair, x, repeats):
-    fwd, fwdbwd = pair
-    return dict(
-        fwd_s=median_seconds(fwd, x, repeats),
-        bwd_s=median_seconds(fwdbwd, x, repeats),
-        fwd_mem=compiled_memory(fwd.lower(x).compile()).get("peak", float("nan")),
-        bwd_mem=compiled_memory(fwdbwd.lower(x).compile()).get("peak", float("nan")),
-    )
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--B", type=int, default=2)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--H", type=int, default=4)
     ap.add_argument("--K", type=int, default=64)
     ap.add_argument("--V", type=int, default=64)
     ap.add_argument("--chunk-size", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
 
     x = make_inputs(a.B, a.T, a.H, a.K, a.V)
+    c, r = a.chunk_size, a.repeats
     res = {
-        "recurrent": measure(fns("recurrent", a.chunk_size), x, a.repeats),
-        "parallel": measure(fns("parallel", a.chunk_size), x, a.repeats),
-        f"chunk (C={a.chunk_size})": measure(fns("chunk", a.chunk_size), x, a.repeats),
+        "recurrent": forward_backward(*fns("recurrent", c), x, repeats=r),
+        "parallel": forward_backward(*fns("parallel", c), x, repeats=r),
+        f"chunk (C={c})": forward_backward(*fns("chunk", c), x, repeats=r),
     }
-    print(
-        f"mlstm, B={a.B} T={a.T} H={a.H} K={a.K} V={a.V}, float32, "
-        f"backend={jax.default_backend()}, jax {jax.__version__}, "
-        f"{platform.processor() or platform.machine()}, median of {a.repeats} after warm-up\n"
-    )
-    cols = list(res)
-    rec = res["recurrent"]
-    print("| metric | " + " | ".join(cols) + " | recurrent / chunk |")
-    print("|---|" + "---:|" * (len(cols) + 1))
-    rows = [
-        ("forward time (ms)", "fwd_s", 1e3),
-        ("forward+backward time (ms)", "bwd_s", 1e3),
-        ("forward peak memory (MiB)", "fwd_mem", 2.0**-20),
-        ("forward+backward peak memory (MiB)", "bwd_mem", 2.0**-20),
-    ]
-    chunk = res[cols[-1]]
-    for label, key, mult in rows:
-        vals = " | ".join(f"{res[c][key] * mult:.1f}" for c in cols)
-        print(f"| {label} | {vals} | {rec[key] / chunk[key]:.1f}x |")
-
+    print(f"mlstm, B={a.B} T={a.T} H={a.H} K={a.K} V={a.V}, float32, {environment()}, "
+          f"median of {a.repeats} after warm-up\n")
+    print(forward_backward_table(res, ("recurrent", list(res)[-1]), "recurrent / chunk"))
 
 if __name__ == "__main__":
     main()

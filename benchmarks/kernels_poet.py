@@ -19,16 +19,12 @@ backward pass.
 
 from __future__ import annotations
 
-import argparse
-import platform
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext.core.memory import compiled_memory, format_bytes
+from benchmarks._harness import environment, parser, peak_bytes, time_call
+from jaxlib_ext.core.memory import format_bytes
 from jaxlib_ext.pallas_kernels.poet import num_block_params, poet_linear
 
 
@@ -81,16 +77,6 @@ def poet_fn(b, method, memory):
             lambda a: saved_bytes(layer, args(a)[:6], 3))
 
 
-def median_seconds(fn, a, repeats):
-    jax.block_until_ready(fn(a))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(a))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def rows(b, pallas):
     out = {
         "dense layer (x @ w)": dense_fn(),
@@ -105,12 +91,11 @@ def rows(b, pallas):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--gpu", action="store_true", help="the paper's shapes in bfloat16")
     ap.add_argument("--shapes", default=None, help="n x m pairs, e.g. 1024x1024,1024x3584")
     ap.add_argument("--block-size", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--pallas", action="store_true", help="also the Pallas rows (GPU default)")
     ap.add_argument("--skip-naive", action="store_true")
     a = ap.parse_args(argv)
@@ -119,8 +104,7 @@ def main(argv=None):
     shapes = [tuple(int(v) for v in s.split("x")) for s in shapes.split(",")]
     dtype = jnp.bfloat16 if a.gpu else jnp.float32
     print(f"POET-X layer forward+backward, b={a.block_size}, {a.tokens} tokens, "
-          f"{jnp.dtype(dtype).name}; jax {jax.__version__}, {jax.devices()[0].device_kind}, "
-          f"{platform.machine()}; median of {a.repeats}\n")
+          f"{jnp.dtype(dtype).name}; {environment()}; median of {a.repeats}\n")
     print("| n x m | layer | fwd+bwd ms | vs dense | naive POET / this | peak memory | "
           "saved for backward |")
     print("|---|---|---:|---:|---:|---:|---:|")
@@ -131,8 +115,8 @@ def main(argv=None):
             if a.skip_naive and name.startswith("naive"):
                 continue
             g, gargs = prog(args)
-            mem = compiled_memory(g.lower(*gargs).compile()).get("peak", float("nan"))
-            results[name] = (median_seconds(fn, args, a.repeats), mem, saved(args))
+            mem = peak_bytes(g, *gargs)
+            results[name] = (time_call(fn, args, repeats=a.repeats).median, mem, saved(args))
         dense_t = results["dense layer (x @ w)"][0]
         naive_t = results.get("naive POET (W_eff materialised)", (float("nan"),))[0]
         for name, (t, mem, kept) in results.items():

@@ -11,20 +11,16 @@ and is left out. Times are the median of ``--repeats`` runs after one warm-up ca
 in ``block_until_ready``; memory is XLA's compiled ``memory_analysis`` of the jitted function.
 The FLOP column counts the matmuls of the routed experts and projections per token.
 
-    .venv/bin/python benchmarks/models_latent_moe_dispatch.py [--tokens 4096] [--repeats 5]
+    .venv/bin/python -m benchmarks.models_latent_moe_dispatch [--tokens 4096] [--repeats 5]
 """
 
 from __future__ import annotations
-
-import argparse
-import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from benchmarks._harness import MIB, environment, parser, peak_bytes, time_call
 from jaxlib_ext.models.latent_moe import LatentMoE, LatentMoEConfig
 
 
@@ -45,24 +41,6 @@ def layer_fns(args, method):
     return params, jax.jit(forward), jax.jit(jax.grad(loss, argnums=(0, 1)))
 
 
-def peak_mib(jitted, *args):
-    m = jitted.lower(*args).compile().memory_analysis()
-    if m is None:
-        return float("nan")
-    total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-    return (total - m.alias_size_in_bytes) / 2**20
-
-
-def median_seconds(fn, *args, repeats):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def routed_flops(args, dense: bool) -> float:
     """Matmul FLOPs per token: router, projections and the routed (or all, when dense) experts."""
     experts = args.experts if dense else args.top_k
@@ -74,14 +52,13 @@ def routed_flops(args, dense: bool) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--d", type=int, default=512)
     ap.add_argument("--latent", type=int, default=128)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--expert-dim", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
 
     x = jax.random.normal(jax.random.key(1), (a.tokens, a.d), jnp.float32)
@@ -89,17 +66,16 @@ def main():
     for method in ("ragged", "dense"):
         params, fwd, fwdbwd = layer_fns(a, method)
         res[method] = dict(
-            fwd=median_seconds(fwd, params, x, repeats=a.repeats),
-            bwd=median_seconds(fwdbwd, params, x, repeats=a.repeats),
-            fwd_mem=peak_mib(fwd, params, x),
-            bwd_mem=peak_mib(fwdbwd, params, x),
+            fwd=time_call(fwd, params, x, repeats=a.repeats).median,
+            bwd=time_call(fwdbwd, params, x, repeats=a.repeats).median,
+            fwd_mem=peak_bytes(fwd, params, x) * MIB,
+            bwd_mem=peak_bytes(fwdbwd, params, x) * MIB,
             flops=routed_flops(a, method == "dense"),
         )
     print(
         f"LatentMoE layer, T={a.tokens} d={a.d} latent={a.latent} E={a.experts} "
         f"top-{a.top_k} expert_dim={a.expert_dim}, no shared expert, float32, "
-        f"backend={jax.default_backend()} ({len(jax.devices())} devices), jax {jax.__version__}, "
-        f"{platform.processor() or platform.machine()}, median of {a.repeats} after warm-up\n"
+        f"{environment()}, median of {a.repeats} after warm-up\n"
     )
     print("| metric | ragged (sorted, grouped matmul) | dense reference | dense / ragged |")
     print("|---|---:|---:|---:|")

@@ -18,24 +18,20 @@ so a load that varies over time on a shared machine falls on all of them alike) 
 batch / step time. The teacher's cache is allocated for the context plus the steps (the teacher
 reads every slot of its buffer with a mask, so its step cost follows the buffer length).
 
-    .venv/bin/python benchmarks/models_xlstm_decode.py [--contexts 512,2048,8192] [--steps 16]
+    .venv/bin/python -m benchmarks.models_xlstm_decode [--contexts 512,2048,8192] [--steps 16]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks._harness import environment, summarize, timed
 from jaxlib_ext.core.memory import compiled_memory, tree_bytes
 from jaxlib_ext.models import KVCache, LanguageModel, LMCache, lm_config
 from jaxlib_ext.models.xlstm import XLSTMCache, XLSTMConfig, student_from_teacher
@@ -94,16 +90,14 @@ class Run:
 
     def advance(self, steps: int, *, record: bool = True) -> None:
         for _ in range(steps):
-            t0 = time.perf_counter()
-            logits, self.cache = self.step(self.state, self.token, self.cache)
-            jax.block_until_ready(logits)
+            (logits, self.cache), seconds = timed(self.step, self.state, self.token, self.cache)
             if record:
-                self.times.append(time.perf_counter() - t0)
+                self.times.append(seconds)
             self.token = jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)
 
     @property
     def step_s(self) -> float:
-        return statistics.median(self.times)
+        return summarize(self.times).median
 
 
 def main():
@@ -144,9 +138,7 @@ def main():
 
     print(
         f"decode, SmolLM2-135M shape ({a.layers} layers), batch {a.batch}, float32, "
-        f"backend={jax.default_backend()}, jax {jax.__version__}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"{datetime.date.today()}, median of {4 * rounds} steps (rounds of 4 steps per "
+        f"{environment()}, median of {4 * rounds} steps (rounds of 4 steps per "
         f"configuration in turn) after one warm-up step\n"
     )
     print("| model | context | cache (MiB) | step peak (MiB) | ms / step | tokens/s | "

@@ -5,7 +5,7 @@ itself once per count (``--devices N`` in a child process) and prints one markdo
 Same model (tiny Transformer), same global batch for every row; the time is the median of
 timed steps after warm-up, each ended with ``block_until_ready``.
 
-    python benchmarks/runtime_train_step.py [--steps 10] [--batch-size 32] [--seq-len 128]
+    python -m benchmarks.runtime_train_step [--steps 10] [--batch-size 32] [--seq-len 128]
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import subprocess
 import sys
-import time
 
 
 def measure(args) -> dict:
@@ -24,6 +24,7 @@ def measure(args) -> dict:
     import optax
     from flax import nnx
 
+    from benchmarks._harness import time_steps
     from jaxlib_ext.core import data, memory, sharding, train
     from jaxlib_ext.models import build_transformer
 
@@ -50,14 +51,9 @@ def measure(args) -> dict:
             s = jax.tree.map(lambda x: np.stack([np.asarray(x)] * n), state)
             rows = corpus.train[offsets[:, None] + np.arange(args.seq_len + 1)[None, :]]
             batch = rows.reshape(n, -1, args.seq_len + 1)
-        times = []
-        for i in range(args.warmup + args.steps):
-            t0 = time.perf_counter()
-            s, metrics = step(s, batch)
-            jax.block_until_ready(metrics)
-            if i >= args.warmup:
-                times.append(time.perf_counter() - t0)
-        out[f"{mode}_tokens_per_s"] = args.batch_size * args.seq_len / float(np.median(times))
+        timing, _ = time_steps(lambda carry, step=step, batch=batch: step(carry[0], batch),
+                               (s, None), warmup=args.warmup, repeats=args.steps)
+        out[f"{mode}_tokens_per_s"] = args.batch_size * args.seq_len / timing.median
     return out
 
 
@@ -76,10 +72,11 @@ def main():
     rows = []
     for n in map(int, args.counts.split(",")):
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(n)}
-        cmd = [sys.executable, __file__, "--devices", str(n), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
-               "--seq-len", str(args.seq_len)]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+        cmd = [sys.executable, "-m", "benchmarks.runtime_train_step", "--devices", str(n),
+               "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len)]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
+                             cwd=pathlib.Path(__file__).resolve().parents[1])
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
     import jax
 

@@ -8,7 +8,8 @@
   :mod:`~jaxlib_ext.core.images`: the bundled image data sets (MNIST, 8x8 digits);
 * :mod:`~jaxlib_ext.core.sharding`: meshes, logical-axis rules, placements;
 * :mod:`~jaxlib_ext.core.distributed`: starting several processes;
-* :mod:`~jaxlib_ext.core.memory`: bytes of a pytree and of a compiled program.
+* :mod:`~jaxlib_ext.core.memory`: bytes of a pytree and of a compiled program;
+* :mod:`~jaxlib_ext.core.timing`: wall-clock timing of compiled work (warm-up, median, spread).
 
 Submodules load on first access.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import importlib
 
 _SUBMODULES = ("checkpoint", "data", "distributed", "images", "memory", "schedule",
-               "sharding", "train")
+               "sharding", "timing", "train")
 
 __all__ = list(_SUBMODULES)
 

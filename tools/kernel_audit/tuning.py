@@ -21,12 +21,13 @@ times mean nothing. Exit status 1 when a check fails or every candidate fails.
 
 import argparse
 import functools
-import statistics
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
+
+from jaxlib_ext.core.timing import time_call
 
 from .candidates import MOSAIC_CANDIDATES, TUNE_CANDIDATES
 from .check import check_against_recurrent
@@ -34,18 +35,6 @@ from .inputs import random_inputs
 from .mdn_probes import mosaic_state_kernel_applies, pallas_op
 
 TUNE_BUDGET_S = 120.0  # stop trying candidates after this much wall time
-
-
-def median_time(fn, args, warmup, iters):
-    """Median wall time of ``fn(*args)`` (blocked) after ``warmup`` calls, in seconds."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def forward_backward(op):
@@ -69,7 +58,7 @@ def tune(pallas, inputs, warmup, iters, candidates=TUNE_CANDIDATES, budget_s=TUN
             continue
         op = functools.partial(pallas, **overrides)
         try:
-            t = median_time(forward_backward(op), inputs, warmup, iters)
+            t = time_call(forward_backward(op), *inputs, warmup=warmup, repeats=iters).median
         except Exception as e:  # noqa: BLE001 - a config that fails to compile is a result
             rows.append((label, f"FAILED: {type(e).__name__}: {str(e)[:300]}"))
             continue
