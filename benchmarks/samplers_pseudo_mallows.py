@@ -65,16 +65,18 @@ def mcmc_trace(key, R, alpha, gold, *, chunk, max_chunks, time_cap, num_chains=4
     n = R.shape[1]
     L = max(1, n // 5) if leap_size is None else leap_size
     mh = mm.MallowsMH(R, alpha=alpha, leap_size=L, blocks=blocks, prefer=prefer)
-    kernel = jax.vmap(mh.kernel)
-    init = jax.vmap(mh.init_chain)
     aug = blocks is not None or prefer is not None
+
+    def init(keys, rho0):  # vectorised chains, each carrying its key
+        return mh.init(keys, 0, {"rho": rho0}, (), {})
 
     @jax.jit
     def run_chunk(state):
         def body(s, _):
-            s, _ = kernel(s)
-            c = jax.nn.one_hot(s.rho - 1, n, dtype=jnp.float32).sum(0)
-            u = jax.nn.one_hot(s.rankings - 1, n, dtype=jnp.float32).sum(0) if aug else 0.0
+            s = mh.sample(s, (), {})
+            c = jax.nn.one_hot(s.chain.rho - 1, n, dtype=jnp.float32).sum(0)
+            u = (jax.nn.one_hot(s.chain.rankings - 1, n, dtype=jnp.float32).sum(0) if aug
+                 else 0.0)
             return s, (c, u)
 
         s, (c, u) = jax.lax.scan(body, state, None, length=chunk)

@@ -92,40 +92,51 @@ def block(x):
 
 @functools.cache
 def mcmc_fns(n: int):
-    """Jitted ``advance(state, steps)`` and ``chunk(state, length)`` for vectorised chains of
-    the library's leap-and-shift kernel (alpha fixed). The data live in ``state.D``, so one
-    compilation serves every data set of the same shape. ``chunk`` returns per-chain sums of
-    the ranks and of the top-10 indicators over its iterations."""
+    """Jitted ``advance(chains, steps)`` and ``chunk(chains, length)`` for vectorised chains of
+    the library's leap-and-shift kernel (alpha fixed); ``chains = (state, keys)``, the batched
+    :class:`~jaxlib_ext.samplers.mallows_mcmc.MallowsState` and one key per chain. The data
+    live in ``state.D``, so one compilation serves every data set of the same shape. ``chunk``
+    returns per-chain sums of the ranks and of the top-10 indicators over its iterations."""
     kernel = jax.vmap(mm.build_kernel(num_assessors=1, leap_size=max(1, n // 5)))
 
+    def step(chains):
+        state, keys = chains
+        split = jax.vmap(jax.random.split)(keys)
+        state, _ = kernel(split[:, 1], state)
+        return state, split[:, 0]
+
     @jax.jit
-    def advance(state, steps):
-        return jax.lax.fori_loop(0, steps, lambda _, s: kernel(s)[0], state)
+    def advance(chains, steps):
+        return jax.lax.fori_loop(0, steps, lambda _, c: step(c), chains)
 
     @functools.partial(jax.jit, static_argnums=1)
-    def chunk(state, length):
-        C = state.rho.shape[0]
+    def chunk(chains, length):
+        C = chains[0].rho.shape[0]
 
         def body(carry, _):
-            s, sr, st = carry
-            s, _ = kernel(s)
-            return (s, sr + s.rho, st + (s.rho <= TOP)), None
+            c, sr, st = carry
+            c = step(c)
+            rho = c[0].rho
+            return (c, sr + rho, st + (rho <= TOP)), None
 
         z = jnp.zeros((C, n), jnp.int32)
-        (s, sr, st), _ = jax.lax.scan(body, (state, z, z), None, length=length)
-        return s, sr, st
+        (c, sr, st), _ = jax.lax.scan(body, (chains, z, z), None, length=length)
+        return c, sr, st
 
     return advance, chunk
 
 
 def init_chains(key, D, alpha, num_chains, rho0=None):
+    """``(state, keys)`` of ``num_chains`` chains at ``rho0`` or at random permutations."""
     n = D.shape[0]
-    keys = jax.random.split(key, num_chains)
-    empty = jnp.zeros((0, n), jnp.int32)
+    k_rho, k_run = jax.random.split(key)
     if rho0 is None:
-        return jax.vmap(lambda k: mm.init(k, D, empty, alpha))(keys)
-    rho0 = jnp.tile(jnp.asarray(rho0, jnp.int32), (num_chains, 1))
-    return jax.vmap(lambda k, r: mm.init(k, D, empty, alpha, r))(keys, rho0)
+        rho = jax.vmap(lambda k: jax.random.permutation(k, n).astype(jnp.int32) + 1)(
+            jax.random.split(k_rho, num_chains))
+    else:
+        rho = jnp.tile(jnp.asarray(rho0, jnp.int32), (num_chains, 1))
+    state = jax.vmap(lambda r: mm.init({"rho": r, "alpha": alpha}, D))(rho)
+    return state, jax.random.split(k_run, num_chains)
 
 
 def mean_rank_consensus(D):
@@ -142,8 +153,8 @@ def simulate(key, n, N, alpha0, steps):
     ids = jnp.arange(1, n + 1)
     D_id = jnp.abs(ids[:, None] - ids[None, :]).astype(jnp.float32)  # data = one identity
     advance, _ = mcmc_fns(n)
-    st = block(advance(init_chains(k1, D_id, alpha0, N), steps))
-    sigma = np.asarray(st.rho)
+    state, _ = block(advance(init_chains(k1, D_id, alpha0, N), steps))
+    sigma = np.asarray(state.rho)
     return rho0, sigma[:, rho0 - 1]
 
 

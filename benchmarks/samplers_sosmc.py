@@ -109,12 +109,15 @@ class Runner:
 
             def start(lr, keys):
                 alg, c = build(method, p, lr, n, si)
-                return jax.vmap(lambda k: alg.init(p.params0, p.sample_initial(k, c)))(keys)
+                return jax.vmap(lambda k: alg.init((p.params0, p.sample_initial(k, c))))(keys)
 
             def advance(lr, states, keys):
                 alg, _ = build(method, p, lr, n, si)
-                run = lambda s, k: smc.run(alg, s, chunk, k, raise_on_nonfinite=False)
-                states, infos = jax.vmap(run)(states, keys)
+                def run(k, s):
+                    out = smc.run(k, alg, s, chunk, raise_on_nonfinite=False)
+                    return out.state, out.infos
+
+                states, infos = jax.vmap(run)(keys, states)
                 return states, (infos.ess.mean(1), infos.resampled.mean(1),
                                 infos.finite.all(1))
 

@@ -65,8 +65,8 @@ reward_grid = np.asarray(jax.vmap(prob.extra["reward"])(grid)).reshape(xx.shape)
 
 alg = smc.sosmc(prob.potential, optax.adam(0.03), num_particles=N, step_size=prob.step_size,
                 step_size_bounds=prob.step_size_bounds, objective_grad=prob.objective_grad)
-state0 = alg.init(prob.params0, prob.sample_initial(jax.random.key(0), N))
-final, infos = jax.jit(lambda s, k: smc.run(alg, s, STEPS, k))(state0, jax.random.key(1))
+state0 = alg.init((prob.params0, prob.sample_initial(jax.random.key(0), N)))
+final = jax.jit(lambda k, s: smc.run(k, alg, s, STEPS).state)(jax.random.key(1), state0)
 
 fig, axes = plt.subplots(1, 3, figsize=(13, 4))
 axes[0].contourf(xx, yy, reward_grid, levels=20, cmap="Greens")
@@ -108,16 +108,24 @@ def make(method, lr=0.03):
     return smc.soul(prob.potential, optax.adam(lr), num_inner_steps=N, burn_in=N // 2, **kw), 1
 
 
+def advance(algorithm, num_steps):
+    """``num_steps`` outer steps, compiled: ``(key, state) -> (state, infos)``."""
+    def go(key, state):
+        out = smc.run(key, algorithm, state, num_steps)
+        return out.state, out.infos
+    return jax.jit(go)
+
+
 CHUNKS = 10
 curves, ess_trace = {}, None
 for method in ("sosmc-mala", "sosmc-ula", "impdiff", "soul"):
     a, n_chains = make(method)
-    adv = jax.jit(lambda s, k, a=a, c=STEPS // CHUNKS: smc.run(a, s, c, k))
-    st = a.init(prob.params0, prob.sample_initial(jax.random.key(0), n_chains))
-    jax.block_until_ready(adv(st, jax.random.key(99)))  # compile outside the clock
+    adv = advance(a, STEPS // CHUNKS)
+    st = a.init((prob.params0, prob.sample_initial(jax.random.key(0), n_chains)))
+    jax.block_until_ready(adv(jax.random.key(99), st))  # compile outside the clock
     t0, ts, js, ess = time.perf_counter(), [0.0], [-float(prob.loss(st.params))], []
     for c in range(CHUNKS):
-        st, inf = adv(st, jax.random.key(c))
+        st, inf = adv(jax.random.key(c), st)
         jax.block_until_ready(st)
         ts.append(time.perf_counter() - t0)
         js.append(-float(prob.loss(st.params)))
@@ -157,8 +165,8 @@ toy = smc.gaussian_mmle()
 steps = 1500
 alg = smc.sosmc(toy.potential, optax.sgd(optax.linear_schedule(0.01, 0.001, steps)),
                 num_particles=500, adapt_factor=1.0)
-st = alg.init(toy.params0, toy.sample_initial(jax.random.key(1), 500))
-st, inf = jax.jit(lambda s, k: smc.run(alg, s, steps, k))(st, jax.random.key(10))
+st = alg.init((toy.params0, toy.sample_initial(jax.random.key(1), 500)))
+st = jax.jit(lambda k, s: smc.run(k, alg, s, steps).state)(jax.random.key(10), st)
 err = abs(float(st.params) - float(toy.extra["theta_star"]))
 print(f"theta = {float(st.params):.4f}, mean(y) = {float(toy.extra['theta_star']):.4f}, "
       f"|error| = {err:.4f}")

@@ -1,13 +1,18 @@
-"""jaxlib_ext.samplers: Mallows preference learning.
+"""jaxlib_ext.samplers: samplers as NumPyro distributions and MCMC kernels and as BlackJAX-style
+kernels (``init``, ``build_kernel() -> kernel(rng_key, state)``, ``SamplingAlgorithm``; the
+contract is :mod:`base`), for preference learning, stochastic optimisation, mixed-integer
+programs and inverse problems.
 
-:mod:`rankings` (data, distances, the footrule data matrix ``D``), :mod:`pseudo_mallows` (the
-Pseudo-Mallows distribution, arXiv 2205.13911, as a NumPyro ``Distribution``),
-:mod:`mallows_mcmc` (the leap-and-shift MCMC baseline: pure ``init``/``build_kernel`` with
-``MallowsState``/``MallowsInfo``, and the NumPyro ``MCMCKernel`` ``MallowsMH``) and
+Mallows preference learning: :mod:`rankings` (data, distances, the footrule data matrix ``D``),
+:mod:`pseudo_mallows` (the Pseudo-Mallows distribution, arXiv 2205.13911, as a NumPyro
+``Distribution``), :mod:`mallows_mcmc` (the leap-and-shift MCMC baseline: pure
+``init``/``build_kernel`` with ``MallowsState``/``MallowsInfo``, ``mallows_mh`` binding them
+into a ``SamplingAlgorithm``, and the NumPyro ``MCMCKernel`` ``MallowsMH``) and
 :mod:`mallows_augment` (data augmentation, top-K recommendations).
 
 Subpackage :mod:`smc`: SMC building blocks and SOSMC (arXiv 2601.22003), stochastic
-optimisation with a persistent reweighted particle system, with the ImpDiff and SOUL baselines.
+optimisation with a persistent reweighted particle system, with the ImpDiff and SOUL baselines,
+all on the same kernel contract.
 
 Loaded on first access (``from jaxlib_ext.samplers import milp`` or ``samplers.milp``):
 :mod:`milp` (learned Langevin sampling for mixed-integer programs with exact LP completion;
@@ -28,6 +33,7 @@ from jaxlib_ext.samplers.mallows_mcmc import (
     MallowsState,
     footrule_log_partition,
     leap_and_shift,
+    mallows_mh,
     rank_diagnostics,
     run_mallows_mcmc,
 )
@@ -69,6 +75,7 @@ __all__ = [
     "kl_estimate",
     "leap_and_shift",
     "local_search_order",
+    "mallows_mh",
     "pseudo_mallows_log_prob",
     "pseudo_mallows_sample",
     "rank_diagnostics",

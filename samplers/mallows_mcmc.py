@@ -30,11 +30,13 @@ later position, and ``d_F = 2 sum_t k_t``. The importance-sampling estimate (pro
 pseudo-Mallows around the identity, whose log weight is its ``sum_k log C_k``) is provided as
 ``method="importance"`` and checked against the exact counts in the tests.
 
-**Layout** (after BlackJAX's ``init``/``build_kernel`` and its ``State``/``Info`` pair):
-:func:`init` builds a :class:`MallowsState` (what a chain carries), :func:`build_kernel` returns
-the pure ``kernel(state) -> (state, info)`` with a :class:`MallowsInfo` of per-step
-diagnostics, :class:`MallowsMH` adapts the pair to ``numpyro.infer.MCMC`` and
-:func:`run_mallows_mcmc` scans the vmapped kernel directly.
+**Layout** (the kernel contract of :mod:`jaxlib_ext.samplers.base`): :func:`init` builds a
+:class:`MallowsState` (what a chain carries) from ``position = {"rho", "alpha"}``,
+:func:`build_kernel` returns the pure ``kernel(rng_key, state) -> (state, info)`` with a
+:class:`MallowsInfo` of per-step diagnostics, and :func:`mallows_mh` binds the data and the
+settings into a ``SamplingAlgorithm(init, step)``. :class:`MallowsMH` adapts the pair to
+``numpyro.infer.MCMC`` (its state carries the key, as NumPyro's kernels do) and
+:func:`run_mallows_mcmc` scans the vmapped adapter directly.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
+from jaxlib_ext.samplers.base import SamplingAlgorithm
 from jaxlib_ext.samplers.mallows_augment import augment_mh, check_augmentation_args
 from jaxlib_ext.samplers.pseudo_mallows import pseudo_mallows_sample, v_order
 from jaxlib_ext.samplers.rankings import (
@@ -71,6 +74,8 @@ __all__ = [
     "footrule_log_partition",
     "init",
     "leap_and_shift",
+    "leap_and_shift_move",
+    "mallows_mh",
     "rank_diagnostics",
     "run_mallows_mcmc",
 ]
@@ -174,8 +179,45 @@ def _window(x, n, L):
     return jnp.minimum(n, x + L) - jnp.maximum(1, x - L)
 
 
+def leap_and_shift_move(rho, item, rank, leap_size: int):
+    """The deterministic part of leap-and-shift (M.2): ``item`` to ``rank``, the items ranked
+    between shifted by one towards its old rank.
+
+    Args:
+      rho: ``int [n]`` 1-based ranks.
+      item: the 0-based item ``u``.
+      rank: its new rank ``r*``, in the window ``S`` around ``rho_u`` (``r* != rho_u``).
+      leap_size: ``L``.
+
+    Returns:
+      ``(rho', log q(rho | rho') - log q(rho' | rho))``.
+    """
+    n = rho.shape[0]
+    a = rho[item]
+    down = (rho > a) & (rho <= rank)  # leap down the list: those items move up by one
+    up = (rho >= rank) & (rho < a)
+    new = (rho - down + up).at[item].set(rank)
+    log_ratio = jnp.where(
+        jnp.abs(rank - a) == 1, 0.0,
+        jnp.log(_window(a, n, leap_size) * 1.0) - jnp.log(_window(rank, n, leap_size) * 1.0)
+    )
+    return new.astype(rho.dtype), log_ratio
+
+
 def leap_and_shift(key, rho, leap_size: int):
-    """One leap-and-shift proposal (M.2): ``(rho_new, log q(rho|rho') - log q(rho'|rho))``."""
+    """One leap-and-shift proposal (M.2).
+
+    Args:
+      key: PRNG key of the item and the new rank, both uniform.
+      rho: ``int [n]`` 1-based ranks.
+      leap_size: ``L``.
+
+    Returns:
+      ``(rho', log q(rho | rho') - log q(rho' | rho))``.
+
+    References:
+      Vitelli et al., JMLR 18(158), 2018, sec. 3.1.
+    """
     n = rho.shape[0]
     k1, k2 = jax.random.split(key)
     u = jax.random.randint(k1, (), 0, n)
@@ -185,13 +227,7 @@ def leap_and_shift(key, rho, leap_size: int):
     j = jax.random.randint(k2, (), 0, s)
     r = lo + j
     r = jnp.where(r >= a, r + 1, r)  # skip the current rank
-    down = (rho > a) & (rho <= r)  # leap down the list: those items move up by one
-    up = (rho >= r) & (rho < a)
-    new = (rho - down + up).at[u].set(r)
-    log_ratio = jnp.where(
-        jnp.abs(r - a) == 1, 0.0, jnp.log(s * 1.0) - jnp.log(_window(r, n, leap_size) * 1.0)
-    )
-    return new.astype(rho.dtype), log_ratio
+    return leap_and_shift_move(rho, u, r, leap_size)
 
 
 # --------------------------------------------------------------------------- kernel
@@ -203,7 +239,7 @@ class MallowsState(NamedTuple):
     ``rho``: consensus ranks ``int32 [n]``; ``alpha``: scale (fixed unless updated); ``D``: the
     data matrix of the current data; ``rankings``: the augmented data ``[N, n]`` (``[0, n]`` for
     complete data, whose ``D`` stays fixed); ``iteration``: steps taken (the alpha move runs
-    every ``alpha_jump`` of them); ``rng_key``: the key of the next step.
+    every ``alpha_jump`` of them).
     """
 
     rho: jax.Array
@@ -211,7 +247,6 @@ class MallowsState(NamedTuple):
     D: jax.Array
     rankings: jax.Array
     iteration: jax.Array
-    rng_key: jax.Array
 
     @property
     def position(self) -> dict:
@@ -231,14 +266,46 @@ def _dist_sum(D, rho):
     return jnp.take_along_axis(D, (rho - 1)[:, None], axis=1).sum()
 
 
-def init(rng_key, D, rankings, alpha, rho=None) -> MallowsState:
-    """Initial :class:`MallowsState`: ``rho`` as given or a uniformly random permutation."""
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def init(position, D, rankings=None) -> MallowsState:
+    """The state of one chain at ``position``.
+
+    Args:
+      position: ``{"rho": int[n], "alpha": float}``, the sampled variables (as in
+        :attr:`MallowsState.position`): 1-based consensus ranks and the scale ``alpha > 0``.
+      D: ``[n, n]`` float data matrix (``rankings.footrule_data_matrix``).
+      rankings: the augmented data ``[N, n]`` for partial data, ``None`` for complete data.
+
+    Returns:
+      A :class:`MallowsState` at iteration 0. Values are checked when concrete (not under
+      ``jit``/``vmap``), shapes always.
+    """
+    if not (hasattr(position, "keys") and {"rho", "alpha"} <= set(position.keys())):
+        raise TypeError(f"position: expected a mapping with 'rho' and 'alpha', got "
+                        f"{type(position).__name__}")
+    D = jnp.asarray(D)
+    if D.ndim != 2 or D.shape[0] != D.shape[1] or not jnp.issubdtype(D.dtype, jnp.floating):
+        raise ValueError(f"D: expected a square float [n, n] data matrix, got {D.dtype} "
+                         f"{D.shape}")
     n = D.shape[0]
-    k_rho, key = jax.random.split(rng_key)
-    rho = jax.random.permutation(k_rho, n).astype(jnp.int32) + 1 if rho is None else rho
-    return MallowsState(
-        jnp.asarray(rho, jnp.int32), jnp.asarray(alpha, D.dtype), D, rankings, jnp.int32(0), key
-    )
+    rho, alpha = position["rho"], position["alpha"]
+    if jnp.shape(rho) != (n,):
+        raise ValueError(f"position['rho']: expected shape ({n},), got {jnp.shape(rho)}")
+    if _is_concrete(rho):
+        validate_permutation(rho, n, zero_based=False, name="position['rho']")
+    if jnp.ndim(alpha) != 0:
+        raise ValueError(f"position['alpha']: expected a scalar, got shape {jnp.shape(alpha)}")
+    if _is_concrete(alpha) and not (np.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"position['alpha']: expected a finite value > 0, got {alpha}")
+    if rankings is None:
+        rankings = jnp.zeros((0, n), jnp.int32)
+    if jnp.ndim(rankings) != 2 or jnp.shape(rankings)[1] != n:
+        raise ValueError(f"rankings: expected shape [N, {n}], got {jnp.shape(rankings)}")
+    return MallowsState(jnp.asarray(rho, jnp.int32), jnp.asarray(alpha, D.dtype), D,
+                        jnp.asarray(rankings, jnp.int32), jnp.int32(0))
 
 
 def build_kernel(
@@ -255,15 +322,42 @@ def build_kernel(
     num_swaps: int = 0,
     rho_steps: int = 1,
 ):
-    """Pure ``kernel(state) -> (state, info)`` of one chain (:class:`MallowsState`,
-    :class:`MallowsInfo`): ``rho_steps`` leap-and-shift moves on ``rho`` (M.2), an alpha move
-    every ``alpha_jump`` iterations (if ``update_alpha``) and, for partial data, ``num_swaps``
-    augmentation swaps per user (``mallows_augment.augment_mh``). The key is carried in the
-    state, as in NumPyro's functional ``hmc`` API; ``vmap`` it over chains."""
+    """One Metropolis-Hastings step of the Bayesian Mallows model (footrule) for one chain.
+
+    The step makes ``rho_steps`` leap-and-shift moves on ``rho`` (M.2), an alpha move every
+    ``alpha_jump`` iterations (if ``update_alpha``) and, for partial data, ``num_swaps``
+    augmentation swaps per user (``mallows_augment.augment_mh``). Every part is an exact
+    Metropolis-Hastings step of the posterior (M.1) (joint with the latent rankings for
+    partial data), so the chain leaves it invariant.
+
+    Args:
+      num_assessors: ``N`` of (M.1), the exponent of ``Z_n(alpha)`` in the alpha move.
+      leap_size: ``L`` of leap-and-shift.
+      update_alpha: move alpha on a log-normal random walk with an Exponential prior.
+      sigma_alpha: the random walk's ``sigma``.
+      alpha_rate: the prior's rate ``lambda``.
+      alpha_jump: iterations between alpha moves.
+      log_partition: ``log Z_n(alpha)`` (:func:`footrule_log_partition`); needed with
+        ``update_alpha``.
+      blocks, prefer: block or pairwise data of the augmentation (``None``: complete data).
+      num_swaps: augmentation swaps per user and step.
+      rho_steps: leap-and-shift proposals per step.
+
+    Returns:
+      ``kernel(rng_key, state) -> (state, info)`` on :class:`MallowsState` and
+      :class:`MallowsInfo`, pure and jit-able; ``vmap`` it over chains. The key is split into
+      the keys of the rho moves, the alpha move and the augmentation.
+
+    References:
+      Vitelli, Sørensen, Crispino, Frigessi, Arjas, "Probabilistic preference learning with
+      the Mallows rank model", JMLR 18(158), 2018, sec. 3.1.
+    """
+    if update_alpha and log_partition is None:
+        raise ValueError("log_partition: needed with update_alpha")
     augment = blocks is not None or prefer is not None
 
-    def kernel(state: MallowsState) -> tuple[MallowsState, MallowsInfo]:
-        key, k_rho, k_alpha, k_aug = jax.random.split(state.rng_key, 4)
+    def kernel(rng_key, state: MallowsState) -> tuple[MallowsState, MallowsInfo]:
+        k_rho, k_alpha, k_aug = jax.random.split(rng_key, 3)
         rho, alpha, D = state.rho, state.alpha, state.D
         n = rho.shape[0]
 
@@ -294,14 +388,14 @@ def build_kernel(
         if augment:
             R = augment_mh(k_aug, rho, R, alpha, num_swaps, prefer=prefer, blocks=blocks)
             D = footrule_data_matrix(R).astype(D.dtype)
-        new_state = MallowsState(rho, alpha, D, R, state.iteration + 1, key)
+        new_state = MallowsState(rho, alpha, D, R, state.iteration + 1)
         return new_state, MallowsInfo(rho_rate, alpha_accepted)
 
     return kernel
 
 
 class _MallowsData(NamedTuple):
-    """Validated inputs of :class:`MallowsMH`."""
+    """Validated inputs of :func:`mallows_mh` and :class:`MallowsMH`."""
 
     D: jax.Array
     rankings: jax.Array  # augmented data [N, n], or [0, n] for complete data
@@ -337,13 +431,111 @@ def _prepare(rankings, D, num_assessors, blocks, prefer, alpha) -> _MallowsData:
     return _MallowsData(jnp.asarray(d, ft), no_data, num_assessors, None, None)
 
 
+def _setup(rankings, *, D, num_assessors, alpha, leap_size, update_alpha, sigma_alpha,
+           alpha_rate, alpha_jump, log_partition, blocks, prefer, num_swaps, rho_steps,
+           key_importance) -> tuple[_MallowsData, Callable]:
+    """Validated data and the kernel of :func:`mallows_mh` and :class:`MallowsMH`."""
+    data = _prepare(rankings, D, num_assessors, blocks, prefer, alpha)
+    n = data.D.shape[0]
+    if not (isinstance(leap_size, int) and 1 <= leap_size < max(n, 2)):
+        raise ValueError(f"leap_size: expected an int in 1..{max(n - 1, 1)}, got {leap_size}")
+    if sigma_alpha <= 0 or alpha_rate < 0:
+        raise ValueError("sigma_alpha must be > 0 and alpha_rate >= 0")
+    lp = None
+    if update_alpha:
+        lp = log_partition
+        if isinstance(log_partition, str):
+            lp = footrule_log_partition(n, method=log_partition, key=key_importance)
+    kernel = build_kernel(
+        num_assessors=data.num_assessors,
+        leap_size=leap_size,
+        update_alpha=update_alpha,
+        sigma_alpha=sigma_alpha,
+        alpha_rate=alpha_rate,
+        alpha_jump=alpha_jump,
+        log_partition=lp,
+        blocks=data.blocks,
+        prefer=data.prefer,
+        num_swaps=n if num_swaps is None else num_swaps,
+        rho_steps=rho_steps,
+    )
+    return data, kernel
+
+
+def mallows_mh(
+    rankings=None,
+    *,
+    D=None,
+    num_assessors=None,
+    alpha: float = 1.0,
+    leap_size: int = 1,
+    update_alpha: bool = False,
+    sigma_alpha: float = 0.1,
+    alpha_rate: float = 0.1,
+    alpha_jump: int = 1,
+    log_partition="exact",
+    blocks=None,
+    prefer=None,
+    num_swaps: int | None = None,
+    rho_steps: int = 1,
+    key_importance=None,
+) -> SamplingAlgorithm:
+    """Metropolis-Hastings for the Bayesian Mallows model (footrule), BlackJAX style.
+
+    Args:
+      rankings: complete rankings ``[N, n]`` (or the initial augmented data with
+        ``blocks``/``prefer``); or pass ``D`` and ``num_assessors`` instead.
+      D: ``[n, n]`` data matrix, with ``num_assessors``, in place of ``rankings``.
+      num_assessors: ``N`` when ``D`` is given.
+      alpha: fixed scale, or the initial one when ``update_alpha``; the default of ``init``.
+      leap_size: ``L`` of leap-and-shift.
+      update_alpha: log-normal random walk (sd ``sigma_alpha``) on alpha with an
+        Exponential(``alpha_rate``) prior, every ``alpha_jump`` iterations.
+      sigma_alpha, alpha_rate, alpha_jump: as for ``update_alpha``.
+      log_partition: ``"exact"``, ``"importance"`` or a :class:`FootruleLogPartition`.
+      blocks, prefer: partial / click / pairwise data, augmented with ``num_swaps`` Metropolis
+        swaps per user and iteration (default ``n``).
+      num_swaps: as for ``blocks``/``prefer``.
+      rho_steps: leap-and-shift proposals per iteration.
+      key_importance: PRNG key of ``log_partition="importance"``.
+
+    Returns:
+      A :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm`: ``init(position)`` with
+      ``position = {"rho": int[n]}`` or ``{"rho": ..., "alpha": ...}`` (``alpha`` defaults to
+      the ``alpha`` above; :func:`init` on this data) and ``step(rng_key, state)``
+      (:func:`build_kernel`).
+
+    References:
+      Vitelli, Sørensen, Crispino, Frigessi, Arjas, "Probabilistic preference learning with
+      the Mallows rank model", JMLR 18(158), 2018.
+    """
+    data, kernel = _setup(
+        rankings, D=D, num_assessors=num_assessors, alpha=alpha, leap_size=leap_size,
+        update_alpha=update_alpha, sigma_alpha=sigma_alpha, alpha_rate=alpha_rate,
+        alpha_jump=alpha_jump, log_partition=log_partition, blocks=blocks, prefer=prefer,
+        num_swaps=num_swaps, rho_steps=rho_steps, key_importance=key_importance,
+    )
+
+    def init_fn(position) -> MallowsState:
+        if not (hasattr(position, "keys") and "rho" in position.keys()):
+            raise TypeError(f"position: expected a mapping with 'rho' (and optionally "
+                            f"'alpha'), got {type(position).__name__}")
+        position = {"alpha": alpha, **position}
+        return init(position, data.D, data.rankings)
+
+    return SamplingAlgorithm(init_fn, kernel)
+
+
 class MallowsMHState(NamedTuple):
-    """The state :class:`MallowsMH` hands to ``numpyro.infer.MCMC``: the chain and the info of
-    its last step. Its ``position`` is the ``sample_field``; collect diagnostics with e.g.
+    """The state :class:`MallowsMH` hands to ``numpyro.infer.MCMC``: the chain, the info of
+    its last step and the key of the next step (NumPyro's kernels keep ``rng_key`` in their
+    state; ``MCMC.run`` after ``MCMC.warmup`` replaces it). Its ``position`` is the
+    ``sample_field``; collect diagnostics with e.g.
     ``extra_fields=("info.rho_acceptance_rate",)``."""
 
     chain: MallowsState
     info: MallowsInfo
+    rng_key: jax.Array
 
     @property
     def position(self) -> dict:
@@ -353,22 +545,17 @@ class MallowsMHState(NamedTuple):
 class MallowsMH(MCMCKernel):
     """Metropolis-Hastings for the Bayesian Mallows model (footrule), for ``numpyro.infer.MCMC``.
 
-    :param rankings: complete rankings ``[N, n]`` (or the initial augmented data with
-        ``blocks``/``prefer``), or pass ``D`` and ``num_assessors`` instead.
-    :param alpha: fixed scale, or the initial one when ``update_alpha``.
-    :param leap_size: ``L`` of leap-and-shift.
-    :param update_alpha: log-normal random walk (sd ``sigma_alpha``) on alpha with an
-        Exponential(``alpha_rate``) prior, every ``alpha_jump`` iterations.
-    :param log_partition: ``"exact"``, ``"importance"`` or a :class:`FootruleLogPartition`.
-    :param blocks, prefer: partial / click / pairwise data, augmented with ``num_swaps``
-        Metropolis swaps per user and iteration (default ``n``).
-    :param rho_steps: leap-and-shift proposals per iteration.
-    :param key_importance: PRNG key of ``log_partition="importance"``.
+    A thin adapter over :func:`mallows_mh` (:func:`init` and :func:`build_kernel`) that keeps
+    NumPyro's kernel contract: ``init(rng_key, num_warmup, init_params, model_args,
+    model_kwargs)`` and ``sample(state, model_args, model_kwargs)`` on a
+    :class:`MallowsMHState` that carries its ``rng_key``. Samples are
+    ``{"rho": int32[n], "alpha": float}``. With ``chain_method="vectorized"`` the states carry
+    a leading chain axis and the kernel is vmapped over it.
 
-    A thin adapter over the pure :func:`init` and :func:`build_kernel`: samples are
-    ``{"rho": int32[n], "alpha": float}``, the state is a :class:`MallowsMHState`. With
-    ``chain_method="vectorized"`` the states carry a leading chain axis and the kernel is
-    vmapped over it.
+    Args:
+      rankings, D, num_assessors, alpha, leap_size, update_alpha, sigma_alpha, alpha_rate,
+        alpha_jump, log_partition, blocks, prefer, num_swaps, rho_steps, key_importance: as in
+        :func:`mallows_mh`.
     """
 
     sample_field = "position"
@@ -392,35 +579,27 @@ class MallowsMH(MCMCKernel):
         rho_steps: int = 1,
         key_importance=None,
     ):
-        self.data = _prepare(rankings, D, num_assessors, blocks, prefer, alpha)
-        n = self.data.D.shape[0]
-        if not (isinstance(leap_size, int) and 1 <= leap_size < max(n, 2)):
-            raise ValueError(f"leap_size: expected an int in 1..{max(n - 1, 1)}, got {leap_size}")
-        if sigma_alpha <= 0 or alpha_rate < 0:
-            raise ValueError("sigma_alpha must be > 0 and alpha_rate >= 0")
-        lp = None
-        if update_alpha:
-            lp = log_partition
-            if isinstance(log_partition, str):
-                lp = footrule_log_partition(n, method=log_partition, key=key_importance)
-        self.alpha = alpha
-        self.kernel = build_kernel(
-            num_assessors=self.data.num_assessors,
-            leap_size=leap_size,
-            update_alpha=update_alpha,
-            sigma_alpha=sigma_alpha,
-            alpha_rate=alpha_rate,
-            alpha_jump=alpha_jump,
-            log_partition=lp,
-            blocks=self.data.blocks,
-            prefer=self.data.prefer,
-            num_swaps=n if num_swaps is None else num_swaps,
-            rho_steps=rho_steps,
+        self.data, self.kernel = _setup(
+            rankings, D=D, num_assessors=num_assessors, alpha=alpha, leap_size=leap_size,
+            update_alpha=update_alpha, sigma_alpha=sigma_alpha, alpha_rate=alpha_rate,
+            alpha_jump=alpha_jump, log_partition=log_partition, blocks=blocks, prefer=prefer,
+            num_swaps=num_swaps, rho_steps=rho_steps, key_importance=key_importance,
         )
+        self.alpha = alpha
 
     def init_chain(self, rng_key, rho=None) -> MallowsState:
-        """:func:`init` on this kernel's data (one chain; ``vmap`` it over keys)."""
-        return init(rng_key, self.data.D, self.data.rankings, self.alpha, rho)
+        """:func:`init` on this kernel's data at ``rho``, or at a uniformly random permutation
+        drawn with ``rng_key`` (one chain; ``vmap`` it over keys)."""
+        n = self.data.D.shape[0]
+        if rho is None:
+            rho = jax.random.permutation(rng_key, n).astype(jnp.int32) + 1
+        return init({"rho": rho, "alpha": self.alpha}, self.data.D, self.data.rankings)
+
+    def _init_one(self, rng_key, rho=None) -> MallowsMHState:
+        k_chain, k_run = jax.random.split(rng_key)
+        chain = self.init_chain(k_chain, rho)
+        no_info = MallowsInfo(jnp.float32(0.0), jnp.float32(0.0))
+        return MallowsMHState(chain, no_info, k_run)
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         rho0 = None
@@ -431,19 +610,19 @@ class MallowsMH(MCMCKernel):
             if rho0 is not None:
                 validate_permutation(rho0, self.data.D.shape[0], zero_based=False,
                                      name="init_params")
-            chain = self.init_chain(rng_key, rho0)
-        elif rho0 is None:
-            chain = jax.vmap(self.init_chain)(rng_key)
-        else:
-            chain = jax.vmap(self.init_chain)(rng_key, rho0)
-        no_info = MallowsInfo(jnp.zeros_like(chain.iteration, jnp.float32),
-                              jnp.zeros_like(chain.iteration, jnp.float32))
-        return MallowsMHState(chain, no_info)
+            return self._init_one(rng_key, rho0)
+        if rho0 is None:
+            return jax.vmap(self._init_one)(rng_key)
+        return jax.vmap(self._init_one)(rng_key, rho0)
+
+    def _sample_one(self, state: MallowsMHState) -> MallowsMHState:
+        rng_key, k_step = jax.random.split(state.rng_key)
+        chain, info = self.kernel(k_step, state.chain)
+        return MallowsMHState(chain, info, rng_key)
 
     def sample(self, state, model_args, model_kwargs):
         batched = state.chain.rho.ndim == 2  # chain_method="vectorized"
-        kernel = jax.vmap(self.kernel) if batched else self.kernel
-        return MallowsMHState(*kernel(state.chain))
+        return jax.vmap(self._sample_one)(state) if batched else self._sample_one(state)
 
     def get_diagnostics_str(self, state):
         return f"acc. rho {float(jnp.mean(state.info.rho_acceptance_rate)):.2f}"
@@ -478,50 +657,67 @@ def run_mallows_mcmc(
     key_importance=None,
     **kernel_kwargs,
 ) -> MCMCResult:
-    """Run ``num_chains`` chains of :func:`build_kernel` with ``vmap`` inside one ``lax.scan``
-    (no NumPyro driver overhead). Keeps every ``thin``-th state after ``num_warmup``. Takes
-    the arguments of :class:`MallowsMH`."""
+    """Runs vectorised chains of :class:`MallowsMH` inside one ``lax.scan``, without NumPyro's
+    driver.
+
+    With ``thin=1`` and ``num_chains > 1`` the draws equal those of
+    ``numpyro.infer.MCMC(MallowsMH(...), num_warmup=num_warmup, num_samples=num_samples,
+    num_chains=num_chains, chain_method="vectorized").run(key)``.
+
+    Args:
+      key: PRNG key, split into one key per chain.
+      rankings, D, num_assessors, alpha, key_importance, **kernel_kwargs: as in
+        :func:`mallows_mh`.
+      num_chains: chains, from uniformly random permutations.
+      num_samples: draws kept per chain.
+      num_warmup: steps dropped per chain first.
+      thin: steps per kept draw.
+
+    Returns:
+      An :class:`MCMCResult`.
+    """
     mh = MallowsMH(
         rankings, D=D, num_assessors=num_assessors, alpha=alpha,
         key_importance=key_importance, **kernel_kwargs,
     )
-    states = jax.vmap(mh.init_chain)(jax.random.split(key, num_chains))
-    return _run_scan(jax.vmap(mh.kernel), states, num_samples, num_warmup, thin)
+    state = mh.init(jax.random.split(key, num_chains), num_warmup, None, (), {})
+    return _run_scan(lambda s: mh.sample(s, (), {}), state, num_samples, num_warmup, thin)
 
 
-def _run_scan(kernel, state0: MallowsState, num_samples, num_warmup, thin):
-    n = state0.rho.shape[-1]
-    augmented = state0.rankings.shape[-2] > 0
+def _run_scan(sample, state0: MallowsMHState, num_samples, num_warmup, thin):
+    n = state0.chain.rho.shape[-1]
+    augmented = state0.chain.rankings.shape[-2] > 0
 
     def step(_, state):
-        return kernel(state)[0]
+        return sample(state)
 
     @jax.jit
     def go(state):
         def thin_step(carry, _):
             s, counts = carry
             s = jax.lax.fori_loop(0, thin - 1, step, s)
-            s, info = kernel(s)
+            s = sample(s)
             if augmented:  # per-user rank counts, summed over chains
-                counts = counts + jax.nn.one_hot(s.rankings - 1, n, dtype=jnp.float32).sum(0)
-            return (s, counts), (s.rho, s.alpha, info)
+                counts = counts + jax.nn.one_hot(s.chain.rankings - 1, n,
+                                                 dtype=jnp.float32).sum(0)
+            return (s, counts), (s.chain.rho, s.chain.alpha, s.info)
 
         state = jax.lax.fori_loop(0, num_warmup, step, state)
-        N = state.rankings.shape[-2]
+        N = state.chain.rankings.shape[-2]
         (state, counts), trace = jax.lax.scan(
             thin_step, (state, jnp.zeros((N, n, n), jnp.float32)), None, length=num_samples
         )
         return state, counts, trace
 
     state, counts, (rho, alpha, info) = go(state0)
-    C = state0.rho.shape[0]
+    C = state0.chain.rho.shape[0]
     return MCMCResult(
         jnp.swapaxes(rho, 0, 1),
         jnp.swapaxes(alpha, 0, 1),
         info.rho_acceptance_rate.mean(),
         info.alpha_accepted.mean(),
         counts / (num_samples * C),
-        state,
+        state.chain,
     )
 
 

@@ -259,9 +259,12 @@ class PseudoMallows(Distribution):
             raise ValueError(f"D: expected a square [n, n] data matrix, got shape {shape}")
         if jnp.shape(order) != shape[:1]:
             raise ValueError(f"order: expected shape {shape[:1]}, got {jnp.shape(order)}")
-        self.alpha = jnp.asarray(alpha, ft)
-        self.D = jnp.asarray(D, ft)
-        self.order = jnp.asarray(order, jnp.int32)
+        # Constants stay concrete under jit, so validate_args checks them there too, as
+        # NumPyro's own distributions do; traced parameters are not checked.
+        with jax.ensure_compile_time_eval():
+            self.alpha = jnp.asarray(alpha, ft)
+            self.D = jnp.asarray(D, ft)
+            self.order = jnp.asarray(order, jnp.int32)
         super().__init__(batch_shape=(), event_shape=shape[:1], validate_args=validate_args)
 
     @property

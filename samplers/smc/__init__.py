@@ -3,16 +3,17 @@ persistent, reweighted particle system (arXiv 2601.22003).
 
 :mod:`weights` (normalised log-weights, ESS, the incremental weights of both SOSMC variants),
 :mod:`resampling` (multinomial, the default; stratified; systematic), :mod:`moves` (ULA, MALA,
-RWM, HMC for one particle of a potential ``U(theta, x)``), :mod:`objectives` (gradient
-estimators: the weighted mean of ``grad_theta U``, the reward-tuning covariance form),
-:mod:`sosmc` (the algorithm: ``sosmc(...) -> (init, step)``, :class:`SOSMCState`,
-:class:`SOSMCInfo`, ``run``), :mod:`baselines` (ImpDiff and SOUL in the same API, the SOSMC
-authors' forms by default) and :mod:`problems` (MMLE and reward-tuning test problems).
+RWM, HMC for one particle of a potential ``U(theta, x)``, and ``move_algorithm`` for one move
+as a chain), :mod:`objectives` (gradient estimators: the weighted mean of ``grad_theta U``, the
+reward-tuning covariance form), :mod:`sosmc` (the algorithm: ``init``, ``build_kernel``,
+``sosmc(...) -> SamplingAlgorithm``, :class:`SOSMCState`, :class:`SOSMCInfo`, and the driver
+``run``), :mod:`baselines` (ImpDiff and SOUL in the same API, the SOSMC authors' forms by
+default) and :mod:`problems` (MMLE and reward-tuning test problems).
 """
 
 from jaxlib_ext.samplers.smc import baselines, moves, objectives, problems, resampling, weights
 from jaxlib_ext.samplers.smc.baselines import impdiff, soul
-from jaxlib_ext.samplers.smc.moves import MoveInfo, hmc, mala, rwm, ula
+from jaxlib_ext.samplers.smc.moves import MoveInfo, MoveState, hmc, mala, move_algorithm, rwm, ula
 from jaxlib_ext.samplers.smc.objectives import reward_tuning_grad, weighted_potential_grad
 from jaxlib_ext.samplers.smc.problems import (
     Problem,
@@ -24,7 +25,7 @@ from jaxlib_ext.samplers.smc.problems import (
 from jaxlib_ext.samplers.smc.resampling import multinomial, resample, stratified, systematic
 from jaxlib_ext.samplers.smc.sosmc import (
     NonFiniteError,
-    SOSMCAlgorithm,
+    RunResult,
     SOSMCInfo,
     SOSMCState,
     run,
@@ -34,9 +35,10 @@ from jaxlib_ext.samplers.smc.weights import ess, normalize, ula_log_increment
 
 __all__ = [
     "MoveInfo",
+    "MoveState",
     "NonFiniteError",
     "Problem",
-    "SOSMCAlgorithm",
+    "RunResult",
     "SOSMCInfo",
     "SOSMCState",
     "baselines",
@@ -47,6 +49,7 @@ __all__ = [
     "impdiff",
     "mala",
     "mixture2d_reward",
+    "move_algorithm",
     "moves",
     "multinomial",
     "normalize",

@@ -1,11 +1,10 @@
-"""Stochastic-approximation baselines of SOSMC (arXiv 2601.22003) in the same API: an
-:class:`~.sosmc.SOSMCAlgorithm` over :class:`~.sosmc.SOSMCState` / :class:`~.sosmc.SOSMCInfo`,
-driven by :func:`~.sosmc.run`. Neither has weights: the log-weights stay uniform, ``ess`` is
-the number of particles (chains) and ``log_z_increment`` is NaN.
+"""Stochastic-approximation baselines of SOSMC (arXiv 2601.22003) in the same API: a
+:class:`~jaxlib_ext.samplers.base.SamplingAlgorithm` over :class:`~.sosmc.SOSMCState` /
+:class:`~.sosmc.SOSMCInfo`, driven by :func:`~.sosmc.run`. Neither has weights: the log-weights
+stay uniform, ``ess`` is the number of particles (chains) and ``log_z_increment`` is NaN.
 
 The defaults follow the SOSMC authors' baselines (their reward-tuning notebook,
-``reward_tuning/langevin_processes/experiments.ipynb``); the library's earlier forms are named
-options.
+``reward_tuning/langevin_processes/experiments.ipynb``); our forms are named options.
 
 * **ImpDiff** (single loop; Marion et al. 2024, "Implicit diffusion", arXiv 2402.05468): per
   outer step, one ULA step (K.1) per particle at ``theta_k``, then the gradient from the
@@ -40,18 +39,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxlib_ext.samplers.base import SamplingAlgorithm
 from jaxlib_ext.samplers.smc.moves import ula
 from jaxlib_ext.samplers.smc.objectives import weighted_potential_grad
 from jaxlib_ext.samplers.smc.sosmc import (
-    SOSMCAlgorithm,
     SOSMCInfo,
     SOSMCState,
+    check_callables,
     check_common,
-    init_state,
+    init,
     is_finite_state,
 )
 
-__all__ = ["IMPDIFF_ORDERS", "impdiff", "soul"]
+__all__ = ["IMPDIFF_ORDERS", "build_impdiff_kernel", "build_soul_kernel", "impdiff", "soul"]
 
 #: ``"move_first"``: the SOSMC authors' ImpDiff; ``"grad_first"``: ours.
 IMPDIFF_ORDERS = ("move_first", "grad_first")
@@ -65,10 +65,9 @@ def _ula_all(key, potential, params, particles, h, n):
 
 def _info(params, state, lw, particles, n):
     dt = lw.dtype
-    return SOSMCInfo(params=params, ess=jnp.asarray(n, dt), step_size=state.step_size,
+    return SOSMCInfo(ess=jnp.asarray(n, dt), step_size=state.step_size,
                      resampled=jnp.zeros((), bool), acceptance_rate=jnp.ones((), dt),
                      log_z_increment=jnp.full((), jnp.nan, dt),
-                     objective=jnp.full((), jnp.nan, dt),
                      finite=is_finite_state(params, particles, lw))
 
 
@@ -78,30 +77,39 @@ def _check_int(name, value, minimum):
     return value
 
 
-def impdiff(potential: Callable, optimizer: optax.GradientTransformation, *, num_particles: int,
-            step_size: float = 0.1, objective_grad: Callable | None = None,
-            order: str = "move_first") -> SOSMCAlgorithm:
-    """ImpDiff (module docstring): one unweighted ULA step per parameter step.
+def _init_fn(optimizer, num_particles, step_size):
+    def init_fn(position, rng_key=None) -> SOSMCState:
+        del rng_key
+        return init(position, optimizer, step_size, num_particles=num_particles)
 
-    Arguments as in :func:`~.sosmc.sosmc`; ``step_size`` is the fixed ULA step ``h``.
-    ``order``: ``"move_first"`` (the SOSMC authors' order: move at ``theta_k``, then the
-    gradient at the moved particles) or ``"grad_first"`` (ours: the gradient at the current
-    particles, then the move).
+    return init_fn
 
-    Keys: ``step(state, key)`` splits ``key`` into ``(k_move, k_grad)``; the move's key is
-    split into one key per particle.
+
+def build_impdiff_kernel(potential: Callable, optimizer: optax.GradientTransformation, *,
+                         objective_grad: Callable | None = None,
+                         order: str = "move_first") -> Callable:
+    """One ImpDiff step (module docstring) as a pure kernel on :class:`~.sosmc.SOSMCState`.
+
+    Args:
+      potential, optimizer, objective_grad, order: as in :func:`impdiff`.
+
+    Returns:
+      ``kernel(rng_key, state) -> (state, info)``; the ULA step size is ``state.step_size``
+      and the particle count is read off ``state.log_weights``. The key is split into
+      ``(k_move, k_grad)``, the move's key into one key per particle.
+
+    References:
+      Marion et al., "Implicit diffusion: efficient optimization through stochastic
+      sampling", arXiv 2402.05468.
     """
-    n, h0 = check_common(potential, optimizer, num_particles, step_size, objective_grad)
+    check_callables(potential, optimizer, objective_grad)
     if order not in IMPDIFF_ORDERS:
         raise ValueError(f"order: expected one of {IMPDIFF_ORDERS}, got {order!r}")
     grad_fn = objective_grad if objective_grad is not None else weighted_potential_grad(potential)
 
-    def init(params, particles, key=None):
-        del key
-        return init_state(optimizer, n, params, particles, h0)
-
-    def step(state: SOSMCState, key):
-        k_move, k_grad = jax.random.split(key)
+    def kernel(rng_key, state: SOSMCState) -> tuple[SOSMCState, SOSMCInfo]:
+        n = state.log_weights.shape[0]
+        k_move, k_grad = jax.random.split(rng_key)
         w = jnp.full((n,), 1.0 / n, state.log_weights.dtype)
         moved = _ula_all(k_move, potential, state.params, state.particles, state.step_size, n)
         at = moved if order == "move_first" else state.particles
@@ -112,43 +120,66 @@ def impdiff(potential: Callable, optimizer: optax.GradientTransformation, *, num
                              step=state.step + 1)
         return new, _info(params, state, state.log_weights, moved, n)
 
-    return SOSMCAlgorithm(init, step, n)
+    return kernel
 
 
-def soul(potential: Callable, optimizer: optax.GradientTransformation, *,
-         num_inner_steps: int = 50, num_chains: int = 1, burn_in: int = 0,
-         step_size: float = 0.1, objective_grad: Callable | None = None) -> SOSMCAlgorithm:
-    """SOUL (module docstring): ``num_inner_steps`` ULA steps per parameter step on
-    ``num_chains`` persistent chains, the gradient averaged over the path after ``burn_in``.
+def impdiff(potential: Callable, optimizer: optax.GradientTransformation, *, num_particles: int,
+            step_size: float = 0.1, objective_grad: Callable | None = None,
+            order: str = "move_first") -> SamplingAlgorithm:
+    """ImpDiff (module docstring): one unweighted ULA step per parameter step.
 
     Args:
-      potential, optimizer, step_size, objective_grad: as in :func:`~.sosmc.sosmc`;
-        ``step_size`` is the fixed ULA step ``h``.
-      num_inner_steps: ``M >= 1`` ULA steps per outer step (50 by default, as in the authors'
-        ``soul``; their experiments use SOSMC's particle count).
-      num_chains: ``C >= 1`` chains; ``1`` (default) is the authors' single chain, ``C = N``
-        our ``N`` persistent chains. The particles given to ``init`` have leading axis ``C``.
-      burn_in: ``0 <= b < M`` path points dropped per chain and outer step (0 by default, as in
-        the authors' ``soul``; their experiments use ``M / 2``).
+      potential, optimizer, num_particles, objective_grad: as in :func:`~.sosmc.sosmc`.
+      step_size: the fixed ULA step ``h``.
+      order: ``"move_first"`` (the SOSMC authors' order: move at ``theta_k``, then the
+        gradient at the moved particles) or ``"grad_first"`` (ours: the gradient at the
+        current particles, then the move).
 
-    Keys: ``step(state, key)`` splits ``key`` into ``(k_inner, k_grad)``; ``k_inner`` into
-    ``M`` keys, one per inner step, each split into one key per chain.
+    Returns:
+      A :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm`: ``init(position, rng_key=None)``
+      with ``position = (params, particles)`` (:func:`~.sosmc.init`) and
+      ``step(rng_key, state)`` (:func:`build_impdiff_kernel`).
+
+    References:
+      Marion et al., "Implicit diffusion: efficient optimization through stochastic
+      sampling", arXiv 2402.05468.
+    """
+    n, h0 = check_common(potential, optimizer, num_particles, step_size, objective_grad)
+    kernel = build_impdiff_kernel(potential, optimizer, objective_grad=objective_grad,
+                                  order=order)
+    return SamplingAlgorithm(_init_fn(optimizer, n, h0), kernel)
+
+
+def build_soul_kernel(potential: Callable, optimizer: optax.GradientTransformation, *,
+                      num_inner_steps: int = 50, burn_in: int = 0,
+                      objective_grad: Callable | None = None) -> Callable:
+    """One SOUL outer step (module docstring) as a pure kernel on
+    :class:`~.sosmc.SOSMCState`.
+
+    Args:
+      potential, optimizer, num_inner_steps, burn_in, objective_grad: as in :func:`soul`.
+
+    Returns:
+      ``kernel(rng_key, state) -> (state, info)``; the ULA step size is ``state.step_size``
+      and the chain count ``C`` is read off ``state.log_weights``. The key is split into
+      ``(k_inner, k_grad)``, ``k_inner`` into ``M`` keys, one per inner step, each split into
+      one key per chain.
+
+    References:
+      De Bortoli, Durmus, Pereyra, Vidal, "Efficient stochastic optimisation by unadjusted
+      Langevin Monte Carlo", arXiv 2003.11475.
     """
     m = _check_int("num_inner_steps", num_inner_steps, 1)
-    c = _check_int("num_chains", num_chains, 1)
     b = _check_int("burn_in", burn_in, 0)
     if b >= m:
         raise ValueError(f"burn_in: expected < num_inner_steps={m}, got {burn_in!r}")
-    _, h0 = check_common(potential, optimizer, None, step_size, objective_grad)
+    check_callables(potential, optimizer, objective_grad)
     grad_fn = objective_grad if objective_grad is not None else weighted_potential_grad(potential)
-    used = (m - b) * c
 
-    def init(params, particles, key=None):
-        del key
-        return init_state(optimizer, c, params, particles, h0)
-
-    def step(state: SOSMCState, key):
-        k_inner, k_grad = jax.random.split(key)
+    def kernel(rng_key, state: SOSMCState) -> tuple[SOSMCState, SOSMCInfo]:
+        c = state.log_weights.shape[0]
+        used = (m - b) * c
+        k_inner, k_grad = jax.random.split(rng_key)
 
         def inner(x, k):
             x = _ula_all(k, potential, state.params, x, state.step_size, c)
@@ -164,4 +195,38 @@ def soul(potential: Callable, optimizer: optax.GradientTransformation, *,
                              step=state.step + 1)
         return new, _info(params, state, state.log_weights, last, c)
 
-    return SOSMCAlgorithm(init, step, c)
+    return kernel
+
+
+def soul(potential: Callable, optimizer: optax.GradientTransformation, *,
+         num_inner_steps: int = 50, num_chains: int = 1, burn_in: int = 0,
+         step_size: float = 0.1, objective_grad: Callable | None = None) -> SamplingAlgorithm:
+    """SOUL (module docstring): ``num_inner_steps`` ULA steps per parameter step on
+    ``num_chains`` persistent chains, the gradient averaged over the path after ``burn_in``.
+
+    Args:
+      potential, optimizer, objective_grad: as in :func:`~.sosmc.sosmc`.
+      num_inner_steps: ``M >= 1`` ULA steps per outer step (50 by default, as in the authors'
+        ``soul``; their experiments use SOSMC's particle count).
+      num_chains: ``C >= 1`` chains; ``1`` (default) is the authors' single chain, ``C = N``
+        our ``N`` persistent chains. The particles of ``init``'s position have leading axis
+        ``C``.
+      burn_in: ``0 <= b < M`` path points dropped per chain and outer step (0 by default, as in
+        the authors' ``soul``; their experiments use ``M / 2``).
+      step_size: the fixed ULA step ``h``.
+
+    Returns:
+      A :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm`: ``init(position, rng_key=None)``
+      with ``position = (params, particles)`` (:func:`~.sosmc.init`) and
+      ``step(rng_key, state)`` (:func:`build_soul_kernel`).
+
+    References:
+      De Bortoli, Durmus, Pereyra, Vidal, "Efficient stochastic optimisation by unadjusted
+      Langevin Monte Carlo", arXiv 2003.11475.
+    """
+    _check_int("num_inner_steps", num_inner_steps, 1)
+    c = _check_int("num_chains", num_chains, 1)
+    _, h0 = check_common(potential, optimizer, None, step_size, objective_grad)
+    kernel = build_soul_kernel(potential, optimizer, num_inner_steps=num_inner_steps,
+                               burn_in=burn_in, objective_grad=objective_grad)
+    return SamplingAlgorithm(_init_fn(optimizer, c, h0), kernel)

@@ -24,18 +24,30 @@ meant to be ``vmap``-ed over particles. ``pi_theta ∝ exp(-U_theta)``; ``h = st
 MALA, RWM and HMC leave ``pi_theta`` invariant; they are the moves of the invariant SOSMC
 variant (arXiv 2601.22003, the "invariant kernel" case). ULA is the move of the ULA variant,
 whose weights (``weights.ula_log_increment``) correct its bias.
+
+:func:`move_algorithm` runs one move as a chain of its own with ``theta`` fixed: a
+:class:`~jaxlib_ext.samplers.base.SamplingAlgorithm` over :class:`MoveState` and
+:class:`MoveInfo`, the kernel contract of :mod:`jaxlib_ext.samplers.base`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-__all__ = ["MOVES", "MoveInfo", "hmc", "mala", "rwm", "ula"]
+from jaxlib_ext.samplers.base import SamplingAlgorithm
+
+__all__ = ["MOVES", "MoveInfo", "MoveState", "hmc", "mala", "move_algorithm", "rwm", "ula"]
+
+
+class MoveState(NamedTuple):
+    """One chain of a move: its position ``x`` (any pytree of float arrays)."""
+
+    position: Any
 
 
 class MoveInfo(NamedTuple):
@@ -62,7 +74,18 @@ def _mh(key, log_ratio, x, x_prop):
 
 
 def ula(key, potential: Callable, params, x, step_size):
-    """One ULA step (K.1)."""
+    """One ULA step (K.1).
+
+    Args:
+      key: PRNG key of the Gaussian noise.
+      potential: ``U(params, x) -> scalar``.
+      params: ``theta``.
+      x: the particle (a pytree).
+      step_size: ``h > 0``.
+
+    Returns:
+      ``(x', MoveInfo)`` with acceptance 1.
+    """
     v, unravel, u = _flat(potential, params, x)
     g = jax.grad(u)(v)
     v_new = v - step_size * g + jnp.sqrt(2.0 * step_size) * jax.random.normal(key, v.shape,
@@ -71,7 +94,15 @@ def ula(key, potential: Callable, params, x, step_size):
 
 
 def mala(key, potential: Callable, params, x, step_size):
-    """One MALA step (K.2)."""
+    """One MALA step (K.2); leaves ``pi_theta`` invariant.
+
+    Args:
+      key: PRNG key, split into the proposal's and the acceptance's.
+      potential, params, x, step_size: as in :func:`ula`.
+
+    Returns:
+      ``(x', MoveInfo)``.
+    """
     v, unravel, u = _flat(potential, params, x)
     k_prop, k_acc = jax.random.split(key)
     u0, g0 = jax.value_and_grad(u)(v)
@@ -89,7 +120,15 @@ def mala(key, potential: Callable, params, x, step_size):
 
 
 def rwm(key, potential: Callable, params, x, step_size):
-    """One random-walk Metropolis step, proposal ``N(x, 2h I)``."""
+    """One random-walk Metropolis step, proposal ``N(x, 2h I)``; leaves ``pi_theta`` invariant.
+
+    Args:
+      key: PRNG key, split into the proposal's and the acceptance's.
+      potential, params, x, step_size: as in :func:`ula`.
+
+    Returns:
+      ``(x', MoveInfo)``.
+    """
     v, unravel, u = _flat(potential, params, x)
     k_prop, k_acc = jax.random.split(key)
     prop = v + jnp.sqrt(2.0 * step_size) * jax.random.normal(k_prop, v.shape, v.dtype)
@@ -98,7 +137,17 @@ def rwm(key, potential: Callable, params, x, step_size):
 
 
 def hmc(key, potential: Callable, params, x, step_size, num_integration_steps: int = 5):
-    """One HMC step: ``num_integration_steps`` leapfrog steps of size ``sqrt(2h)``."""
+    """One HMC step: ``num_integration_steps`` leapfrog steps of size ``sqrt(2h)``; leaves
+    ``pi_theta`` invariant.
+
+    Args:
+      key: PRNG key, split into the momentum's and the acceptance's.
+      potential, params, x, step_size: as in :func:`ula`.
+      num_integration_steps: leapfrog steps, an int >= 1.
+
+    Returns:
+      ``(x', MoveInfo)``.
+    """
     if not isinstance(num_integration_steps, int) or num_integration_steps < 1:
         raise ValueError(f"num_integration_steps: expected an int >= 1, "
                          f"got {num_integration_steps!r}")
@@ -124,3 +173,37 @@ def hmc(key, potential: Callable, params, x, step_size, num_integration_steps: i
 
 
 MOVES = {"ula": ula, "mala": mala, "rwm": rwm, "hmc": hmc}
+
+
+def move_algorithm(move: str | Callable, potential: Callable, params, step_size
+                   ) -> SamplingAlgorithm:
+    """One move as a chain kernel on ``pi_theta`` with ``theta = params`` fixed.
+
+    Args:
+      move: ``"ula"``, ``"mala"``, ``"rwm"``, ``"hmc"`` or a callable
+        ``kernel(key, potential, params, x, step_size) -> (x, MoveInfo)``.
+      potential: ``U(params, x) -> scalar``.
+      params: ``theta``.
+      step_size: ``h > 0``.
+
+    Returns:
+      A :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm`: ``init(position)`` gives a
+      :class:`MoveState` and ``step(rng_key, state) -> (MoveState, MoveInfo)``.
+    """
+    if callable(move):
+        kernel = move
+    elif move in MOVES:
+        kernel = MOVES[move]
+    else:
+        raise ValueError(f"move: expected one of {sorted(MOVES)} or a callable, got {move!r}")
+    if not callable(potential):
+        raise TypeError(f"potential: expected a callable U(params, x), got {type(potential)}")
+
+    def init(position) -> MoveState:
+        return MoveState(jax.tree.map(jnp.asarray, position))
+
+    def step(rng_key, state: MoveState) -> tuple[MoveState, MoveInfo]:
+        x, info = kernel(rng_key, potential, params, state.position, step_size)
+        return MoveState(x), info
+
+    return SamplingAlgorithm(init, step)

@@ -1,5 +1,6 @@
-"""Bayesian Mallows MCMC: partition function, leap-and-shift Hastings ratio, invariance (n=5),
-alpha updates, data augmentation, recommendations and bad inputs."""
+"""Bayesian Mallows MCMC: partition function, leap-and-shift Hastings ratio, invariance (n=5,
+exact and sampled), alpha updates, data augmentation, recommendations, the kernel contract and
+NumPyro's, and bad inputs."""
 
 import chex
 import jax
@@ -12,6 +13,7 @@ from jaxlib_ext.samplers import mallows_augment as ma
 from jaxlib_ext.samplers import mallows_mcmc as mm
 from jaxlib_ext.samplers import pseudo_mallows as pm
 from jaxlib_ext.samplers import rankings as rk
+from tests.samplers._markov import assert_boltzmann_invariant
 
 N5 = 5
 PERMS5 = rk.all_permutations(N5)
@@ -176,21 +178,25 @@ def test_clicks_fit_and_recommendations():
 
 
 def test_pure_kernel_state_and_info():
-    """``init``/``build_kernel`` are pure; ``MallowsMH`` only pairs their state and info for
-    NumPyro: the same key gives the same chain through either, and ``init`` keeps no state."""
+    """``init``/``build_kernel`` are pure; ``MallowsMH`` only pairs their state and info with
+    the key for NumPyro: the same keys give the same chain through either, ``init`` keeps no
+    state, and ``mallows_mh`` is the same pair as a ``SamplingAlgorithm``."""
     R = _data()
     mh = mm.MallowsMH(R, alpha=2.0, update_alpha=True, alpha_jump=2, leap_size=2)
     keys = jax.random.split(jax.random.key(0), 3)
     first = mh.init(keys, 0, None, (), {})
     chex.assert_trees_all_equal(mh.init(keys, 0, None, (), {}), first)
-    chains = jax.vmap(lambda k: mm.init(k, mh.data.D, mh.data.rankings, 2.0))(keys)
+    chains = jax.vmap(lambda p: mm.init(p, mh.data.D, mh.data.rankings))(first.chain.position)
     chex.assert_trees_all_equal(first.chain, chains)
+    alg = mm.mallows_mh(R, alpha=2.0, update_alpha=True, alpha_jump=2, leap_size=2)
+    chex.assert_trees_all_equal(jax.vmap(alg.init)({"rho": chains.rho}), chains)
 
     @jax.jit
     def four_steps(chains, state):  # the pure kernel and the adapter side by side
         def body(carry, _):
             chains, state = carry
-            chains, info = jax.vmap(mh.kernel)(chains)
+            step_keys = jax.vmap(lambda k: jax.random.split(k)[1])(state.rng_key)
+            chains, info = jax.vmap(alg.step)(step_keys, chains)
             return (chains, mh.sample(state, (), {})), info
 
         (chains, state), info = jax.lax.scan(body, (chains, state), None, length=4)
@@ -200,9 +206,70 @@ def test_pure_kernel_state_and_info():
     chex.assert_trees_all_equal(state.chain, chains)
     chex.assert_trees_all_equal(state.info, info)
     assert isinstance(chains, mm.MallowsState) and isinstance(info, mm.MallowsInfo)
+    assert mm.MallowsState._fields == ("rho", "alpha", "D", "rankings", "iteration")
     chex.assert_shape((chains.rho, chains.alpha, info.rho_acceptance_rate), [(3, N5), (3,), (3,)])
     assert np.all(np.asarray(chains.iteration) == 4)
     assert state.position.keys() == {"rho", "alpha"}
+
+
+def _mh_transition_matrix(D, alpha, L):
+    """The exact transition matrix of one leap-and-shift MH step (alpha fixed) on the 120
+    rankings of five items, from the kernel's own deterministic move and Hastings ratio;
+    ``K[a, a]`` is left for the rejected mass."""
+    n = N5
+    S = D[np.arange(n), PERMS5 - 1].sum(-1)
+    moves = [(a, u, r, len(window))
+             for a, rho in enumerate(PERMS5) for u in range(n)
+             for window in [[r for r in range(max(1, rho[u] - L), min(n, rho[u] + L) + 1)
+                             if r != rho[u]]]
+             for r in window]
+    a, u, r, size = (np.array(c) for c in zip(*moves))
+    new, log_ratio = jax.vmap(lambda p, i, j: mm.leap_and_shift_move(p, i, j, L))(
+        jnp.asarray(PERMS5[a]), jnp.asarray(u), jnp.asarray(r))
+    b = np.array([INDEX5[tuple(x)] for x in np.asarray(new)])
+    dlog = -(alpha / n) * (S[b] - S[a]) + np.asarray(log_ratio, np.float64)
+    K = np.zeros((120, 120))
+    np.add.at(K, (a, b), np.minimum(1.0, np.exp(dlog)) / (n * size))
+    return K, (alpha / n) * S
+
+
+@pytest.mark.parametrize("L", [1, 2])
+def test_leap_and_shift_mh_is_exactly_invariant(L):
+    """pi K = pi for the enumerated one-step kernel (pi the posterior (M.1), alpha fixed), and
+    the kernel's own draws from one state follow that row of K (20000 steps, TV < 0.02)."""
+    R = _data()
+    alpha = 2.0
+    D = np.asarray(rk.footrule_data_matrix(R), np.float64)
+    K, energies = _mh_transition_matrix(D, alpha, L)
+    assert_boltzmann_invariant(K, energies, 1.0)
+    row = K[37].copy()
+    row[37] = 1.0 - (row.sum() - row[37])
+    alg = mm.mallows_mh(R, alpha=alpha, leap_size=L)
+    state = alg.init({"rho": jnp.asarray(PERMS5[37])})
+    keys = jax.random.split(jax.random.key(L), 20_000)
+    new, _ = jax.jit(jax.vmap(alg.step, (0, None)))(keys, state)
+    codes = np.array([INDEX5[tuple(x)] for x in np.asarray(new.rho)])
+    emp = np.bincount(codes, minlength=120) / len(codes)
+    assert 0.5 * np.abs(emp - row).sum() < 0.02
+
+
+@pytest.mark.parametrize("num_chains", [1, 2])
+def test_numpyro_warmup_then_run_from_last_state_key(num_chains):
+    """NumPyro's ``test_compile_warmup_run`` idiom: ``warmup(key)`` then
+    ``run(last_state.rng_key)`` gives the draws of ``run(key)``; and ``run_mallows_mcmc`` gives
+    the draws of ``MCMC`` with vectorised chains."""
+    R = _data()
+    mcmc = MCMC(mm.MallowsMH(R, alpha=2.0, leap_size=2), num_warmup=10, num_samples=20,
+                num_chains=num_chains, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0))
+    expected = mcmc.get_samples(group_by_chain=True)["rho"]
+    mcmc.warmup(jax.random.key(0))
+    mcmc.run(mcmc.last_state.rng_key)
+    np.testing.assert_array_equal(mcmc.get_samples(group_by_chain=True)["rho"], expected)
+    if num_chains > 1:
+        res = mm.run_mallows_mcmc(jax.random.key(0), R, alpha=2.0, leap_size=2,
+                                  num_chains=num_chains, num_samples=20, num_warmup=10)
+        np.testing.assert_array_equal(res.rho, expected)
 
 
 def test_bad_inputs():
@@ -219,3 +286,14 @@ def test_bad_inputs():
         mm.MallowsMH(R, alpha=1.0).init(jax.random.key(0), 0, {"rho": [1, 1, 2, 3, 4]}, (), {})
     with pytest.raises(ValueError, match="method"):
         mm.footrule_log_partition(5, method="magic")
+    D = jnp.asarray(rk.footrule_data_matrix(R), jnp.float32)
+    with pytest.raises(TypeError, match="position"):
+        mm.init(jnp.arange(1, 6), D)
+    with pytest.raises(ValueError, match="rho"):
+        mm.init({"rho": jnp.array([1, 1, 2, 3, 4]), "alpha": 1.0}, D)
+    with pytest.raises(ValueError, match="alpha"):
+        mm.init({"rho": jnp.arange(1, 6), "alpha": -1.0}, D)
+    with pytest.raises(ValueError, match="rankings"):
+        mm.init({"rho": jnp.arange(1, 6), "alpha": 1.0}, D, jnp.zeros((2, 4), jnp.int32))
+    with pytest.raises(ValueError, match="log_partition"):
+        mm.build_kernel(num_assessors=6, update_alpha=True)

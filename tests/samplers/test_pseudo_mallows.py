@@ -153,3 +153,64 @@ def test_bad_inputs():
         pm.local_search_order(jax.random.key(0), -1.0, D, np.arange(4))
     with pytest.raises(ValueError, match="repeated"):
         pm.PseudoMallows.from_rankings(np.array([[1, 1, 2, 3]]), 1.0)
+
+
+@pytest.mark.parametrize("make", [lambda: pm.permutation(5), lambda: pm.item_order])
+def test_constraints_round_trip_as_pytrees(make):
+    """NumPyro's parametrised-constraint checks: rebuilt from its pytree, through ``jit`` and
+    ``vmap`` (in and out), equal to the original, also when compared under ``jit``."""
+    c = make()
+    rebuilt = jax.tree.unflatten(*jax.tree.flatten(c)[::-1])
+    assert isinstance(rebuilt, type(c)) and rebuilt == c and rebuilt.eq(c)
+    assert (rebuilt.n, rebuilt.start) == (c.n, c.start)
+    assert jax.jit(lambda c, x: x ** 2)(c, 1.0) == 1.0
+    assert jax.jit(lambda c, x: c)(c, 1.0).eq(c)
+    assert jax.vmap(lambda c, x: c, in_axes=(None, 0), out_axes=None)(c, jnp.ones(3)).eq(c)
+    assert bool(jax.jit(lambda a, b: a.eq(b))(c, make()))
+    assert c != 1 and not c.eq(pm.permutation(4))
+    np.testing.assert_array_equal(rebuilt(jnp.array([[2, 1, 0, 4, 3], [1, 2, 3, 4, 5]])),
+                                  c(jnp.array([[2, 1, 0, 4, 3], [1, 2, 3, 4, 5]])))
+
+
+def test_validate_args_under_jit_follows_numpyro():
+    """As NumPyro's own distributions (``Distribution.validate_args`` under
+    ``jax.ensure_compile_time_eval``): invalid constants raise at construction, also inside
+    ``jit``; traced parameters are not checked (NumPyro does not raise for its own either)."""
+    import numpyro.distributions as dist
+
+    D = rk.footrule_data_matrix(_data(5))
+    order = jnp.arange(5)
+    rho = jnp.array([2, 1, 3, 4, 5])
+    bad_alpha = jnp.array(-1.0)
+    for build, value in ((lambda: pm.PseudoMallows(-1.0, D, order, validate_args=True), rho),
+                         (lambda: pm.PseudoMallows(bad_alpha, D, order, validate_args=True), rho),
+                         (lambda: dist.Exponential(-1.0, validate_args=True), 1.0)):
+        with pytest.raises(ValueError, match="invalid"):
+            build()
+        with pytest.raises(ValueError, match="invalid"):
+            jax.jit(lambda b=build, v=value: b().log_prob(v))()
+    bad_order = jnp.zeros(5, jnp.int32)  # closed over: a constant of the trace
+    with pytest.raises(ValueError, match="invalid order"):
+        jax.jit(lambda: pm.PseudoMallows(1.0, D, bad_order, validate_args=True).log_prob(rho))()
+    # traced: neither NumPyro nor PseudoMallows checks (nor raises)
+    ours = jax.jit(lambda a: pm.PseudoMallows(a, D, order, validate_args=True).log_prob(rho))
+    theirs = jax.jit(lambda a: dist.Exponential(a, validate_args=True).log_prob(1.0))
+    assert np.isfinite(float(ours(-1.0))) and np.isnan(float(theirs(-1.0)))
+    good = jax.jit(lambda: pm.PseudoMallows(2.0, D, order, validate_args=True).log_prob(rho))()
+    np.testing.assert_allclose(good, pm.PseudoMallows(2.0, D, order).log_prob(rho), rtol=1e-6)
+
+
+def test_log_prob_grad_in_alpha_matches_finite_differences(x64):
+    """d log q_o(rho) / d alpha (PM.2) against central differences in float64, at several
+    alpha, for draws and for the consensus."""
+    D = jnp.asarray(rk.footrule_data_matrix(_data(5)), jnp.float64)
+    order = pm.v_order(D[:, 0])
+    rhos = jnp.concatenate([pm.PseudoMallows(2.0, D, order).sample(jax.random.key(0), (3,)),
+                            jnp.argsort(jnp.argsort(D[:, 0]))[None] + 1])
+    for alpha in (0.3, 2.0, 7.5):
+        for rho in rhos:
+            f = lambda a, rho=rho: pm.PseudoMallows(a, D, order).log_prob(rho)
+            eps = 1e-6
+            fd = (f(alpha + eps) - f(alpha - eps)) / (2 * eps)
+            np.testing.assert_allclose(float(jax.grad(f)(alpha)), float(fd), rtol=1e-6,
+                                       atol=1e-8)

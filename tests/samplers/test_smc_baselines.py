@@ -2,6 +2,7 @@
 SOUL with one chain (the authors' form) and ImpDiff in the authors' order (move, then the
 gradient at the moved particles); the named options and bad arguments."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +10,7 @@ import optax
 import pytest
 
 from jaxlib_ext.samplers import smc
+from jaxlib_ext.samplers.smc import baselines
 
 LR, H = 0.05, 0.1
 
@@ -34,7 +36,7 @@ def test_soul_single_chain_matches_a_hand_written_loop(burn_in):
     m, steps = 8, 12
     alg = smc.soul(p.potential, optax.sgd(LR), num_inner_steps=m, burn_in=burn_in, step_size=H)
     x0 = p.sample_initial(jax.random.key(0), 1)
-    final, infos = smc.run(alg, alg.init(p.params0, x0), steps, jax.random.key(1))
+    final, infos, params, _ = smc.run(jax.random.key(1), alg, alg.init((p.params0, x0)), steps)
 
     theta, x, thetas = p.params0, x0[0], []
     for key in jax.random.split(jax.random.key(1), steps):
@@ -46,8 +48,7 @@ def test_soul_single_chain_matches_a_hand_written_loop(burn_in):
         g = jnp.mean(jnp.stack([grad_theta(theta, xj) for xj in path[burn_in:]]))
         theta = theta - LR * g
         thetas.append(theta)
-    np.testing.assert_allclose(np.asarray(infos.params), np.asarray(thetas), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(params), np.asarray(thetas), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(final.particles[0]), np.asarray(x), rtol=1e-5,
                                atol=1e-5)
     assert final.particles.shape == x0.shape and bool(jnp.all(infos.ess == 1))
@@ -61,7 +62,7 @@ def test_impdiff_order_matches_a_hand_written_loop(order):
     n, steps = 16, 10
     alg = smc.impdiff(p.potential, optax.sgd(LR), num_particles=n, step_size=H, order=order)
     x0 = p.sample_initial(jax.random.key(3), n)
-    final, infos = smc.run(alg, alg.init(p.params0, x0), steps, jax.random.key(4))
+    final, _, params, _ = smc.run(jax.random.key(4), alg, alg.init((p.params0, x0)), steps)
 
     theta, x, thetas = p.params0, x0, []
     for key in jax.random.split(jax.random.key(4), steps):
@@ -71,8 +72,7 @@ def test_impdiff_order_matches_a_hand_written_loop(order):
         g = jnp.mean(grad_theta(theta, moved if order == "move_first" else x))
         theta, x = theta - LR * g, moved
         thetas.append(theta)
-    np.testing.assert_allclose(np.asarray(infos.params), np.asarray(thetas), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(params), np.asarray(thetas), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(final.particles), np.asarray(x), rtol=1e-5,
                                atol=1e-5)
 
@@ -84,7 +84,7 @@ def test_impdiff_orders_differ():
     out = {}
     for order in ("move_first", "grad_first"):
         alg = smc.impdiff(p.potential, optax.sgd(LR), num_particles=8, order=order)
-        out[order] = float(alg.step(alg.init(p.params0, x0), jax.random.key(1))[0].params)
+        out[order] = float(alg.step(jax.random.key(1), alg.init((p.params0, x0)))[0].params)
     assert out["move_first"] != out["grad_first"]
 
 
@@ -97,16 +97,30 @@ def test_soul_persistent_chains_use_every_chain():
     soul = smc.soul(p.potential, optax.sgd(LR), num_inner_steps=1, num_chains=n)
     imp = smc.impdiff(p.potential, optax.sgd(LR), num_particles=n)
     key = jax.random.key(5)
-    a, _ = soul.step(soul.init(p.params0, x0), key)
+    a, _ = soul.step(key, soul.init((p.params0, x0)))
     # soul splits the step key into (k_inner, k_grad) and k_inner into M = 1 keys
     k_inner, _ = jax.random.split(key)
-    b_state = imp.init(p.params0, x0)
+    b_state = imp.init((p.params0, x0))
     moved = jax.vmap(lambda k, x: smc.ula(k, p.potential, p.params0, x, 0.1)[0])(
         jax.random.split(jax.random.split(k_inner, 1)[0], n), x0)
     np.testing.assert_allclose(np.asarray(a.particles), np.asarray(moved), rtol=1e-6)
     g = jnp.mean(jax.vmap(jax.grad(p.potential), (None, 0))(p.params0, moved))
     np.testing.assert_allclose(float(a.params), float(p.params0 - LR * g), rtol=1e-5)
-    assert soul.num_particles == n and b_state.particles.shape == a.particles.shape
+    assert b_state.particles.shape == a.particles.shape == x0.shape
+
+
+def test_baselines_are_their_module_level_kernels():
+    p = smc.gaussian_mmle()
+    x0 = p.sample_initial(jax.random.key(0), 8)
+    opt = optax.sgd(LR)
+    for alg, kernel in (
+            (smc.impdiff(p.potential, opt, num_particles=8, order="grad_first"),
+             baselines.build_impdiff_kernel(p.potential, opt, order="grad_first")),
+            (smc.soul(p.potential, opt, num_inner_steps=3, num_chains=8, burn_in=1),
+             baselines.build_soul_kernel(p.potential, opt, num_inner_steps=3, burn_in=1))):
+        state = alg.init((p.params0, x0))
+        chex.assert_trees_all_equal(kernel(jax.random.key(1), state),
+                                    alg.step(jax.random.key(1), state))
 
 
 def test_baseline_bad_arguments_name_the_argument():
@@ -124,4 +138,4 @@ def test_baseline_bad_arguments_name_the_argument():
         smc.impdiff(pot, opt, num_particles=4, order="both")
     alg = smc.soul(pot, opt)
     with pytest.raises(ValueError, match="particles"):
-        alg.init(jnp.zeros(()), jnp.zeros((2, 20)))  # one chain: leading axis 1
+        alg.init((jnp.zeros(()), jnp.zeros((2, 20))))  # one chain: leading axis 1

@@ -55,20 +55,35 @@ def _gauss(theta, x):
 
 @pytest.mark.parametrize("name", ["mala", "rwm", "hmc"])
 def test_invariant_moves_keep_gaussian(name):
-    """20 steps from exact N(0, I) draws (4000 particles, d=2, h=0.3): mean within 0.1 and
-    variance within 0.1 of N(0, I) (MC std of both about 0.02)."""
-    kernel = moves.MOVES[name]
-    x = jax.random.normal(jax.random.key(0), (4000, 2))
+    """The moves that claim invariance, as chains (``move_algorithm``): 20 steps from exact
+    N(0, I) draws (4000 chains, d=2, h=0.3): mean within 0.1 and variance within 0.1 of
+    N(0, I) (MC std of both about 0.02)."""
+    alg = moves.move_algorithm(name, _gauss, 0.0, 0.3)
+    state = jax.vmap(alg.init)(jax.random.normal(jax.random.key(0), (4000, 2)))
 
-    def body(x, k):
-        ks = jax.random.split(k, x.shape[0])
-        x, info = jax.vmap(lambda kk, xx: kernel(kk, _gauss, 0.0, xx, 0.3))(ks, x)
-        return x, info.acceptance_prob.mean()
+    def body(state, k):
+        state, info = jax.vmap(alg.step)(jax.random.split(k, 4000), state)
+        return state, info.acceptance_prob.mean()
 
-    x, acc = jax.lax.scan(body, x, jax.random.split(jax.random.key(1), 20))
+    state, acc = jax.lax.scan(body, state, jax.random.split(jax.random.key(1), 20))
+    x = state.position
     np.testing.assert_allclose(np.asarray(x.mean(0)), 0.0, atol=0.1)
     np.testing.assert_allclose(np.asarray(x.var(0)), 1.0, atol=0.1)
     assert 0.3 < float(acc.mean()) <= 1.0
+
+
+def test_move_algorithm_is_the_move():
+    """``move_algorithm(...).step(key, state)`` is ``move(key, potential, params, x, h)``."""
+    x = {"u": jnp.ones(3), "v": jnp.zeros((2, 2))}
+    pot = lambda th, x: 0.5 * (jnp.sum(x["u"] ** 2) + jnp.sum(x["v"] ** 2)) * th
+    for name, kernel in moves.MOVES.items():
+        alg = moves.move_algorithm(name, pot, 1.0, 0.1)
+        state, info = alg.step(jax.random.key(3), alg.init(x))
+        want, want_info = kernel(jax.random.key(3), pot, 1.0, x, 0.1)
+        assert isinstance(state, moves.MoveState)
+        jax.tree.map(np.testing.assert_array_equal, (state.position, info), (want, want_info))
+    with pytest.raises(ValueError, match="move"):
+        moves.move_algorithm("nuts", pot, 1.0, 0.1)
 
 
 def test_moves_accept_pytrees():

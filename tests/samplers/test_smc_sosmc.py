@@ -1,6 +1,7 @@
 """SOSMC and its baselines: the frozen-parameter oracles of both variants, the MMLE toy, vmap
 over seeds, the problems' exact losses, bad arguments and the NaN stop."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +9,9 @@ import optax
 import pytest
 
 from jaxlib_ext.samplers import smc
+from jaxlib_ext.samplers.base import SamplingAlgorithm
+from jaxlib_ext.samplers.smc.sosmc import build_kernel
+from jaxlib_ext.samplers.smc.sosmc import init as sosmc_init
 
 
 def _std_normal(theta, x):
@@ -24,8 +28,8 @@ def test_frozen_params_invariant_variant_keeps_weights_exactly_uniform(move):
     p = smc.gaussian_mmle()
     n = 64
     alg = smc.sosmc(p.potential, optax.sgd(0.0), num_particles=n, move=move)
-    state = alg.init(p.params0, p.sample_initial(jax.random.key(0), n), jax.random.key(1))
-    final, infos = smc.run(alg, state, 25, jax.random.key(2))
+    state = alg.init((p.params0, p.sample_initial(jax.random.key(0), n)), jax.random.key(1))
+    final, infos, _, _ = smc.run(jax.random.key(2), alg, state, 25)
     lw = final.log_weights
     assert bool(jnp.all(lw == lw[0]))
     w = jax.nn.softmax(lw)
@@ -45,15 +49,15 @@ def test_frozen_params_ula_variant_oracle():
     x0 = jax.random.normal(jax.random.key(0), (n, 2))
     alg = smc.sosmc(_std_normal, optax.sgd(0.0), num_particles=n, variant="ula", step_size=h,
                     resample_threshold=1e-6)
-    state = alg.init(jnp.zeros(()), x0)
+    state = alg.init((jnp.zeros(()), x0))
 
     def moments(st):
         w = jax.nn.softmax(st.log_weights)
         m = w @ st.particles
         return m, w @ (st.particles - m) ** 2
 
-    one, _ = alg.step(state, jax.random.key(1))
-    final, infos = smc.run(alg, state, 40, jax.random.key(2))
+    one, _ = alg.step(jax.random.key(1), state)
+    final, infos, _, _ = smc.run(jax.random.key(2), alg, state, 40)
     for st in (one, final):
         m, v = moments(st)
         np.testing.assert_allclose(np.asarray(m), 0.0, atol=0.03)
@@ -74,11 +78,12 @@ def test_mmle_toy_converges_to_mean_of_y(variant):
     lr = optax.linear_schedule(0.01, 0.001, 1500)
     alg = smc.sosmc(p.potential, optax.sgd(lr), num_particles=n, variant=variant,
                     adapt_factor=1.0)
-    state = alg.init(p.params0, p.sample_initial(jax.random.key(1), n))
-    final, infos = jax.jit(lambda s, k: smc.run(alg, s, 1500, k))(state, jax.random.key(10))
+    state = alg.init((p.params0, p.sample_initial(jax.random.key(1), n)))
+    final, infos, params, _ = jax.jit(lambda k, s: smc.run(k, alg, s, 1500))(
+        jax.random.key(10), state)
     star = float(p.extra["theta_star"])
     assert abs(float(final.params) - star) < 1e-2
-    assert abs(float(infos.params[-300:].mean()) - star) < 1e-2
+    assert abs(float(params[-300:].mean()) - star) < 1e-2
     assert bool(infos.finite.all())
     assert 0 < float(infos.ess.min()) <= n
 
@@ -94,8 +99,8 @@ def test_baselines_run_in_the_same_api(make):
         alg = smc.soul(p.potential, optax.sgd(0.01), num_chains=n, step_size=0.1,
                        num_inner_steps=10)
         steps = 300
-    state = alg.init(p.params0, p.sample_initial(jax.random.key(1), n))
-    final, infos = smc.run(alg, state, steps, jax.random.key(2))
+    state = alg.init((p.params0, p.sample_initial(jax.random.key(1), n)))
+    final, infos, _, _ = smc.run(jax.random.key(2), alg, state, steps)
     assert isinstance(infos, smc.SOSMCInfo) and infos.ess.shape == (steps,)
     # ULA's bias at h=0.1 shifts the optimum slightly; tolerance 0.05
     assert abs(float(final.params) - float(p.extra["theta_star"])) < 0.05
@@ -109,9 +114,9 @@ def test_vmap_over_seeds_matches_single_runs():
 
     def one(key):
         k0, k1 = jax.random.split(key)
-        st = alg.init(p.params0, p.sample_initial(k0, n))
-        final, infos = smc.run(alg, st, 50, k1, objective_fn=lambda th, x, w: p.loss(th))
-        return final.params, infos.objective
+        st = alg.init((p.params0, p.sample_initial(k0, n)))
+        out = smc.run(k1, alg, st, 50, objective_fn=lambda th, x, w: p.loss(th))
+        return out.state.params, out.objective
 
     keys = jax.random.split(jax.random.key(0), 3)
     th, obj = jax.jit(jax.vmap(one))(keys)
@@ -150,10 +155,27 @@ def test_mixture_reward_problem_improves():
     n = 256
     alg = smc.sosmc(p.potential, optax.adam(0.03), num_particles=n, step_size=p.step_size,
                     step_size_bounds=p.step_size_bounds, objective_grad=p.objective_grad)
-    state = alg.init(p.params0, p.sample_initial(jax.random.key(0), n))
-    final, infos = smc.run(alg, state, 200, jax.random.key(1))
+    state = alg.init((p.params0, p.sample_initial(jax.random.key(0), n)))
+    final, infos, _, _ = smc.run(jax.random.key(1), alg, state, 200)
     assert float(p.loss(final.params)) < float(p.loss(p.params0)) - 0.05
     assert bool(infos.finite.all())
+
+
+def test_module_level_init_and_kernel_make_the_algorithm():
+    """``sosmc`` is ``SamplingAlgorithm(init, build_kernel(...))``: the same state and the same
+    step; the info holds diagnostics only."""
+    p = smc.gaussian_mmle()
+    n, opt, kw = 16, optax.adam(0.05), dict(move="rwm", resampling="systematic")
+    alg = smc.sosmc(p.potential, opt, num_particles=n, **kw)
+    assert isinstance(alg, SamplingAlgorithm)
+    x0 = p.sample_initial(jax.random.key(0), n)
+    state = alg.init((p.params0, x0))
+    chex.assert_trees_all_equal(sosmc_init((p.params0, x0), opt, 0.1), state)
+    kernel = build_kernel(p.potential, opt, **kw)
+    chex.assert_trees_all_equal(kernel(jax.random.key(1), state),
+                                alg.step(jax.random.key(1), state))
+    assert smc.SOSMCInfo._fields == ("ess", "step_size", "resampled", "acceptance_rate",
+                                     "log_z_increment", "finite")
 
 
 # --------------------------------------------------------------------------- bad inputs
@@ -191,14 +213,18 @@ def test_bad_arguments_raise():
         smc.soul(_std_normal, opt, num_inner_steps=0)
     alg = smc.sosmc(_std_normal, opt, num_particles=4)
     with pytest.raises(ValueError, match="particles"):
-        alg.init(jnp.zeros(()), jnp.zeros((5, 2)))
+        alg.init((jnp.zeros(()), jnp.zeros((5, 2))))
     with pytest.raises(ValueError, match="particles"):
-        alg.init(jnp.zeros(()), jnp.full((4, 2), jnp.nan))
-    state = alg.init(jnp.zeros(()), jnp.zeros((4, 2)))
+        alg.init((jnp.zeros(()), jnp.full((4, 2), jnp.nan)))
+    with pytest.raises(TypeError, match="position"):
+        alg.init(jnp.zeros(()), jnp.zeros((4, 2)))
+    state = alg.init((jnp.zeros(()), jnp.zeros((4, 2))))
     with pytest.raises(ValueError, match="num_steps"):
-        smc.run(alg, state, 0, jax.random.key(0))
+        smc.run(jax.random.key(0), alg, state, 0)
     with pytest.raises(ValueError, match="log_weights"):
-        smc.run(alg, state._replace(log_weights=jnp.full(4, jnp.nan)), 3, jax.random.key(0))
+        smc.run(jax.random.key(0), alg, state._replace(log_weights=jnp.full(4, jnp.nan)), 3)
+    with pytest.raises(TypeError, match="state"):
+        smc.run(jax.random.key(0), alg, jnp.zeros(3), 3)
 
 
 def test_run_stops_at_the_first_non_finite_step():
@@ -207,14 +233,16 @@ def test_run_stops_at_the_first_non_finite_step():
     same step is the first ``finite == False`` of the infos."""
     p = smc.gaussian_mmle()
     alg = smc.sosmc(p.potential, optax.sgd(3.0), num_particles=16)
-    state = alg.init(p.params0, p.sample_initial(jax.random.key(0), 16))
+    state = alg.init((p.params0, p.sample_initial(jax.random.key(0), 16)))
     with pytest.raises(smc.NonFiniteError, match="outer step") as err:
-        smc.run(alg, state, 200, jax.random.key(1))
+        smc.run(jax.random.key(1), alg, state, 200)
     e = err.value
     assert 0 < e.step < 200
     assert bool(jnp.isfinite(e.state.params)) and int(e.state.step) == e.step
     assert not bool(e.infos.finite[e.step]) and bool(e.infos.finite[: e.step].all())
     assert f"step {e.step}" in str(e)
-    final, infos = jax.jit(lambda s, k: smc.run(alg, s, 200, k))(state, jax.random.key(1))
+    final, infos, params, _ = jax.jit(lambda k, s: smc.run(k, alg, s, 200))(
+        jax.random.key(1), state)
     assert int(jnp.argmin(infos.finite)) == e.step
-    assert float(final.params) == float(e.state.params)
+    assert float(final.params) == float(e.state.params) and int(final.step) == e.step
+    assert bool(jnp.all(params[e.step:] == final.params))
