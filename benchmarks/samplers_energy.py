@@ -92,21 +92,21 @@ def make_runner(u, name, nfe, chains):
         if name.startswith("PC"):
             ours = name.endswith("/ours")
             mala = name.startswith("PC-MALA")
-            r = pc.sample(u, prob, key, num_levels=nfe // 2 if ours else (nfe - 1) // 2,
+            r = pc.sample(key, u, prob, num_levels=nfe // 2 if ours else (nfe - 1) // 2,
                           corrector_steps=1, snr=hp, sigma_end=0.01, metropolis=mala,
                           order="corrector_first" if ours else "predictor_first",
                           levels="clipped" if ours else "scaled")
             acc = r.info.acceptance_rate[1:].mean() if mala else jnp.nan
         elif name == "adaptive":
-            r = adaptive.sample_per_entry(u, prob, key,
+            r = adaptive.sample_per_entry(key, u, prob,
                                           num_updates=max(1, nfe // (1 + PER_ENTRY_INNER)),
                                           inner_steps=PER_ENTRY_INNER, step_cov=hp)
             acc = jnp.nan
         elif name == "adaptive/ours":
-            r = adaptive.sample(u, prob, key, num_steps=nfe, sigma_end=0.01, eta=hp)
+            r = adaptive.sample(key, u, prob, num_steps=nfe, sigma_end=0.01, eta=hp)
             acc = jnp.nan
         else:
-            r = dps.sample(u, op.apply, jnp.repeat(y, chains, 0), key, image_shape=op.shape_in,
+            r = dps.sample(key, u, op.apply, jnp.repeat(y, chains, 0), image_shape=op.shape_in,
                            num_steps=nfe, sigma_max=prob.sigma_max, sigma_end=0.01, zeta=hp)
             acc = jnp.nan
         den = r.denoised.reshape(y.shape[0], chains, *y.shape[1:])
@@ -215,7 +215,7 @@ def bench_mh_bias(args):
     for nfe in (20, 80):
         for met in (False, True):
             run = jax.jit(lambda p, k, snr, met=met, nfe=nfe: pc.sample(
-                u, p, k, num_levels=nfe // 2, corrector_steps=1, snr=snr, sigma_end=0.01,
+                k, u, p, num_levels=nfe // 2, corrector_steps=1, snr=snr, sigma_end=0.01,
                 metropolis=met))
             for snr in (0.15, 0.45):
                 r = run(prob, jax.random.key(1), snr)

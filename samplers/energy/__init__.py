@@ -10,9 +10,16 @@ Modules, one idea each: :mod:`covariance` (diagonal covariances, random training
 form), :mod:`network` (MLP and U-Net energy networks), :mod:`loss` (the A-CSM objective),
 :mod:`train` (training with EMA and checkpoints; ``python -m jaxlib_ext energy``),
 :mod:`problem` (a degradation as anisotropic denoising, its evidence), :mod:`levels` (the
-task-shaped noise levels), :mod:`langevin` (preconditioned ULA/MALA with exact MH),
-:mod:`pc` (predictor-corrector and PC-MALA), :mod:`adaptive` (the energy-guided schedule),
-:mod:`blind` (posterior over degradation parameters) and :mod:`dps` (the DPS baseline).
+task-shaped noise levels), :mod:`langevin` (preconditioned ULA/MALA with exact MH, on the
+shared step of :mod:`jaxlib_ext.samplers.mala`), :mod:`pc` (predictor-corrector and PC-MALA),
+:mod:`adaptive` (the energy-guided schedules), :mod:`blind` (posterior over degradation
+parameters) and :mod:`dps` (the DPS baseline).
+
+Every sampler follows :mod:`jaxlib_ext.samplers.base`: ``init``, ``build_kernel`` and a
+constructor returning a ``SamplingAlgorithm`` (:func:`langevin.mala`,
+:func:`pc.predictor_corrector`, :func:`adaptive.per_entry`, :func:`adaptive.per_level`,
+:func:`dps.diffusion_posterior_sampling`); the drivers ``sample(rng_key, energy_fn, ...)``
+run them.
 """
 
 from jaxlib_ext.samplers.energy import (

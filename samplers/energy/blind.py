@@ -25,8 +25,14 @@ __all__ = ["BlindResult", "blind_posterior", "neg_log_evidence"]
 
 
 class BlindResult(NamedTuple):
-    """nll ``[B, I, J]`` (``-log p(y | i, j)``), posterior ``[B, I, J]`` (B.1), and the argmax
-    indices ``operator_index`` ``[B]``, ``noise_index`` ``[B]``."""
+    """The grid posterior of a batch of measurements.
+
+    Attributes:
+      nll: ``[B, I, J]``, ``-log p(y | i, j)``.
+      posterior: ``[B, I, J]``, (B.1).
+      operator_index: ``[B]``, the argmax's operator.
+      noise_index: ``[B]``, the argmax's noise level.
+    """
 
     nll: jax.Array
     posterior: jax.Array
@@ -35,18 +41,40 @@ class BlindResult(NamedTuple):
 
 
 def neg_log_evidence(energy_fn: EnergyFn, problem: DiagonalProblem):
-    """(P.2): ``-log p(y | A, sigma_n) = U(z, Sigma) + offset``, per measurement ``[B]``."""
+    """The negative log-evidence (P.2) of each measurement.
+
+    Args:
+      energy_fn: ``U(y, cov) -> [B]``.
+      problem: the :class:`~.problem.DiagonalProblem` of the measurements.
+
+    Returns:
+      ``-log p(y | A, sigma_n) = U(z, Sigma) + offset`` ``[B]``.
+
+    References:
+      arXiv 2605.15487 (blind inverse problems).
+    """
     return energy_fn(problem.z, problem.cov) + problem.nll_offset
 
 
 def blind_posterior(energy_fn: EnergyFn, y, operators, noise_stds, *, basis: str,
                     sigma_max: float = 20.0, log_prior=None) -> BlindResult:
-    """(B.1) for measurements ``y`` ``[B, ...]``.
+    """The posterior (B.1) over a grid of operators and noise levels.
 
-    operators: ``[I, ...]`` candidate diagonals (each broadcastable to one measurement; complex
-      transfer functions for ``basis="fourier"``).
-    noise_stds: ``[J]`` candidate noise levels (> 0).
-    log_prior: ``[I, J]`` log prior over the grid (flat if None).
+    Args:
+      energy_fn: ``U(y, cov) -> [B]``.
+      y: the measurements ``[B, ...]``.
+      operators: ``[I, ...]`` candidate diagonals (each broadcastable to one measurement;
+        complex transfer functions for ``basis="fourier"``).
+      noise_stds: ``[J]`` candidate noise levels (> 0).
+      basis: ``"pixel"`` or ``"fourier"``.
+      sigma_max: the cap of the missing coefficients' variance.
+      log_prior: ``[I, J]`` log prior over the grid (flat if None).
+
+    Returns:
+      A :class:`BlindResult`.
+
+    References:
+      arXiv 2605.15487 (blind inverse problems by Bayes' rule).
     """
     y = jnp.asarray(y)
     ops = jnp.asarray(operators)

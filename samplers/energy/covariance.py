@@ -34,39 +34,89 @@ class Covariance:
 
     A pytree: ``diag`` is a leaf, ``basis`` static. ``basis="fourier"`` needs images
     ``[..., H, W, C]`` (at least 3 axes).
+
+    Attributes:
+      diag: the variances in the basis, the images' shape (a leading batch axis allowed).
+      basis: ``"pixel"`` or ``"fourier"``.
     """
 
     diag: jax.Array
     basis: str = "pixel"
 
     def to_basis(self, v):
-        """Coordinates of ``v`` in the basis that diagonalises ``Sigma`` (complex for Fourier)."""
+        """Coordinates of ``v`` in the basis that diagonalises ``Sigma``.
+
+        Args:
+          v: an image batch of ``diag``'s shape.
+
+        Returns:
+          ``F v`` (complex for the Fourier basis).
+        """
         if self.basis == "pixel":
             return v
         return jnp.fft.fft2(v, axes=_AXES, norm="ortho")
 
     def from_basis(self, c):
-        """Inverse of :meth:`to_basis` (the real part for the Fourier basis)."""
+        """The inverse of :meth:`to_basis`.
+
+        Args:
+          c: coordinates in the basis.
+
+        Returns:
+          ``F^* c`` (its real part for the Fourier basis).
+        """
         if self.basis == "pixel":
             return c
         return jnp.real(jnp.fft.ifft2(c, axes=_AXES, norm="ortho"))
 
     def apply_diag(self, v, d):
-        """``F^* diag(d) F v`` (``d * v`` in the pixel basis), any ``d`` of ``diag``'s shape."""
+        """Any operator diagonal in the basis applied to ``v``.
+
+        Args:
+          v: an image batch of ``diag``'s shape.
+          d: the diagonal, ``diag``'s shape (or broadcastable to it).
+
+        Returns:
+          ``F^* diag(d) F v`` (``d * v`` in the pixel basis).
+        """
         if self.basis == "pixel":
             return d * v
         return self.from_basis(d * self.to_basis(v))
 
     def apply(self, v, power: float = 1.0):
-        """``Sigma^power v``."""
+        """``Sigma^power v``.
+
+        Args:
+          v: an image batch of ``diag``'s shape.
+          power: the power of ``Sigma`` (``0.5``: its square root, ``-1``: its inverse).
+
+        Returns:
+          ``Sigma^power v``, ``v``'s shape.
+        """
         return self.apply_diag(v, self.diag if power == 1.0 else self.diag ** power)
 
     def quad(self, v, d):
-        """``<v, F^* diag(d) F v> = sum_k d_k |(F v)_k|^2`` per sample (``v``: ``[B, ...]``)."""
+        """The quadratic form of a diagonal operator, per sample.
+
+        Args:
+          v: a batch ``[B, ...]``.
+          d: the diagonal, ``v``'s shape (or broadcastable to it).
+
+        Returns:
+          ``<v, F^* diag(d) F v> = sum_k d_k |(F v)_k|^2`` ``[B]``.
+        """
         c = self.to_basis(v)
         return jnp.sum(d * jnp.abs(c) ** 2, axis=tuple(range(1, v.ndim)))
 
     def replace(self, diag):
+        """The covariance with variances ``diag`` in the same basis.
+
+        Args:
+          diag: the new variances.
+
+        Returns:
+          A :class:`Covariance`.
+        """
         return Covariance(diag, self.basis)
 
 
@@ -74,9 +124,19 @@ jax.tree_util.register_dataclass(Covariance, data_fields=["diag"], meta_fields=[
 
 
 def check_covariance(cov, shape, name: str = "cov") -> None:
-    """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``cov`` fits images ``shape``.
+    """Check that ``cov`` is a covariance of images of ``shape``.
 
-    Concrete variances must be positive and finite (checked only outside tracing)."""
+    Concrete variances must be positive and finite (checked only outside tracing).
+
+    Args:
+      cov: the value to check.
+      shape: the images' shape ``[B, ...]``.
+      name: the argument's name in the errors.
+
+    Raises:
+      TypeError: ``cov`` is not a :class:`Covariance`.
+      ValueError: a wrong basis or shape, or non-positive or non-finite variances.
+    """
     if not isinstance(cov, Covariance):
         raise TypeError(f"{name}: expected a Covariance, got {type(cov).__name__}")
     if cov.basis not in BASES:
@@ -98,7 +158,15 @@ def check_covariance(cov, shape, name: str = "cov") -> None:
 
 
 def radial_frequency2(height: int, width: int) -> jax.Array:
-    """``|f|^2`` of the DFT grid ``[H, W]`` in cycles per pixel (Hermitian-symmetric)."""
+    """The squared frequency of the 2-D DFT grid.
+
+    Args:
+      height: ``H``.
+      width: ``W``.
+
+    Returns:
+      ``|f|^2`` ``[H, W]`` in cycles per pixel (Hermitian-symmetric).
+    """
     fy = jnp.fft.fftfreq(height)
     fx = jnp.fft.fftfreq(width)
     return fy[:, None] ** 2 + fx[None, :] ** 2
@@ -125,10 +193,23 @@ def random_covariance(key, shape, *, sigma_min: float = 1e-3, sigma_max: float =
       ``[0, 4 pi^2 w^2]`` for blur widths ``w`` up to ``H / 8`` px: the shape of
       ``sigma_n^2 / |h(f)|^2`` for a Gaussian blur ``h``, capped (deblurring).
 
-    ``basis``: ``"pixel"``, ``"fourier"`` (all samples of one type) or ``"mixed"``; a mixed
-    batch must be a single basis for :class:`Covariance`, so ``"mixed"`` draws the type once per
-    call from ``key`` (one batch, one type; a concrete key only, so not under ``jit``: training
-    draws the type outside its compiled step instead).
+    A mixed batch must be a single basis for :class:`Covariance`, so ``basis="mixed"`` draws
+    the type once per call from ``key`` (one batch, one type; a concrete key only, so not under
+    ``jit``: training draws the type outside its compiled step instead).
+
+    Args:
+      key: a PRNG key.
+      shape: ``[B, ...]``, vectors ``[B, d]`` or images ``[B, H, W, C]``.
+      sigma_min: the smallest noise level, > 0.
+      sigma_max: the largest noise level, > ``sigma_min``.
+      basis: ``"pixel"``, ``"fourier"`` (all samples of one type) or ``"mixed"``.
+      isotropic_prob: the probability of ``sigma_hi^2 I`` per sample.
+
+    Returns:
+      A :class:`Covariance` of ``shape`` (float32).
+
+    References:
+      arXiv 2605.15487 (the training covariances).
     """
     if basis not in (*BASES, "mixed"):
         raise ValueError(f"basis: expected 'pixel', 'fourier' or 'mixed', got {basis!r}")

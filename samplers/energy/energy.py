@@ -63,8 +63,20 @@ def _sum_rest(a):
 
 
 def inner_product_energy(network: Callable, *, data_mean=0.0, data_var=1.0) -> EnergyFn:
-    """``energy_fn`` of (E.1) from ``network(y, cov) -> f`` or ``-> (f, b)`` (``f`` of ``y``'s
-    shape, ``b`` ``[B]``)."""
+    """The inner-product energy (E.1) of a network.
+
+    Args:
+      network: ``network(y, cov) -> f`` or ``-> (f, b)``, ``f`` of ``y``'s shape and ``b``
+        ``[B]`` (the learned log-normaliser; 0 if not returned).
+      data_mean: ``m``, a scalar or an array broadcastable to one sample.
+      data_var: ``v`` > 0, a scalar or an array broadcastable to one sample.
+
+    Returns:
+      ``energy_fn(y, cov) -> U`` ``[B]``.
+
+    References:
+      arXiv 2605.15487, sec. 3 (the inner-product parameterisation).
+    """
     if not callable(network):
         raise TypeError(f"network: expected a callable (y, cov) -> f, got {type(network)}")
     if _concrete_any(jnp.asarray(data_var) <= 0):
@@ -81,7 +93,16 @@ def inner_product_energy(network: Callable, *, data_mean=0.0, data_var=1.0) -> E
 
 
 def energy_and_grads(energy_fn: EnergyFn, y, cov: Covariance):
-    """``(U, grad_y U, dU/d diag Sigma)`` per sample, from one reverse pass (E.2, E.4)."""
+    """The energy with its two gradients (E.2, E.4), from one reverse pass.
+
+    Args:
+      energy_fn: ``U(y, cov) -> [B]``.
+      y: a batch ``[B, ...]``.
+      cov: ``Sigma``, a :class:`~.covariance.Covariance` of ``y``'s shape.
+
+    Returns:
+      ``(U [B], grad_y U, dU/d diag Sigma)``, the gradients of ``y``'s shape.
+    """
 
     def total(y_, d_):
         u = energy_fn(y_, cov.replace(d_))
@@ -100,18 +121,48 @@ def _check(y, cov):
 
 
 def score(energy_fn: EnergyFn, y, cov: Covariance):
-    """``grad_y U(y, Sigma)`` (E.2), shape of ``y``."""
+    """The score ``grad_y U(y, Sigma)`` (E.2).
+
+    Args:
+      energy_fn: ``U(y, cov) -> [B]``.
+      y: a batch ``[B, ...]``.
+      cov: ``Sigma``, a :class:`~.covariance.Covariance` of ``y``'s shape.
+
+    Returns:
+      ``grad_y U``, ``y``'s shape.
+    """
     y = _check(y, cov)
     return jax.grad(lambda v: energy_fn(v, cov).sum())(y)
 
 
 def tweedie_denoiser(energy_fn: EnergyFn, y, cov: Covariance):
-    """Anisotropic Tweedie ``x_hat = y - Sigma grad_y U`` (E.3), shape of ``y``."""
+    """Anisotropic Tweedie ``x_hat = y - Sigma grad_y U`` (E.3), ``= E[x | y]``.
+
+    Args:
+      energy_fn: ``U(y, cov) -> [B]``.
+      y: a batch ``[B, ...]``.
+      cov: ``Sigma``, a :class:`~.covariance.Covariance` of ``y``'s shape.
+
+    Returns:
+      ``x_hat``, ``y``'s shape.
+
+    References:
+      arXiv 2605.15487, sec. 3 (Tweedie's formula for anisotropic noise).
+    """
     return y - cov.apply(score(energy_fn, y, cov))
 
 
 def noise_score(energy_fn: EnergyFn, y, cov: Covariance):
-    """``dU / d diag(Sigma)`` (E.4), shape of ``cov.diag``."""
+    """The noise score ``dU / d diag(Sigma)`` (E.4).
+
+    Args:
+      energy_fn: ``U(y, cov) -> [B]``.
+      y: a batch ``[B, ...]``.
+      cov: ``Sigma``, a :class:`~.covariance.Covariance` of ``y``'s shape.
+
+    Returns:
+      ``dU / d diag(Sigma)``, ``cov.diag``'s shape.
+    """
     y = _check(y, cov)
     return jax.grad(lambda d: energy_fn(y, cov.replace(d)).sum())(cov.diag)
 
@@ -125,12 +176,19 @@ def _dense(cov_diag, basis, shape):
 
 
 def gaussian_energy(mean, covariance) -> EnergyFn:
-    """Closed-form ``U*`` for data ``x ~ N(mean, C)`` (``mean`` of one sample's shape, ``C``
-    ``[d, d]`` over the flattened sample)::
+    """The closed-form energy of Gaussian data ``x ~ N(mean, C)``::
 
         U*(y, Sigma) = 1/2 (y - mu)^T (C + Sigma)^{-1} (y - mu) + 1/2 log det(2 pi (C + Sigma))
 
-    ``Sigma`` is formed densely from the :class:`Covariance` (either basis)."""
+    ``Sigma`` is formed densely from the :class:`Covariance` (either basis).
+
+    Args:
+      mean: ``mu``, of one sample's shape.
+      covariance: ``C`` ``[d, d]`` over the flattened sample (``d = mean.size``).
+
+    Returns:
+      ``energy_fn(y, cov) -> U*`` ``[B]``.
+    """
     mean = jnp.asarray(mean)
     covariance = jnp.asarray(covariance)
     d = mean.size

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxlib_ext.samplers.energy._common import expand_batch
 from jaxlib_ext.samplers.energy.covariance import Covariance
 from jaxlib_ext.samplers.energy.energy import EnergyFn, energy_and_grads
 from jaxlib_ext.samplers.energy.problem import DiagonalProblem
@@ -53,8 +54,14 @@ LEVEL_SHAPES = ("scaled", "clipped")
 
 
 class Level(NamedTuple):
-    """One level: ``cov`` = Sigma_k (V.1), ``weight`` = W_k (V.2), ``precond`` = p_k,
-    ``free`` (bool, basis)."""
+    """One level's quantities, in the problem's basis.
+
+    Attributes:
+      cov: ``Sigma_k`` (V.1) or (V.1a).
+      weight: ``W_k`` of (V.2).
+      precond: the corrector's preconditioner ``p_k`` (0 on clamped coefficients).
+      free: bool, the coefficients with ``Sigma_k < Sigma_y``.
+    """
 
     cov: Covariance
     weight: jax.Array
@@ -63,7 +70,14 @@ class Level(NamedTuple):
 
 
 class Evaluation(NamedTuple):
-    """``E_k``, ``grad E_k``, the prior score ``grad_y U`` and the noise score ``dU/d diag``."""
+    """The level's target at a position, from one reverse pass.
+
+    Attributes:
+      energy: ``E_k(x)`` of (V.2) ``[B]``.
+      grad: ``grad E_k(x)``.
+      prior_grad: the prior score ``grad_y U(x, Sigma_k)``.
+      noise_score: ``dU / d diag(Sigma_k)`` (E.4).
+    """
 
     energy: jax.Array
     grad: jax.Array
@@ -71,12 +85,17 @@ class Evaluation(NamedTuple):
     noise_score: jax.Array
 
 
-def _b(v, x):
-    return jnp.reshape(v, jnp.shape(v) + (1,) * (x.ndim - jnp.ndim(v)))
-
-
 def geometric_sigmas(sigma_begin: float, sigma_end: float, num: int):
-    """``num`` levels from ``sigma_begin`` down to ``sigma_end``, geometrically spaced."""
+    """Geometrically spaced noise levels.
+
+    Args:
+      sigma_begin: the first level.
+      sigma_end: the last level, in ``(0, sigma_begin)``.
+      num: the number of levels (>= 2).
+
+    Returns:
+      ``[num]`` levels from ``sigma_begin`` down to ``sigma_end``.
+    """
     if num < 2:
         raise ValueError(f"num_levels: expected >= 2, got {num}")
     if not sigma_begin > sigma_end > 0:
@@ -86,17 +105,39 @@ def geometric_sigmas(sigma_begin: float, sigma_end: float, num: int):
 
 
 def check_level_shape(shape: str) -> str:
+    """Check a level shape's name.
+
+    Args:
+      shape: ``"scaled"`` (V.1a) or ``"clipped"`` (V.1).
+
+    Returns:
+      ``shape``.
+
+    Raises:
+      ValueError: another name (the error names the ``levels`` argument).
+    """
     if shape not in LEVEL_SHAPES:
         raise ValueError(f"levels: expected one of {LEVEL_SHAPES}, got {shape!r}")
     return shape
 
 
 def level(problem: DiagonalProblem, sigma2, shape: str = "scaled") -> Level:
-    """(V.1a) (``shape="scaled"``, the authors') or (V.1) (``"clipped"``, ours) with (V.2), for
-    per-chain ``sigma2`` ``[B]`` (or a scalar)."""
+    """The task-shaped level (V.1a) or (V.1) with its target (V.2).
+
+    Args:
+      problem: the :class:`~.problem.DiagonalProblem`.
+      sigma2: ``sigma_k^2``, per chain ``[B]`` or a scalar.
+      shape: ``"scaled"`` (V.1a, the authors') or ``"clipped"`` (V.1, ours).
+
+    Returns:
+      The :class:`Level`.
+
+    References:
+      arXiv 2605.15487 (the task-shaped covariance).
+    """
     check_level_shape(shape)
     sy = problem.cov.diag
-    s2 = jnp.broadcast_to(_b(jnp.asarray(sigma2, sy.dtype), sy), sy.shape)
+    s2 = jnp.broadcast_to(expand_batch(jnp.asarray(sigma2, sy.dtype), sy), sy.shape)
     if shape == "scaled":
         cov_k = jnp.minimum(sy * (s2 / problem.sigma_max ** 2), sy)                 # (V.1a)
     else:
@@ -105,9 +146,18 @@ def level(problem: DiagonalProblem, sigma2, shape: str = "scaled") -> Level:
 
 
 def covariance_level(problem: DiagonalProblem, cov_diag) -> Level:
-    """(V.2) for any ``Sigma_k = diag(cov_diag)`` (in the problem's basis) with ``Sigma_k <=
-    Sigma_y``; the preconditioner is relative to each entry's own variance (1 on missing
-    coefficients)."""
+    """The target (V.2) of any level ``Sigma_k = diag(cov_diag) <= Sigma_y``.
+
+    The preconditioner is relative to each entry's own variance (1 on missing coefficients).
+
+    Args:
+      problem: the :class:`~.problem.DiagonalProblem`.
+      cov_diag: ``Sigma_k``'s variances in the problem's basis, ``z``'s shape (clipped to
+        ``Sigma_y``).
+
+    Returns:
+      The :class:`Level`.
+    """
     cov_k = jnp.minimum(jnp.asarray(cov_diag, problem.cov.diag.dtype), problem.cov.diag)
     return _level_of(problem, cov_k, cov_k)
 
@@ -125,7 +175,18 @@ def _level_of(problem, cov_k, s2):
 
 
 def evaluate(energy_fn: EnergyFn, problem: DiagonalProblem, lev: Level, x) -> Evaluation:
-    """``E_k(x)`` (V.2) with its gradient, from one reverse pass through ``U``."""
+    """The level's target ``E_k(x)`` (V.2) with its gradient, from one reverse pass through
+    ``U``.
+
+    Args:
+      energy_fn: ``U(y, cov) -> [B]``.
+      problem: the :class:`~.problem.DiagonalProblem`.
+      lev: the :class:`Level`.
+      x: positions ``[B, ...]``.
+
+    Returns:
+      The :class:`Evaluation`.
+    """
     u, gu, gs = energy_and_grads(energy_fn, x, lev.cov)
     r = x - problem.z
     e = u + 0.5 * lev.cov.quad(r, lev.weight)
@@ -133,10 +194,18 @@ def evaluate(energy_fn: EnergyFn, problem: DiagonalProblem, lev: Level, x) -> Ev
     return Evaluation(e, g, gu, gs)
 
 
-def initial_position(key, problem: DiagonalProblem):
-    """``x_0``: ``z`` plus ``sigma_max`` noise on the missing coefficients."""
+def initial_position(rng_key, problem: DiagonalProblem):
+    """The start ``x_0`` at ``sigma_0 = sigma_max``.
+
+    Args:
+      rng_key: a PRNG key.
+      problem: the :class:`~.problem.DiagonalProblem`.
+
+    Returns:
+      ``x_0``: ``z`` plus ``sigma_max`` noise on the missing coefficients, ``z``'s shape.
+    """
     z = problem.z
     cov = problem.cov
-    xi = jax.random.normal(key, z.shape, z.dtype)
+    xi = jax.random.normal(rng_key, z.shape, z.dtype)
     noise = cov.apply_diag(xi, jnp.where(problem.observed, 0.0, problem.sigma_max))
     return z + noise

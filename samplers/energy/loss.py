@@ -42,25 +42,58 @@ def _mean_rest(a):
 
 
 def add_noise(key, x, cov: Covariance):
-    """``(y, eps)`` with ``y = x + Sigma^{1/2} eps``, ``eps ~ N(0, I)`` real, shape of ``x``."""
+    """Noisy samples ``y = x + Sigma^{1/2} eps``.
+
+    Args:
+      key: a PRNG key.
+      x: clean samples ``[B, ...]``.
+      cov: ``Sigma``, a :class:`~.covariance.Covariance` of ``x``'s shape.
+
+    Returns:
+      ``(y, eps)``, ``eps ~ N(0, I)`` real, both of ``x``'s shape.
+    """
     eps = jax.random.normal(key, x.shape, x.dtype)
     return x + cov.apply(eps, 0.5), eps
 
 
 def covariance_score_target(y, x, cov: Covariance):
-    """(L.2): ``1/2 (1/s - |F(y - x)|^2 / s^2)``, shape of ``cov.diag``."""
+    """The covariance-score target (L.2).
+
+    Args:
+      y: noisy samples ``[B, ...]``.
+      x: their clean samples.
+      cov: ``Sigma``, a :class:`~.covariance.Covariance` of ``x``'s shape.
+
+    Returns:
+      ``1/2 (1/s - |F(y - x)|^2 / s^2)``, ``cov.diag``'s shape.
+
+    References:
+      arXiv 2605.15487, sec. 3.
+    """
     e2 = jnp.abs(cov.to_basis(y - x)) ** 2
     return 0.5 * (1.0 / cov.diag - e2 / cov.diag ** 2)
 
 
 def acsm_loss(energy_fn: EnergyFn, x, cov: Covariance, key, *, cov_weight: float = 1.0,
               cov_reduction: str = "authors"):
-    """(L.4) averaged over the batch; returns ``(loss, {"dsm": ..., "cov": ...})``.
+    """The A-CSM objective (L.4), averaged over the batch.
 
-    ``x``: clean samples ``[B, ...]``; ``cov``: their covariances; ``cov_weight`` = lambda
-    (0 gives plain whitened DSM, which leaves ``U``'s dependence on ``Sigma`` unconstrained);
-    ``cov_reduction``: ``"authors"`` (``1/d^2`` in (L.3)) or ``"mean"`` (``1/d``, ours).
-    ``"cov"`` is the reduced (L.3) term, before ``lambda``."""
+    Args:
+      energy_fn: ``U(y, cov) -> [B]``.
+      x: clean samples ``[B, ...]``.
+      cov: their covariances, a :class:`~.covariance.Covariance` of ``x``'s shape.
+      key: a PRNG key (the noise).
+      cov_weight: ``lambda`` >= 0 (0 gives plain whitened DSM, which leaves ``U``'s
+        dependence on ``Sigma`` unconstrained).
+      cov_reduction: ``"authors"`` (``1/d^2`` in (L.3)) or ``"mean"`` (``1/d``, ours).
+
+    Returns:
+      ``(loss, {"dsm": ..., "cov": ...})``; ``"cov"`` is the reduced (L.3) term, before
+      ``lambda``.
+
+    References:
+      arXiv 2605.15487, sec. 3 (anisotropic covariance score matching).
+    """
     if cov_reduction not in COV_REDUCTIONS:
         raise ValueError(f"cov_reduction: expected one of {COV_REDUCTIONS}, got "
                          f"{cov_reduction!r}")

@@ -147,7 +147,15 @@ class EnergyUNet(nnx.Module):
 
 
 def functional_energy(graphdef, *states) -> EnergyFn:
-    """The pure ``energy_fn(y, cov)`` of the module ``nnx.merge(graphdef, *states)``."""
+    """The pure energy function of a split module.
+
+    Args:
+      graphdef: the module's graph definition (``nnx.split``).
+      *states: its states.
+
+    Returns:
+      ``energy_fn(y, cov) -> U`` ``[B]`` of ``nnx.merge(graphdef, *states)``.
+    """
 
     def energy_fn(y, cov):
         model = nnx.merge(graphdef, *states)
@@ -158,5 +166,12 @@ def functional_energy(graphdef, *states) -> EnergyFn:
 
 
 def energy_fn_of(model: nnx.Module) -> EnergyFn:
-    """``functional_energy(*nnx.split(model))``."""
+    """The pure energy function of a module, ``functional_energy(*nnx.split(model))``.
+
+    Args:
+      model: an :class:`EnergyMLP` or :class:`EnergyUNet`.
+
+    Returns:
+      ``energy_fn(y, cov) -> U`` ``[B]``.
+    """
     return functional_energy(*nnx.split(model))

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlib_ext.samplers.degradations import LinearOperator
+from jaxlib_ext.samplers.energy._common import expand_batch
 from jaxlib_ext.samplers.energy.covariance import BASES, Covariance
 
 __all__ = ["DiagonalProblem", "diagonal_problem", "from_operator", "operator_diagonal",
@@ -44,11 +45,12 @@ __all__ = ["DiagonalProblem", "diagonal_problem", "from_operator", "operator_dia
 class DiagonalProblem:
     """Anisotropic-denoising form (P.1) of a batch of measurements.
 
-    z: ``[B, ...]`` equivalent observation (image space, real).
-    cov: ``Sigma`` with the capped variances.
-    observed: ``[B, ...]`` bool, in the basis: the coefficients with a finite variance.
-    nll_offset: ``[B]``, the terms of (P.2) besides ``U(z, Sigma)``.
-    sigma_max: the cap.
+    Attributes:
+      z: ``[B, ...]`` equivalent observation (image space, real).
+      cov: ``Sigma`` with the capped variances.
+      observed: ``[B, ...]`` bool, in the basis: the coefficients with a finite variance.
+      nll_offset: ``[B]``, the terms of (P.2) besides ``U(z, Sigma)``.
+      sigma_max: the cap (static).
     """
 
     z: jax.Array
@@ -64,8 +66,18 @@ jax.tree_util.register_dataclass(DiagonalProblem, data_fields=["z", "cov", "obse
 
 
 def operator_diagonal(operator: LinearOperator):
-    """``(a, basis)`` of a :class:`~jaxlib_ext.samplers.degradations.LinearOperator` that is
-    diagonal in the pixel or Fourier basis, ``a`` broadcastable to images ``[B, H, W, C]``."""
+    """The diagonal of an operator that is diagonal in the pixel or Fourier basis.
+
+    Args:
+      operator: a :class:`~jaxlib_ext.samplers.degradations.LinearOperator`.
+
+    Returns:
+      ``(a, basis)``, ``a`` broadcastable to images ``[B, H, W, C]``.
+
+    Raises:
+      TypeError: ``operator`` is not a ``LinearOperator``.
+      ValueError: it is diagonal in neither basis.
+    """
     if not isinstance(operator, LinearOperator):
         raise TypeError(f"operator: expected a degradations.LinearOperator, got "
                         f"{type(operator).__name__}")
@@ -77,7 +89,21 @@ def operator_diagonal(operator: LinearOperator):
 
 
 def from_operator(y, operator: LinearOperator, noise_std, *, sigma_max: float = 20.0):
-    """(P.1) for measurements ``y = operator(x) + noise_std n``."""
+    """The anisotropic-denoising form (P.1) of measurements ``y = operator(x) + noise_std n``.
+
+    Args:
+      y: the measurements ``[B, *operator.shape_out]``.
+      operator: a :class:`~jaxlib_ext.samplers.degradations.LinearOperator` diagonal in the
+        pixel or Fourier basis.
+      noise_std: ``sigma_n`` > 0, a scalar or ``[B]``.
+      sigma_max: the cap of the missing coefficients' variance.
+
+    Returns:
+      The :class:`DiagonalProblem`.
+
+    References:
+      arXiv 2605.15487, sec. 3.
+    """
     a, basis = operator_diagonal(operator)
     y = jnp.asarray(y)
     if y.ndim != 4 or tuple(y.shape[1:]) != tuple(operator.shape_out):
@@ -87,11 +113,22 @@ def from_operator(y, operator: LinearOperator, noise_std, *, sigma_max: float = 
 
 
 def problem_nll_offset(y, a, basis, noise_std, sigma_max):
-    """The non-``U`` terms of (P.2) and the observed mask, per sample."""
+    """The terms of (P.2) besides ``U(z, Sigma)``, and the observed mask.
+
+    Args:
+      y: the measurements ``[B, ...]``.
+      a: the operator's diagonal, ``y``'s shape.
+      basis: ``"pixel"`` or ``"fourier"``.
+      noise_std: ``sigma_n`` > 0, a scalar or ``[B]``.
+      sigma_max: the cap of the missing coefficients' variance.
+
+    Returns:
+      ``(offset [B], observed)``, ``observed`` bool of ``y``'s shape (in the basis).
+    """
     cov = Covariance(jnp.ones(y.shape, y.dtype), basis)
     yb = cov.to_basis(y)
     ab = jnp.broadcast_to(a, y.shape)
-    s2 = _bshape(noise_std, y) ** 2
+    s2 = expand_batch(jnp.asarray(noise_std, y.dtype), y) ** 2
     mag2 = jnp.abs(ab) ** 2
     observed = mag2 * sigma_max ** 2 > s2
     rest = tuple(range(1, y.ndim))
@@ -102,16 +139,22 @@ def problem_nll_offset(y, a, basis, noise_std, sigma_max):
     return log_jac + jnp.sum(miss, axis=rest), observed
 
 
-def _bshape(v, x):
-    v = jnp.asarray(v, x.dtype)
-    if v.ndim == 0:
-        return v
-    return jnp.reshape(v, v.shape + (1,) * (x.ndim - v.ndim))
-
-
 def diagonal_problem(y, a, *, basis: str, noise_std, sigma_max: float = 20.0) -> DiagonalProblem:
-    """(P.1) for measurements ``y`` ``[B, ...]`` of operator diagonal ``a`` (broadcastable to
-    ``y``; complex allowed for Fourier) and noise ``noise_std`` (scalar or ``[B]``, > 0)."""
+    """The anisotropic-denoising form (P.1) of measurements of a diagonal operator.
+
+    Args:
+      y: the measurements ``[B, ...]`` (images ``[B, H, W, C]`` for the Fourier basis).
+      a: the operator's diagonal, broadcastable to ``y`` (complex allowed for Fourier).
+      basis: ``"pixel"`` or ``"fourier"``.
+      noise_std: ``sigma_n`` > 0, a scalar or ``[B]``.
+      sigma_max: the cap of the missing coefficients' variance, > 0.
+
+    Returns:
+      The :class:`DiagonalProblem`.
+
+    References:
+      arXiv 2605.15487, sec. 3.
+    """
     if basis not in BASES:
         raise ValueError(f"basis: expected one of {BASES}, got {basis!r}")
     y = jnp.asarray(y)
@@ -136,7 +179,7 @@ def diagonal_problem(y, a, *, basis: str, noise_std, sigma_max: float = 20.0) ->
         raise ValueError(f"sigma_max: expected > 0, got {sigma_max}")
     offset, observed = problem_nll_offset(y, ab, basis, ns, sigma_max)
     cov1 = Covariance(jnp.ones(y.shape, y.dtype), basis)
-    s2 = _bshape(ns, y) ** 2
+    s2 = expand_batch(jnp.asarray(ns, y.dtype), y) ** 2
     mag2 = jnp.abs(ab) ** 2
     safe_a = jnp.where(observed, ab, 1.0)
     zb = jnp.where(observed, cov1.to_basis(y) / safe_a, 0.0)

@@ -40,14 +40,29 @@ MODELS = {"mlp": EnergyMLP, "unet": EnergyUNet}
 
 
 class TrainResult(NamedTuple):
-    """model (with the EMA parameters), history (dict of per-step arrays: loss, dsm, cov)."""
+    """The result of :func:`train`.
+
+    Attributes:
+      model: the model with the EMA parameters.
+      history: a dict of per-step arrays: ``loss``, ``dsm``, ``cov``.
+    """
 
     model: nnx.Module
     history: dict[str, np.ndarray]
 
 
 def build_model(kind: str, kwargs: dict[str, Any], seed: int = 0) -> nnx.Module:
-    """``EnergyMLP(**kwargs)`` (``kind="mlp"``) or ``EnergyUNet(**kwargs)`` (``"unet"``)."""
+    """An energy network by name.
+
+    Args:
+      kind: ``"mlp"`` (:class:`~.network.EnergyMLP`) or ``"unet"``
+        (:class:`~.network.EnergyUNet`).
+      kwargs: the constructor's keyword arguments.
+      seed: the seed of the initial parameters.
+
+    Returns:
+      The module.
+    """
     if kind not in MODELS:
         raise ValueError(f"kind: expected one of {tuple(MODELS)}, got {kind!r}")
     return MODELS[kind](**kwargs, rngs=nnx.Rngs(seed))
@@ -176,11 +191,22 @@ def train(model: nnx.Module, data, *, steps: int, batch_size: int = 32, learning
 
 
 def load(checkpoint_dir, step: int | None = None, *, ema: bool = True) -> nnx.Module:
-    """The model of a checkpoint written by :func:`train` (with ``model_meta = {"kind": ...,
-    "kwargs": ...}``): its EMA parameters, or with ``ema=False`` the trained ones.
+    """The model of a checkpoint written by :func:`train`.
 
     Reads the engine's layout ``({"params", "opt_state"}, ema)`` and the flat layout
     ``{"params", "ema", "opt_state"}`` of checkpoints without a ``"steps"`` record.
+
+    Args:
+      checkpoint_dir: the checkpoint folder (written with ``model_meta = {"kind": ...,
+        "kwargs": ...}``).
+      step: the step to read, or None for the newest.
+      ema: True for the EMA parameters, False for the trained ones.
+
+    Returns:
+      The module.
+
+    Raises:
+      ValueError: the checkpoint has no model description.
     """
     from jaxlib_ext.core.checkpoint import Checkpointer
 

@@ -165,7 +165,7 @@ def test_pc_mala_reproduces_gaussian_posterior(kind, order, shape_of_levels):
     y = deg.measure(jax.random.key(13), op, x[None], sn)
     prob = en.from_operator(y, op, sn, sigma_max=20.0)
     n = 1024
-    res = jax.jit(lambda p, k: pc.sample(u, p, k, num_levels=40, sigma_end=0.01,
+    res = jax.jit(lambda p, k: pc.sample(k, u, p, num_levels=40, sigma_end=0.01,
                                          corrector_steps=2, snr=0.3, metropolis=True,
                                          order=order, levels=shape_of_levels))(
         pc.repeat(prob, n), jax.random.key(14))
@@ -221,13 +221,13 @@ def test_pc_and_adaptive_and_dps_run_and_denoise_gaussian(kind):
     prob = pc.repeat(en.from_operator(y, op, 0.05), 128)
     # each sampler jitted: one program apiece (eager, every op around their loops compiles)
     outs = {
-        "pc": jax.jit(lambda p, k: pc.sample(u, p, k, num_levels=20, corrector_steps=1,
+        "pc": jax.jit(lambda p, k: pc.sample(k, u, p, num_levels=20, corrector_steps=1,
                                              snr=0.1).denoised)(prob, jax.random.key(22)),
-        "adaptive": jax.jit(lambda p, k: adaptive.sample(u, p, k, num_steps=40).denoised)(
+        "adaptive": jax.jit(lambda p, k: adaptive.sample(k, u, p, num_steps=40).denoised)(
             prob, jax.random.key(23)),
         "adaptive_per_entry": jax.jit(lambda p, k: adaptive.sample_per_entry(
-            u, p, k, num_updates=20, inner_steps=1).denoised)(prob, jax.random.key(23)),
-        "dps": jax.jit(lambda yy, k: dps.sample(u, op.apply, yy, k, image_shape=shape,
+            k, u, p, num_updates=20, inner_steps=1).denoised)(prob, jax.random.key(23)),
+        "dps": jax.jit(lambda yy, k: dps.sample(k, u, op.apply, yy, image_shape=shape,
                                                 num_steps=40, zeta=0.3).denoised)(
             jnp.repeat(y, 128, 0), jax.random.key(24)),
     }
@@ -242,7 +242,7 @@ def test_pc_and_adaptive_and_dps_run_and_denoise_gaussian(kind):
 def test_adaptive_schedule_steps_stay_within_their_bounds():
     u, prob = _box_problem(25, 26, 0.05, 8)
     k, end = 30, 0.01
-    res = adaptive.sample(u, prob, jax.random.key(27), num_steps=k, sigma_end=end)
+    res = adaptive.sample(jax.random.key(27), u, prob, num_steps=k, sigma_end=end)
     gamma = (end / 20.0) ** (2.0 / (k - 1))
     ratio = (res.info.sigma[1:] / res.info.sigma[:-1]) ** 2
     floor = res.info.sigma[1:] <= end * (1 + 1e-4)
@@ -261,9 +261,9 @@ def test_per_entry_schedule_keeps_covariances_positive_and_decreasing():
     @jax.jit
     def run(key):
         def body(st, k):
-            st2, info, _ = kernel(k, st, prob)
+            st2, _ = kernel(k, st, prob)
             return st2, st2.cov.diag
-        state = adaptive.init_per_entry(jax.random.key(0), prob)
+        state = adaptive.init_per_entry(levels.initial_position(jax.random.key(0), prob), prob)
         return jax.lax.scan(body, state, jax.random.split(key, 30))
 
     last, covs = run(jax.random.key(27))
@@ -273,7 +273,8 @@ def test_per_entry_schedule_keeps_covariances_positive_and_decreasing():
     missing = ~prob.observed
     assert jnp.all(jnp.where(missing, covs[-1] < covs[0], True))
     assert jnp.all(jnp.isfinite(last.position))
-    res = adaptive.sample_per_entry(u, prob, jax.random.key(27), num_updates=3, inner_steps=2)
+    res = adaptive.sample_per_entry(jax.random.key(27), u, prob, num_updates=3,
+                                   inner_steps=2)
     assert res.nfe == 3 * 3 and res.info.energy.shape == (3, 8)
 
 
@@ -376,11 +377,11 @@ def test_chains_under_vmap_match_the_batched_run():
     op = deg.box_inpainting(shape, 2)
     y = deg.measure(jax.random.key(32), op, mu[None], 0.1)
     prob = en.from_operator(y, op, 0.1)
-    run = jax.jit(jax.vmap(lambda k: pc.sample(u, prob, k, num_levels=2, metropolis=True,
+    run = jax.jit(jax.vmap(lambda k: pc.sample(k, u, prob, num_levels=2, metropolis=True,
                                                corrector_steps=1).denoised))
     out = run(jax.random.split(jax.random.key(33), 5))
     assert out.shape == (5, 1, *shape)
-    one = jax.jit(lambda k: pc.sample(u, prob, k, num_levels=2, metropolis=True,
+    one = jax.jit(lambda k: pc.sample(k, u, prob, num_levels=2, metropolis=True,
                                       corrector_steps=1).denoised)(
         jax.random.split(jax.random.key(33), 5)[2])
     np.testing.assert_allclose(out[2], one, rtol=1e-4, atol=1e-5)
@@ -422,24 +423,24 @@ def test_bad_input_raises_clear_errors():
                               basis="pixel", log_prior=jnp.zeros((3, 3)))
     prob = en.from_operator(y, op, 0.1)
     with pytest.raises(ValueError, match="num_levels"):
-        pc.sample(u, prob, jax.random.key(0), num_levels=0)
+        pc.sample(jax.random.key(0), u, prob, num_levels=0)
     with pytest.raises(ValueError, match="num_levels"):
-        pc.sample(u, prob, jax.random.key(0), num_levels=1, order="corrector_first")
+        pc.sample(jax.random.key(0), u, prob, num_levels=1, order="corrector_first")
     with pytest.raises(ValueError, match="order"):
-        pc.sample(u, prob, jax.random.key(0), order="sideways")
+        pc.sample(jax.random.key(0), u, prob, order="sideways")
     with pytest.raises(ValueError, match="levels"):
-        pc.sample(u, prob, jax.random.key(0), levels="stretched")
+        pc.sample(jax.random.key(0), u, prob, levels="stretched")
     with pytest.raises(ValueError, match="step_cov"):
-        adaptive.sample_per_entry(u, prob, jax.random.key(0), step_cov=0.0)
+        adaptive.sample_per_entry(jax.random.key(0), u, prob, step_cov=0.0)
     with pytest.raises(ValueError, match="inner_steps"):
-        adaptive.sample_per_entry(u, prob, jax.random.key(0), inner_steps=-1)
+        adaptive.sample_per_entry(jax.random.key(0), u, prob, inner_steps=-1)
     with pytest.raises(ValueError, match="num_updates"):
-        adaptive.sample_per_entry(u, prob, jax.random.key(0), num_updates=0)
+        adaptive.sample_per_entry(jax.random.key(0), u, prob, num_updates=0)
     with pytest.raises(ValueError, match="cov_reduction"):
         en.acsm_loss(u, y, en.Covariance(jnp.ones_like(y)), jax.random.key(0),
                      cov_reduction="sum")
     with pytest.raises(ValueError, match="step_size, snr"):
-        langevin.build_kernel()(jax.random.key(0), langevin.LangevinState(y, y[:, 0, 0, 0], y),
+        langevin.build_kernel()(jax.random.key(0), langevin.MALAState(y, y[:, 0, 0, 0], y),
                                 lambda v: (v[:, 0, 0, 0], v), cov)
     with pytest.raises(ValueError, match="basis"):
         en.random_covariance(jax.random.key(0), (2, 4, 4, 1), basis="wavelet")
