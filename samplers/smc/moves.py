@@ -23,7 +23,8 @@ meant to be ``vmap``-ed over particles. ``pi_theta ∝ exp(-U_theta)``; ``h = st
 
 MALA, RWM and HMC leave ``pi_theta`` invariant; they are the moves of the invariant SOSMC
 variant (arXiv 2601.22003, the "invariant kernel" case). ULA is the move of the ULA variant,
-whose weights (``weights.ula_log_increment``) correct its bias.
+whose weights (``weights.ula_log_increment``) correct its bias. The Langevin proposal, its
+density and the MH step are the shared ones of :mod:`jaxlib_ext.samplers.mala`.
 
 :func:`move_algorithm` runs one move as a chain of its own with ``theta`` fixed: a
 :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm` over :class:`MoveState` and
@@ -32,6 +33,7 @@ whose weights (``weights.ula_log_increment``) correct its bias.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -39,6 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from jaxlib_ext.samplers import mala as mala_step
 from jaxlib_ext.samplers.base import SamplingAlgorithm
 
 __all__ = ["MOVES", "MoveInfo", "MoveState", "hmc", "mala", "move_algorithm", "rwm", "ula"]
@@ -67,10 +70,8 @@ def _flat(potential, params, x):
 
 
 def _mh(key, log_ratio, x, x_prop):
-    log_ratio = jnp.where(jnp.isnan(log_ratio), -jnp.inf, log_ratio)
-    prob = jnp.exp(jnp.minimum(log_ratio, 0.0))
-    accept = jnp.log(jax.random.uniform(key, dtype=x.dtype)) < log_ratio
-    return jnp.where(accept, x_prop, x), MoveInfo(prob, accept)
+    x_new, accept, prob = mala_step.mh_accept(key, log_ratio, x, x_prop)
+    return x_new, MoveInfo(prob, accept)
 
 
 def ula(key, potential: Callable, params, x, step_size):
@@ -87,9 +88,7 @@ def ula(key, potential: Callable, params, x, step_size):
       ``(x', MoveInfo)`` with acceptance 1.
     """
     v, unravel, u = _flat(potential, params, x)
-    g = jax.grad(u)(v)
-    v_new = v - step_size * g + jnp.sqrt(2.0 * step_size) * jax.random.normal(key, v.shape,
-                                                                              v.dtype)
+    v_new = mala_step.langevin_proposal(key, v, jax.grad(u)(v), step_size)
     return unravel(v_new), MoveInfo(jnp.ones((), v.dtype), jnp.ones((), bool))
 
 
@@ -106,14 +105,11 @@ def mala(key, potential: Callable, params, x, step_size):
     v, unravel, u = _flat(potential, params, x)
     k_prop, k_acc = jax.random.split(key)
     u0, g0 = jax.value_and_grad(u)(v)
-    prop = v - step_size * g0 + jnp.sqrt(2.0 * step_size) * jax.random.normal(k_prop, v.shape,
-                                                                              v.dtype)
+    prop = mala_step.langevin_proposal(k_prop, v, g0, step_size)
     u1, g1 = jax.value_and_grad(u)(prop)
-
-    def log_q(to, frm, g_frm):  # log N(to; frm - h g, 2h I) up to a constant
-        d = to - frm + step_size * g_frm
-        return -jnp.dot(d, d) / (4.0 * step_size)
-
+    # one step size both ways: the normaliser of q cancels
+    log_q = functools.partial(mala_step.log_proposal_density, step_size=step_size,
+                              normalized=False)
     log_ratio = u0 - u1 + log_q(v, prop, g1) - log_q(prop, v, g0)
     v_new, info = _mh(k_acc, log_ratio, v, prop)
     return unravel(v_new), info
