@@ -1,4 +1,5 @@
-"""Linear-recurrence ops as pure JAX functions, one folder per op.
+"""The methods' hot ops as pure JAX functions, one folder per op: each op's reference, its XLA
+fast paths and, where written, its Pallas kernels, behind one ``method=`` argument.
 
 * :mod:`~jaxlib_ext.pallas_kernels.mdn`: the momentum delta rule (Momentum DeltaNet, arXiv
   2605.05838), :func:`momentum_delta_rule`, with its recurrent reference, chunkwise XLA form and
@@ -20,7 +21,11 @@
 
 Each linear-recurrence op takes ``method="auto" | "recurrent" | "chunk" | "pallas"``
 (:data:`METHODS`); the grouped matmuls take ``method="auto" | "xla" | "pallas"``
-(``moe.METHODS``).
+(``moe.METHODS``). ``"auto"`` follows one rule for every op (``_common.resolve_auto``): the
+Pallas kernels on a GPU backend where they import and take the operands, otherwise the op's
+XLA fast path. The Pallas tunables (``MDNKernelConfig``, ``moe.GMMKernelConfig``,
+``poet.PoetKernelConfig``) follow one protocol (``_common.KernelConfig``). Every op and method
+composes with ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``jax.shard_map`` (``check_vma=True``).
 """
 
 from jaxlib_ext.pallas_kernels import gated_delta, mdn, mlstm, moe, poet

@@ -1,14 +1,18 @@
-"""Helpers shared by the linear-recurrence ops (``mdn``, ``gated_delta``).
+"""Helpers shared by the ops of ``pallas_kernels``.
 
 Validation of public arguments, the compute dtype rule, time padding to a chunk multiple,
 log-space segment sums for chunk-local decay matrices, the matmul-only unit-lower-triangular
-inverse and lazy loading of the Pallas kernels.
+inverse (the linear-recurrence ops); the varying-axes type of values an op creates inside
+``jax.shard_map`` (:func:`like_varying`); and, for every op, the ``"auto"`` rule
+(:func:`resolve_auto`), the kernel-config protocol (:class:`KernelConfig`), Triton block sizes
+(:func:`pow2`) and lazy loading of the Pallas kernels.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -220,6 +224,145 @@ def unit_lower_inverse(L: jax.Array) -> jax.Array:
     return X[..., 0, :C, :C]
 
 
+# --------------------------------------------------------------------------- shard_map types
+
+
+def varying_axes(*refs) -> frozenset:
+    """The manual mesh axes that some array leaf of ``refs`` varies over (``jax.shard_map``'s
+    varying-axes type, ``jax.typeof(x).mat.varying``); empty outside ``shard_map``."""
+    axes = frozenset()
+    for leaf in jax.tree.leaves(refs):
+        axes |= jax.typeof(leaf).mat.varying
+    return axes
+
+
+def like_varying(x, *refs):
+    """``x`` typed as varying over every manual mesh axis that some leaf of ``refs`` varies over.
+
+    Under ``jax.shard_map`` (``check_vma=True``) a value an op creates itself (a zero initial
+    state, an output buffer, a replicated weight next to sharded activations) is invariant,
+    while a ``lax.scan`` carry must keep its type through the body, a custom VJP's cotangents
+    must have the types of its inputs and a ``pallas_call`` must be told the type of each output.
+    Each array leaf of ``x`` gets the axes it lacks by ``jax.lax.pcast(..., to="varying")``,
+    whose transpose sums the cotangent over them (the gradient of a replicated input); each
+    ``jax.ShapeDtypeStruct`` leaf gets the union as its ``manual_axis_type``. Outside
+    ``shard_map`` ``x`` comes back unchanged.
+
+    Args:
+      x: a pytree of arrays and ``jax.ShapeDtypeStruct`` s.
+      refs: arrays (or pytrees of them; ``None`` leaves are skipped) whose axes ``x`` takes.
+
+    Returns:
+      ``x`` with the same values, shapes and dtypes.
+    """
+    mesh_axes = jax.sharding.get_abstract_mesh().manual_axes
+    if not mesh_axes:
+        return x
+    axes = varying_axes(*refs)
+
+    def cast(leaf):
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            own = leaf.manual_axis_type.varying if leaf.manual_axis_type is not None else ()
+            return jax.ShapeDtypeStruct(
+                leaf.shape, leaf.dtype, sharding=leaf.sharding, weak_type=leaf.weak_type,
+                manual_axis_type=jax.sharding.ManualAxisType(varying=axes | frozenset(own)),
+            )  # fmt: skip
+        missing = axes - jax.typeof(leaf).mat.varying
+        if not missing:
+            return leaf
+        return jax.lax.pcast(leaf, tuple(a for a in mesh_axes if a in missing), to="varying")
+
+    return jax.tree.map(cast, x)
+
+
+def run_interpreted(call, *args):
+    """``call(*args)`` for a ``call`` that runs Pallas kernels in interpret mode, also inside
+    ``jax.shard_map``.
+
+    The Pallas interpreter (the HLO interpreter of JAX 0.12) cannot trace a kernel whose
+    operands vary over manual mesh axes: it mixes their blocks with invariant grid indices,
+    which ``check_vma=True`` rejects. So where some operand varies, every operand is gathered
+    over those axes (``jax.lax.all_gather(..., to="invarying")``), ``call`` runs vmapped over
+    the devices' operands and each device keeps its own slice (``jax.lax.axis_index``): the
+    same values, with the work of every device on each, which is what an interpreter (a
+    testing and debugging aid) may spend. Compiled kernels never take this path. Outside
+    ``shard_map``, or with invariant operands, it is ``call(*args)``.
+
+    Args:
+      call: positional arrays in, a pytree of arrays out.
+      args: the operands.
+
+    Returns:
+      ``call(*args)``, varying over the operands' manual axes.
+    """
+    axes = varying_axes(*args)
+    if not axes:
+        return call(*args)
+    names = tuple(a for a in jax.sharding.get_abstract_mesh().manual_axes if a in axes)
+    gathered = [
+        jax.lax.all_gather(x, names, to="invarying") for x in like_varying(args, *args)
+    ]
+    out = jax.vmap(call)(*gathered)
+    device = jax.lax.axis_index(names)
+    return jax.tree.map(lambda y: jax.lax.dynamic_index_in_dim(y, device, keepdims=False), out)
+
+
+# --------------------------------------------------------------------------- kernel configs
+
+
+def pow2(n: int, minimum: int = 16) -> int:
+    """The padded size of a block dimension: the next power of two of ``n``, at least
+    ``minimum`` (Triton's block dimensions are powers of two of at least 16)."""
+    return max(minimum, 1 << (int(n) - 1).bit_length())
+
+
+def default_interpret() -> bool:
+    """Whether a kernel config's ``interpret=None`` means the Pallas interpreter: where the
+    default backend is not a GPU (the kernels are written for Pallas' GPU lowerings)."""
+    return jax.default_backend() != "gpu"
+
+
+@runtime_checkable
+class KernelConfig(Protocol):
+    """The tunables of an op's Pallas kernels (``MDNKernelConfig``, ``GMMKernelConfig``,
+    ``PoetKernelConfig``), in the shape of the JAX Pallas ops' ``BlockSizes``.
+
+    A frozen (hashable) dataclass, so it is a static argument of the kernels (one compile per
+    distinct config). ``__post_init__`` validates every field it is given and raises
+    ``ValueError`` naming the field. Fields that depend on the problem may be ``None``;
+    :meth:`default` and :meth:`for_shape` fill them. No field changes the mathematics.
+
+    Attributes:
+      interpret: run the kernels in the Pallas interpreter (the way on a CPU); ``None``: where
+        the default backend is not a GPU (:func:`default_interpret`), decided by
+        :meth:`default` / :meth:`for_shape`.
+    """
+
+    interpret: bool | None
+
+    @classmethod
+    def default(cls, *shape, **fields) -> KernelConfig:
+        """The config for a problem of these sizes (and dtype, where it matters), every field
+        set; ``fields`` override the defaults."""
+        ...
+
+    def for_shape(self, *shape) -> KernelConfig:
+        """This config with every ``None`` field set to its default for the problem."""
+        ...
+
+
+def check_positive_int(name: str, value) -> None:
+    """Raise ValueError naming the config field ``name`` unless ``value`` is an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+def check_interpret(value) -> None:
+    """Raise ValueError unless the config field ``interpret`` is a bool or ``None``."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"interpret: expected a bool or None, got {value!r}")
+
+
 # --------------------------------------------------------------------------- dispatch
 
 
@@ -245,10 +388,32 @@ def lazy_attributes(package: str, table: dict[str, str]):
     return __getattr__
 
 
-def resolve_auto(method: str, kernel_module: str, kernel_name: str) -> str:
-    """``"auto"`` -> ``"pallas"`` on a GPU backend when the kernel imports, else ``"chunk"``."""
+def resolve_auto(
+    method: str, *, fallback: str, kernel: tuple[str, str] | None = None, supported: bool = True
+) -> str:
+    """The path ``method="auto"`` takes, one rule for every op.
+
+    ``"pallas"`` on a GPU backend when the op has Pallas kernels, ``kernel = (module, name)``
+    imports, and the compiled kernels take these operands (``supported``, the op's own
+    condition, e.g. no float64 on Triton); otherwise the op's XLA fast path ``fallback``.
+
+    Args:
+      method: the op's ``method`` argument; anything but ``"auto"`` comes back unchanged.
+      fallback: the op's XLA fast path (``"chunk"``, ``"xla"``).
+      kernel: ``(module, attribute)`` of the op's Pallas entry point; ``None`` for an op
+        without Pallas kernels.
+      supported: whether the compiled kernels run these operands.
+
+    Returns:
+      The method to run.
+    """
     if method != "auto":
         return method
-    if jax.default_backend() == "gpu" and load_kernel(kernel_module, kernel_name) is not None:
+    if (
+        kernel is not None
+        and supported
+        and jax.default_backend() == "gpu"
+        and load_kernel(*kernel) is not None
+    ):
         return "pallas"
-    return "chunk"
+    return fallback

@@ -3,8 +3,9 @@
 ``gated_delta_rule`` validates its arguments and dispatches on ``method``: ``"recurrent"`` (the
 ``lax.scan`` reference), ``"chunk"`` (the chunkwise WY form), ``"pallas"``
 (:func:`gated_delta_rule_pallas`, the momentum delta rule's Pallas kernels at ``mu = 0``,
-``eta = 1``, ``p = alpha * k``; loaded on first use, interpreted on CPU) and ``"auto"`` (the
-Pallas kernels on GPU when they import, else ``"chunk"``).
+``eta = 1``, ``p = alpha * k``; loaded on first use, interpreted on CPU) and ``"auto"``
+(``_common.resolve_auto``: the Pallas kernels on a GPU backend when they import, else
+``"chunk"``).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ __all__ = [
     "gated_delta_rule_recurrent",
 ]
 
-_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.gated_delta.pallas"
-_KERNEL_NAME = "gated_delta_rule_pallas"
+# The Pallas entry point, (module, name): what ``"auto"`` picks on a GPU when it imports.
+_KERNEL = ("jaxlib_ext.pallas_kernels.gated_delta.pallas", "gated_delta_rule_pallas")
 
 _recurrent_jit = jax.jit(gated_delta_rule_recurrent, static_argnames=("output_final_state",))
 _chunk_jit = jax.jit(gated_delta_rule_chunk, static_argnames=("output_final_state", "chunk_size"))
@@ -96,7 +97,7 @@ def gated_delta_rule(
     K = _validate(q, k, v, g, beta, initial_state)
     scale = resolve_scale(scale, K)
     output_final_state = bool(output_final_state)
-    method = resolve_auto(method, _KERNEL_MODULE, _KERNEL_NAME)
+    method = resolve_auto(method, fallback="chunk", kernel=_KERNEL)
     if chunk_size is None:
         chunk_size = default_chunk_size(method, q.dtype, K)
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
@@ -108,8 +109,8 @@ def gated_delta_rule(
     from jaxlib_ext.pallas_kernels.gated_delta.pallas import gated_delta_rule_pallas
     from jaxlib_ext.pallas_kernels.mdn.config import MDNKernelConfig
 
-    config = MDNKernelConfig(interpret=jax.default_backend() == "cpu")
+    config = MDNKernelConfig(interpret=None)  # interpreted where the backend is not a GPU
     return gated_delta_rule_pallas(q, k, v, g, beta, chunk_size=chunk_size, config=config, **kwargs)
 
 
-__getattr__ = lazy_attributes(__name__, {_KERNEL_NAME: _KERNEL_MODULE})
+__getattr__ = lazy_attributes(__name__, {_KERNEL[1]: _KERNEL[0]})

@@ -26,6 +26,7 @@ from jaxlib_ext.pallas_kernels._common import (
     chunk_inputs,
     compute_dtype,
     from_chunks,
+    like_varying,
     resolve_scale,
     segsum,
     unit_lower_inverse,
@@ -77,6 +78,7 @@ def gated_delta_rule_chunk(
     qc, kc, vc, gc, bc = chunk_inputs(dt, C, q, k, v, g, beta)
     x = _prepare(qc * jnp.asarray(scale, dt), kc, vc, gc, bc)
     S0 = jnp.zeros((B, H, K, V), dt) if initial_state is None else initial_state.astype(dt)
+    S0 = like_varying(S0, x)  # the scan body's type under shard_map
     S, o = jax.lax.scan(jax.checkpoint(_chunk_step), S0, x)
     o = from_chunks(o, T)
     return o.astype(q.dtype), (S if output_final_state else None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.pallas_kernels._common import compute_dtype, resolve_scale
+from jaxlib_ext.pallas_kernels._common import compute_dtype, like_varying, resolve_scale
 
 
 def gated_delta_rule_recurrent(
@@ -48,6 +48,7 @@ def gated_delta_rule_recurrent(
     alpha = jnp.exp(time_major(g))[..., None, None]
     bt = time_major(beta)[..., None]
     S0 = jnp.zeros((B, H, K, V), dt) if initial_state is None else initial_state.astype(dt)
+    S0 = like_varying(S0, q, k, v, g, beta)  # the scan body's type under shard_map
 
     def step(S, xs):
         q_t, k_t, v_t, a_t, b_t = xs

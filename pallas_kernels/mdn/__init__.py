@@ -9,7 +9,8 @@ same signature:
   chunkwise-parallel form (eqs. (5)-(11)), rematerialised per chunk.
 - ``"pallas"``: :func:`momentum_delta_rule_pallas` (``mdn/pallas.py``, loaded on first use;
   interpreted on CPU), tuned by an ``MDNKernelConfig``.
-- ``"auto"``: the Pallas kernels on GPU when they import, otherwise ``"chunk"``.
+- ``"auto"``: ``_common.resolve_auto``: the Pallas kernels on a GPU backend when they import,
+  otherwise ``"chunk"``.
 
 ``momentum_delta_rule_pallas`` and ``MDNKernelConfig`` are importable from here without loading
 the Pallas modules until first use.
@@ -42,13 +43,12 @@ __all__ = [
     "momentum_delta_rule_recurrent",
 ]
 
-_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.mdn.pallas"
+# The Pallas entry point, (module, name): what ``"auto"`` picks on a GPU when it imports.
+_KERNEL = ("jaxlib_ext.pallas_kernels.mdn.pallas", "momentum_delta_rule_pallas")
 __getattr__ = lazy_attributes(__name__, {
-    "momentum_delta_rule_pallas": _KERNEL_MODULE,
+    "momentum_delta_rule_pallas": _KERNEL[0],
     "MDNKernelConfig": "jaxlib_ext.pallas_kernels.mdn.config",
 })
-
-_KERNEL_NAME = "momentum_delta_rule_pallas"
 
 _recurrent_jit = jax.jit(momentum_delta_rule_recurrent, static_argnames=("output_final_state",))
 _chunk_jit = jax.jit(
@@ -123,7 +123,7 @@ def momentum_delta_rule(
     output_final_state = bool(output_final_state)
     args = (q, k, v, p, log_alpha, log_mu, beta, eta)
 
-    method = resolve_auto(method, _KERNEL_MODULE, _KERNEL_NAME)
+    method = resolve_auto(method, fallback="chunk", kernel=_KERNEL)
     if chunk_size is None:
         chunk_size = default_chunk_size(method, q.dtype, K)
 
@@ -152,7 +152,7 @@ def momentum_delta_rule(
 
 
 def _pallas_config():
-    """The kernels' defaults, interpreted on a CPU backend."""
+    """The kernels' defaults, interpreted where the backend is not a GPU."""
     from jaxlib_ext.pallas_kernels.mdn.config import MDNKernelConfig
 
-    return MDNKernelConfig(interpret=jax.default_backend() == "cpu")
+    return MDNKernelConfig(interpret=None)

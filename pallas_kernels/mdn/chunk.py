@@ -51,6 +51,7 @@ from jaxlib_ext.pallas_kernels._common import (
     chunk_inputs,
     compute_dtype,
     from_chunks,
+    like_varying,
     resolve_scale,
     segsum,
     unit_lower_inverse,
@@ -163,6 +164,7 @@ def momentum_delta_rule_chunk(
     else:
         S0 = initial_state[0].astype(dt)
         M0 = initial_state[1].astype(dt)
+    S0, M0 = like_varying((S0, M0), x)  # the scan body's type under shard_map
 
     (S, M), o = jax.lax.scan(jax.checkpoint(_chunk_step), (S0, M0), x)
     # o: [N, B, H, C, V] -> [B, N*C, H, V]

@@ -1,9 +1,10 @@
 """Tunables of the momentum delta rule's Pallas path: ``MDNKernelConfig`` and the launch table.
 
-``MDNKernelConfig`` is a frozen (hashable) dataclass, a static argument of
-``momentum_delta_rule_pallas``: one compile per distinct config. ``MDNKernelConfig.default(K, V)``
-gives the default for a head size; fields left ``None`` are filled by it. ``interpret`` and
-``poison_outputs`` are debugging and testing aids, not tunables.
+``MDNKernelConfig`` follows the kernel-config protocol of ``_common.KernelConfig``: a frozen
+(hashable) dataclass, a static argument of ``momentum_delta_rule_pallas`` (one compile per
+distinct config), validated in ``__post_init__``. ``MDNKernelConfig.default(K, V)`` gives the
+default for a head size; fields left ``None`` are filled by it (``for_shape``). ``interpret``
+and ``poison_outputs`` are debugging and testing aids, not tunables.
 
 ``LAUNCH`` holds ``(num_warps, num_stages)`` per kernel on Hopper (padded K <= 128),
 ``LAUNCH_WIDE_K`` the entries that differ beyond, and ``MAX_REGISTERS`` the ``.maxnreg`` bound
@@ -18,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from jaxlib_ext.pallas_kernels._common import check_interpret, default_interpret, pow2
+
 __all__ = [
     "BACKWARDS",
     "INVERSES",
@@ -31,7 +34,6 @@ __all__ = [
     "default_backward",
     "default_block_v",
     "launch_params",
-    "pow2",
     "register_bound",
 ]
 
@@ -76,11 +78,6 @@ KERNELS = (
     "mdn_prep_bwd",
 )
 MOSAIC_KERNELS = ("mdn_state_fwd_mosaic",)
-
-
-def pow2(n: int, minimum: int = 16) -> int:
-    """The padded size of a block dimension: the next power of two, at least ``minimum``."""
-    return max(minimum, 1 << (int(n) - 1).bit_length())
 
 
 def default_block_v(kp: int) -> int:
@@ -158,8 +155,8 @@ class MDNKernelConfig:
       launch: ``((kernel_name, num_warps, num_stages), ...)`` or ``{kernel_name: (num_warps,
         num_stages)}`` overriding ``LAUNCH`` (for tuning on a GPU). No effect in interpret mode,
         but for ``mdn_state_fwd_mosaic`` (4 warps; 2 stages, or 1: the slots of its pipeline).
-      interpret: run the kernels in the Pallas interpreter (the only way on a CPU; the public
-        ops set it there).
+      interpret: run the kernels in the Pallas interpreter (the only way on a CPU); ``None``:
+        where the default backend is not a GPU (what the public ops pass).
       poison_outputs: testing aid: every kernel output buffer starts as NaN, so an element a
         kernel never writes shows.
     """
@@ -169,7 +166,7 @@ class MDNKernelConfig:
     inverse: str = "substitution"
     state_kernel: str = "triton"
     launch: tuple = ()
-    interpret: bool = False
+    interpret: bool | None = False
     poison_outputs: bool = False
 
     def __post_init__(self):
@@ -189,18 +186,20 @@ class MDNKernelConfig:
                 f"state_kernel: expected one of {STATE_KERNELS}, got {self.state_kernel!r}"
             )
         object.__setattr__(self, "launch", _launch_entries(self.launch))
-        for name in ("interpret", "poison_outputs"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"{name}: expected a bool, got {value!r}")
+        check_interpret(self.interpret)
+        if not isinstance(self.poison_outputs, bool):
+            raise ValueError(f"poison_outputs: expected a bool, got {self.poison_outputs!r}")
 
     @classmethod
     def default(cls, K: int, V: int, **fields) -> MDNKernelConfig:
         """The config for head sizes ``K`` and ``V`` (unpadded), every field set; ``fields``
-        override (a ``None`` keeps the default)."""
+        override (a ``None`` keeps the default; ``interpret=None`` becomes
+        ``_common.default_interpret()``)."""
         kp, vp = pow2(K), pow2(V)
         defaults = dict(block_v=min(vp, default_block_v(kp)), backward=default_backward(kp))
         given = {name: value for name, value in fields.items() if value is not None}
+        if "interpret" in fields and fields["interpret"] is None:
+            given["interpret"] = default_interpret()
         return cls(**{**defaults, **given})
 
     def for_shape(self, K: int, V: int) -> MDNKernelConfig:

@@ -13,9 +13,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxlib_ext.pallas_kernels._common import like_varying, pow2, run_interpreted
 from jaxlib_ext.pallas_kernels._partition import batch_and_head_parallel
 from jaxlib_ext.pallas_kernels.mdn._launch import shape_dtype
-from jaxlib_ext.pallas_kernels.mdn.config import launch_params, pow2
+from jaxlib_ext.pallas_kernels.mdn.config import launch_params
 
 __all__ = ["momentum_delta_rule_step_pallas"]
 
@@ -76,11 +77,13 @@ def momentum_delta_rule_step_pallas(
     blk = pl.BlockSpec((None, None, kp, block_v), lambda i, j, l: (i, j, 0, l))
     warps, stages = launch_params("mdn_step", kp)
 
-    def step(*args):
+    def kernel(*args):
         b, h = args[0].shape[:2]  # this device's rows and heads
         return pl.pallas_call(
             functools.partial(_step_kernel, scale=float(scale)),
-            out_shape=[shape_dtype((b, h, vp), q.dtype)] + [shape_dtype((b, h, kp, vp))] * 2,
+            out_shape=like_varying(
+                [shape_dtype((b, h, vp), q.dtype)] + [shape_dtype((b, h, kp, vp))] * 2, *args
+            ),
             grid=(b, h, vp // block_v),
             in_specs=[vec_k, vec_k, vec_v, vec_k, vec_g, blk, blk],
             out_specs=[vec_v, blk, blk],
@@ -88,6 +91,9 @@ def momentum_delta_rule_step_pallas(
             interpret=interpret,
             name="mdn_step",
         )(*args)
+
+    def step(*args):
+        return run_interpreted(kernel, *args) if interpret else kernel(*args)
 
     in_layouts = ["b h k"] * 2 + ["b h v", "b h k", "b h g", "b h k v", "b h k v"]
     out_layouts = ["b h v", "b h k v", "b h k v"]

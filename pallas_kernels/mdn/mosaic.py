@@ -45,6 +45,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from jaxlib_ext.pallas_kernels._common import like_varying
+
 __all__ = ["check_supported", "smem_bytes", "state_fwd_mosaic"]
 
 _F32 = jnp.float32
@@ -202,13 +204,13 @@ def state_fwd_mosaic(prep, s0, m0, *, chunk, block_v, stages=2, interpret=False)
 
         pl.run_scoped(store_state, *state_staging)
 
-    out_type = [
+    out_type = like_varying([
         jax.ShapeDtypeStruct((b, tp, h, vp), dot),
         jax.ShapeDtypeStruct((b, h, n * kp, vp), dot),
         jax.ShapeDtypeStruct((b, h, n * kp, vp), dot),
         jax.ShapeDtypeStruct((b, h, kp, vp), _F32),
         jax.ShapeDtypeStruct((b, h, kp, vp), _F32),
-    ]
+    ], uv, y, z, kgs, kgm, coef, s0, m0)
     scratch = [
         plgpu.SMEM((stages, chunk, block_v), dot, transforms=operand),
         plgpu.SMEM((stages, kp, block_v), dot, transforms=operand),

@@ -13,7 +13,7 @@ and backward (equations (5)-(11) of ``_chunk_algebra``):
 
 Conventions: inputs are zero-padded to ``T % chunk_size == 0`` with gates ``log_alpha =
 log_mu = 0``, ``beta = eta = 0`` (a padded step leaves (S, M) unchanged) and K, V to
-``config.pow2`` (a power of two >= 16, as Triton's block dimensions must be). Accumulation
+``_common.pow2`` (a power of two >= 16, as Triton's block dimensions must be). Accumulation
 is float32. In-kernel dots: bfloat16 inputs take bfloat16 operands (bf16 MMA) and store the
 intermediates that only feed dots in bfloat16; float32 inputs take 3xTF32
 (``DotAlgorithmPreset.TF32_TF32_F32_X3``, about float32 accuracy on the tensor cores) when
@@ -22,7 +22,9 @@ compiled and ``Precision.HIGHEST`` in interpret mode.
 Sharding: every (batch row, head) is independent; the forward and the backward carry a rule
 (``_partition.batch_and_head_parallel``) so that under ``jit`` with inputs sharded over batch
 and heads each device runs the kernels on its own rows and heads with no collective.
-``jax.vmap`` folds the mapped axis into B.
+``jax.vmap`` folds the mapped axis into B. Inside ``jax.shard_map`` every input of the custom VJP
+(the zero initial states too) takes the varying axes of all of them, so the cotangents have the
+inputs' types.
 
 Memory: the forward keeps Vt [B, T, H, V] and the states entering every chunk,
 2 x [B, H, T/C, K, V], for the backward; everything else is recomputed.
@@ -42,10 +44,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxlib_ext.pallas_kernels._common import check_token_layout
+from jaxlib_ext.pallas_kernels._common import check_token_layout, like_varying, pow2
 from jaxlib_ext.pallas_kernels._partition import batch_and_head_parallel, with_shardings_of
 from jaxlib_ext.pallas_kernels.mdn._chunk_algebra import F32, ChunkPrep, inverse_fn, prep_xla
-from jaxlib_ext.pallas_kernels.mdn.config import MDNKernelConfig, launch_params, pow2
+from jaxlib_ext.pallas_kernels.mdn.config import MDNKernelConfig, launch_params
 from jaxlib_ext.pallas_kernels.mdn.output import out_call
 from jaxlib_ext.pallas_kernels.mdn.prep import prep_call
 from jaxlib_ext.pallas_kernels.mdn.prep_bwd import (
@@ -255,6 +257,7 @@ def momentum_delta_rule_pallas(
         pad_tok(q, kp), pad_tok(k, kp), pad_tok(v, vp), pad_tok(p, kp),
         pad_gate(log_alpha), pad_gate(log_mu), pad_gate(beta), pad_gate(eta), s0, m0,
     )  # fmt: skip
+    args = like_varying(args, args)
     settings = _Settings(
         chunk=chunk_size,
         scale=float(scale),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.pallas_kernels._common import compute_dtype, resolve_scale
+from jaxlib_ext.pallas_kernels._common import compute_dtype, like_varying, resolve_scale
 
 
 def momentum_delta_rule_recurrent(
@@ -69,6 +69,8 @@ def momentum_delta_rule_recurrent(
     else:
         S0 = initial_state[0].astype(dt)
         M0 = initial_state[1].astype(dt)
+    # under shard_map the carry takes the inputs' varying axes, as the body's outputs do
+    S0, M0 = like_varying((S0, M0), q, k, v, p, log_alpha, log_mu, beta, eta)
 
     def step(carry, xs):
         S, M = carry

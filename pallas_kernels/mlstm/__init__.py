@@ -9,7 +9,7 @@ signature:
   stabilised form (``T x T`` per head);
 - ``"chunk"``: :func:`jaxlib_ext.pallas_kernels.mlstm.chunk.mlstm_chunk`, the chunkwise form
   (inter-chunk state scan, parallel form inside each chunk);
-- ``"auto"``: ``"chunk"`` (there is no Pallas kernel for this op).
+- ``"auto"``: ``"chunk"`` (``_common.resolve_auto`` for an op without Pallas kernels).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from jaxlib_ext.pallas_kernels._common import (
     check_chunk_size,
     check_shape,
     check_token_layout,
+    resolve_auto,
     resolve_scale,
 )
 from jaxlib_ext.pallas_kernels.mlstm.chunk import mlstm_chunk
@@ -118,6 +119,7 @@ def mlstm(
     if initial_state is not None:
         initial_state = MLSTMState(*initial_state)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=bool(output_final_state))
+    method = resolve_auto(method, fallback="chunk")
     if method == "recurrent":
         return _recurrent_jit(q, k, v, i_gate, f_gate, **kw)
     if method == "parallel":

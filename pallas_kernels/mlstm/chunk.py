@@ -29,6 +29,7 @@ from jaxlib_ext.pallas_kernels._common import (
     chunk_inputs,
     compute_dtype,
     from_chunks,
+    like_varying,
     pad_time,
     resolve_scale,
     segsum,
@@ -93,6 +94,8 @@ def mlstm_chunk(
     lfc = to_chunks(pad_time(jax.nn.log_sigmoid(jnp.asarray(f_gate).astype(dt)), L), L)
 
     state0 = zero_state(B, H, K, V, dt) if initial_state is None else cast_state(initial_state, dt)
-    final, entering = jax.lax.scan(_state_step, state0, _chunk_sums(kc, vc, igc, lfc))
+    sums = _chunk_sums(kc, vc, igc, lfc)
+    state0 = like_varying(state0, sums)  # the scan body's type under shard_map
+    final, entering = jax.lax.scan(_state_step, state0, sums)
     h, _ = mlstm_block(qc, kc, vc, igc, lfc, entering, final_state=False)
     return from_chunks(h, T).astype(q.dtype), (final if output_final_state else None)

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.pallas_kernels._common import compute_dtype, resolve_scale
+from jaxlib_ext.pallas_kernels._common import compute_dtype, like_varying, resolve_scale
 
 
 class MLSTMState(NamedTuple):
@@ -100,6 +100,7 @@ def mlstm_recurrent(
     ig = time_major(i_gate)
     lf = jax.nn.log_sigmoid(time_major(f_gate))
     state0 = zero_state(B, H, K, V, dt) if initial_state is None else cast_state(initial_state, dt)
+    state0 = like_varying(state0, q, k, v, i_gate, f_gate)  # the scan body's type (shard_map)
 
     def step(state, xs):
         C, n, m = state

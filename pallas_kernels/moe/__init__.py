@@ -13,9 +13,9 @@ ignores them). Both take ``method``:
   times the work), the tiled work-item form ``tiled.gmm_tiled`` / ``tiled.tgmm_tiled``.
 - ``"pallas"``: :func:`gmm_pallas` / :func:`tgmm_pallas` (``moe/pallas.py``, loaded on first
   use; interpreted on CPU), tiled over group boundaries, tuned by a :class:`GMMKernelConfig`,
-  differentiable through a ``custom_vjp`` built from the two kernels.
-- ``"auto"``: the Pallas kernels on a GPU backend for 16-bit and float32 operands (Triton has
-  no float64 dot), otherwise ``"xla"``.
+  each differentiable through a ``custom_vjp`` built from the two kernels.
+- ``"auto"``: ``_common.resolve_auto``: the Pallas kernels on a GPU backend for 16-bit and
+  float32 operands (Triton has no float64 dot), otherwise ``"xla"``.
 
 The Python loops over groups ``reference.gmm_loop`` / ``reference.tgmm_loop`` are the ground
 truth of the tests.
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext.pallas_kernels._common import is_concrete, lazy_attributes, load_kernel
+from jaxlib_ext.pallas_kernels._common import is_concrete, lazy_attributes, resolve_auto
 from jaxlib_ext.pallas_kernels.moe.reference import (
     gmm_loop,
     gmm_ragged_dot,
@@ -55,10 +55,11 @@ __all__ = [
 
 METHODS: tuple[str, ...] = ("auto", "xla", "pallas")
 
-_KERNEL_MODULE = "jaxlib_ext.pallas_kernels.moe.pallas"
+# The Pallas entry point, (module, name): what ``"auto"`` picks on a GPU when it imports.
+_KERNEL = ("jaxlib_ext.pallas_kernels.moe.pallas", "gmm_pallas")
 __getattr__ = lazy_attributes(__name__, {
-    "gmm_pallas": _KERNEL_MODULE,
-    "tgmm_pallas": _KERNEL_MODULE,
+    "gmm_pallas": _KERNEL[0],
+    "tgmm_pallas": _KERNEL[0],
     "GMMKernelConfig": "jaxlib_ext.pallas_kernels.moe.config",
 })
 
@@ -107,13 +108,8 @@ def tgmm_xla(lhs, grad, group_sizes):
 def _resolve(method, *arrays) -> str:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method != "auto":
-        return method
     f64 = any(jnp.dtype(a.dtype) == jnp.float64 for a in arrays)
-    on_gpu = jax.default_backend() == "gpu"
-    if on_gpu and not f64 and load_kernel(_KERNEL_MODULE, "gmm_pallas") is not None:
-        return "pallas"
-    return "xla"
+    return resolve_auto(method, fallback="xla", kernel=_KERNEL, supported=not f64)
 
 
 def gmm(lhs, rhs, group_sizes, *, method="auto", config=None):
@@ -125,7 +121,8 @@ def gmm(lhs, rhs, group_sizes, *, method="auto", config=None):
       group_sizes: ``[G]`` integer rows per group, ``>= 0``, summing to at most ``M`` (checked
         when concrete).
       method: ``"auto" | "xla" | "pallas"`` (module docstring).
-      config: a ``GMMKernelConfig`` for ``"pallas"`` (default: its defaults, interpreted on CPU).
+      config: a ``GMMKernelConfig`` for ``"pallas"`` (default: its defaults, interpreted where
+        the backend is not a GPU).
 
     Returns:
       ``[M, N]`` in ``lhs.dtype``; rows past ``sum(group_sizes)`` are zero. Accumulation is
@@ -163,8 +160,6 @@ def tgmm(lhs, grad, group_sizes, *, method="auto", config=None):
 
     Raises:
       ValueError: as :func:`gmm`, and a ``grad`` whose row count differs from ``lhs``.
-      NotImplementedError: when differentiated with ``method="pallas"`` (also what ``"auto"``
-        picks on a GPU): that kernel is itself a gradient; ``method="xla"`` is differentiable.
     """
     _check_matrix("lhs", lhs, 2, "[M, K]")
     _check_matrix("grad", grad, 2, "[M, N]")

@@ -20,8 +20,15 @@ a tile); the grid has that static size and the unused items have an empty row ra
   (a trip count read from the group offsets; zero for an empty group) and accumulates
   ``lhs_tile^T grad_tile`` with the rows outside the group zeroed.
 
-Gradients (``jax.custom_vjp``): ``d lhs = gmm(d out, rhs^T)`` (the same kernel, reading
-``rhs`` transposed) and ``d rhs = tgmm(lhs, d out)``; ``group_sizes`` gets none.
+Gradients (``jax.custom_vjp``), ``group_sizes`` getting none:
+
+* of ``out = gmm(lhs, rhs)``: ``d lhs = gmm(d out, rhs^T)`` (the same kernel, reading ``rhs``
+  transposed) and ``d rhs = tgmm(lhs, d out)``;
+* of ``out = tgmm(lhs, grad)`` (``out[g] = sum_{r in g} lhs[r]^T grad[r]``):
+  ``d lhs = gmm(grad, d out^T)`` and ``d grad = gmm(lhs, d out)``, zero on rows past the sum.
+
+Inside ``jax.shard_map`` the operands of each custom VJP take the varying axes of all of them
+(``_common.like_varying``), so the cotangent of a replicated ``rhs`` is summed over the devices.
 
 Numerics: float32 accumulation (float64 for float64 operands, interpret mode only: Triton has
 no float64 dot). In-kernel dots: bfloat16 operands stay bfloat16 (bf16 MMA); float32 operands
@@ -42,6 +49,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxlib_ext.pallas_kernels._common import like_varying, run_interpreted
 from jaxlib_ext.pallas_kernels.moe._metadata import group_metadata, group_offsets
 from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
 
@@ -135,7 +143,8 @@ def _tgmm_kernel(
 def _gmm_call(lhs, rhs, group_sizes, config: GMMKernelConfig, transpose_rhs: bool):
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    bm, bk, bn = config.blocks(k, n)
+    config = config.for_shape(k, n)
+    bm, bk, bn = config.block_m, config.block_k, config.block_n
     mp, kp, np_ = _cdiv(m, bm) * bm, _cdiv(k, bk) * bk, _cdiv(n, bn) * bn
     lhs_p = _pad2(lhs, mp, kp)
     pad_k, pad_n = (0, kp - k), (0, np_ - n)
@@ -147,18 +156,24 @@ def _gmm_call(lhs, rhs, group_sizes, config: GMMKernelConfig, transpose_rhs: boo
         _gmm_kernel, bm=bm, bk=bk, bn=bn, k_steps=kp // bk, transpose_rhs=transpose_rhs,
         precision=_precision(lhs.dtype, config.interpret), acc_dtype=acc_dtype,
     )  # fmt: skip
-    zeros = jnp.zeros((mp, np_), out_dtype)
-    out = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
-        grid=(tile.shape[0], np_ // bn),
-        input_output_aliases={6: 0},
-        compiler_params=plgpu.CompilerParams(
-            num_warps=config.num_warps, num_stages=config.num_stages
-        ),
-        interpret=config.interpret,
-        name="moe_gmm",
-    )(tile, group, lo, hi, lhs_p, rhs_p.astype(lhs.dtype), zeros)
+
+    def call(*args):
+        # the aliased output buffer's type is the output's: varying as the operands
+        zeros = like_varying(jnp.zeros((mp, np_), out_dtype), *args)
+        return pl.pallas_call(
+            kernel,
+            out_shape=like_varying(jax.ShapeDtypeStruct((mp, np_), out_dtype), zeros),
+            grid=(tile.shape[0], np_ // bn),
+            input_output_aliases={6: 0},
+            compiler_params=plgpu.CompilerParams(
+                num_warps=config.num_warps, num_stages=config.num_stages
+            ),
+            interpret=config.interpret,
+            name="moe_gmm",
+        )(*args, zeros)
+
+    args = (tile, group, lo, hi, lhs_p, rhs_p.astype(lhs.dtype))
+    out = run_interpreted(call, *args) if config.interpret else call(*args)
     return out[:m, :n]
 
 
@@ -166,7 +181,8 @@ def _tgmm_call(lhs, grad, group_sizes, config: GMMKernelConfig):
     m, k = lhs.shape
     n = grad.shape[1]
     num_groups = group_sizes.shape[0]
-    bm, bk, bn = config.blocks(k, n)
+    config = config.for_shape(k, n)
+    bm, bk, bn = config.block_m, config.block_k, config.block_n
     mp, kp, np_ = _cdiv(m, bm) * bm, _cdiv(k, bk) * bk, _cdiv(n, bn) * bn
     starts, ends = group_offsets(group_sizes, m)
     acc_dtype = _acc_dtype(lhs, grad)
@@ -174,17 +190,22 @@ def _tgmm_call(lhs, grad, group_sizes, config: GMMKernelConfig):
         _tgmm_kernel, bm=bm, bk=bk, bn=bn,
         precision=_precision(lhs.dtype, config.interpret), acc_dtype=acc_dtype,
     )  # fmt: skip
-    out = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((num_groups, kp, np_), lhs.dtype),
-        grid=(num_groups, kp // bk, np_ // bn),
-        out_specs=pl.BlockSpec((None, bk, bn), lambda g, kb, j: (g, kb, j)),
-        compiler_params=plgpu.CompilerParams(
-            num_warps=config.num_warps, num_stages=config.num_stages
-        ),
-        interpret=config.interpret,
-        name="moe_tgmm",
-    )(starts, ends, _pad2(lhs, mp, kp), _pad2(grad.astype(lhs.dtype), mp, np_))
+
+    def call(*args):
+        return pl.pallas_call(
+            kernel,
+            out_shape=like_varying(jax.ShapeDtypeStruct((num_groups, kp, np_), lhs.dtype), *args),
+            grid=(num_groups, kp // bk, np_ // bn),
+            out_specs=pl.BlockSpec((None, bk, bn), lambda g, kb, j: (g, kb, j)),
+            compiler_params=plgpu.CompilerParams(
+                num_warps=config.num_warps, num_stages=config.num_stages
+            ),
+            interpret=config.interpret,
+            name="moe_tgmm",
+        )(*args)
+
+    args = (starts, ends, _pad2(lhs, mp, kp), _pad2(grad.astype(lhs.dtype), mp, np_))
+    out = run_interpreted(call, *args) if config.interpret else call(*args)
     return out[:, :k, :n]
 
 
@@ -212,7 +233,7 @@ _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 def _config(config):
     if config is None:
-        return GMMKernelConfig(interpret=jax.default_backend() == "cpu")
+        return GMMKernelConfig(interpret=None)  # interpreted where the backend is not a GPU
     if not isinstance(config, GMMKernelConfig):
         raise TypeError(f"config must be a GMMKernelConfig, got {type(config).__name__}")
     return config
@@ -221,27 +242,37 @@ def _config(config):
 def gmm_pallas(lhs, rhs, group_sizes, *, config: GMMKernelConfig | None = None):
     """Grouped matmul ``[M, K] x [G, K, N] -> [M, N]`` by the Pallas kernel (module docstring);
     differentiable in ``lhs`` and ``rhs``. ``config`` defaults to ``GMMKernelConfig()``,
-    interpreted on a CPU backend. Arguments are not validated here (``moe.gmm`` does)."""
-    return _gmm(lhs, rhs.astype(lhs.dtype), group_sizes.astype(jnp.int32), _config(config))
+    interpreted where the backend is not a GPU. Arguments are not validated here (``moe.gmm``
+    does)."""
+    group_sizes = group_sizes.astype(jnp.int32)
+    lhs, rhs = like_varying((lhs, rhs.astype(lhs.dtype)), lhs, rhs, group_sizes)
+    return _gmm(lhs, rhs, group_sizes, _config(config))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _tgmm(lhs, grad, group_sizes, config):
     return _tgmm_call(lhs, grad, group_sizes, config)
 
 
-@_tgmm.defjvp
-def _tgmm_jvp(config, primals, tangents):
-    # Without this rule JAX fails inside pallas_call with a bare AssertionError.
-    del config, primals, tangents
-    raise NotImplementedError(
-        'moe.tgmm(method="pallas") is not differentiable (its kernel is itself a gradient); '
-        'differentiate tgmm with method="xla"'
-    )
+def _tgmm_fwd(lhs, grad, group_sizes, config):
+    return _tgmm(lhs, grad, group_sizes, config), (lhs, grad, group_sizes)
+
+
+def _tgmm_bwd(config, residuals, d_out):
+    lhs, grad, group_sizes = residuals
+    d_out = d_out.astype(lhs.dtype)
+    d_lhs = _gmm_call(grad, d_out, group_sizes, config, transpose_rhs=True)
+    d_grad = _gmm_call(lhs, d_out, group_sizes, config, transpose_rhs=False)
+    return d_lhs.astype(lhs.dtype), d_grad.astype(grad.dtype), None
+
+
+_tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
 
 
 def tgmm_pallas(lhs, grad, group_sizes, *, config: GMMKernelConfig | None = None):
-    """Per-group ``lhs^T grad``, ``[M, K] x [M, N] -> [G, K, N]``, by the Pallas kernel; not
-    differentiable (it is itself a gradient): differentiating it raises
-    ``NotImplementedError`` naming ``method="xla"``, which is."""
-    return _tgmm(lhs, grad, group_sizes.astype(jnp.int32), _config(config))
+    """Per-group ``lhs^T grad``, ``[M, K] x [M, N] -> [G, K, N]``, by the Pallas kernel;
+    differentiable in ``lhs`` and ``grad`` (module docstring). ``config`` as in
+    :func:`gmm_pallas`."""
+    group_sizes = group_sizes.astype(jnp.int32)
+    lhs, grad = like_varying((lhs, grad), lhs, grad, group_sizes)
+    return _tgmm(lhs, grad, group_sizes, _config(config))

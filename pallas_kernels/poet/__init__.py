@@ -22,7 +22,8 @@ Paths (``method``):
 - ``"xla"``: input-centric, :func:`~jaxlib_ext.pallas_kernels.poet.xla.poet_linear_xla`;
 - ``"pallas"``: input-centric with the block products on the Pallas kernels
   (:mod:`jaxlib_ext.pallas_kernels.poet.pallas`, interpreted off GPU);
-- ``"auto"``: ``"xla"`` (the Pallas kernels are untuned).
+- ``"auto"``: ``_common.resolve_auto``: the Pallas kernels on a GPU backend where the compiled
+  kernels take the operands (``block_size`` a multiple of 16, no float64), otherwise ``"xla"``.
 
 ``memory_saving=True`` (``"xla"`` and ``"pallas"``) is the ``POET-X_mem`` variant: a
 ``custom_vjp`` that keeps only the layer input for the backward pass, recomputes the rotations
@@ -34,7 +35,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.pallas_kernels._common import lazy_attributes
+from jaxlib_ext.pallas_kernels._common import lazy_attributes, resolve_auto
 from jaxlib_ext.pallas_kernels.poet.reference import (
     cayley_neumann,
     effective_weight,
@@ -63,6 +64,9 @@ __all__ = [
 ]
 
 METHODS: tuple[str, ...] = ("auto", "reference", "xla", "pallas")
+
+# The Pallas entry point, (module, name): what ``"auto"`` picks on a GPU when it imports.
+_KERNEL = ("jaxlib_ext.pallas_kernels.poet.pallas", "block_rotate_pallas")
 
 
 __getattr__ = lazy_attributes(__name__, {
@@ -139,7 +143,11 @@ def poet_linear(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     _check(x, w, theta_in, theta_out, perm_in, perm_out, block_size)
-    method = "xla" if method == "auto" else method
+    # the compiled kernels take power-of-two tiles of at least 16 (config.py) and no float64
+    f64 = any(jnp.dtype(a.dtype) == jnp.float64 for a in (x, w, theta_in, theta_out))
+    method = resolve_auto(
+        method, fallback="xla", kernel=_KERNEL, supported=block_size % 16 == 0 and not f64
+    )
     args = (x, w, theta_in, theta_out, perm_in, perm_out)
     if memory_saving:
         if method == "reference":

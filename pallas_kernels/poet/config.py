@@ -1,16 +1,23 @@
 """Tunables of the POET block-rotation Pallas kernels: ``PoetKernelConfig``.
 
-A frozen (hashable) dataclass, a static argument of the kernels: one compile per distinct
-config. ``PoetKernelConfig.default(block_size)`` fills the tile sizes a field leaves ``None``:
-the largest power of two dividing ``b`` that is at most 64. The compiled (Triton) kernels need
-tiles that are powers of two of at least 16, so ``b`` a multiple of 16; interpret mode takes any
-size. The defaults are untuned (no GPU clock has timed them). ``interpret`` is a debugging and
-testing aid, not a tunable.
+It follows the kernel-config protocol of ``_common.KernelConfig``: a frozen (hashable)
+dataclass, a static argument of the kernels (one compile per distinct config), validated in
+``__post_init__``. ``PoetKernelConfig.default(block_size)`` (or ``for_shape`` of a config) fills
+the tile sizes a field leaves ``None``: the largest power of two dividing ``b`` that is at most
+64. The compiled (Triton) kernels need tiles that are powers of two of at least 16, so ``b`` a
+multiple of 16; interpret mode takes any size. The defaults are untuned (no GPU clock has timed
+them). ``interpret`` is a debugging and testing aid, not a tunable.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from jaxlib_ext.pallas_kernels._common import (
+    check_interpret,
+    check_positive_int,
+    default_interpret,
+)
 
 __all__ = ["PoetKernelConfig", "pow2_tile"]
 
@@ -28,10 +35,12 @@ class PoetKernelConfig:
     """Tile sizes and launch parameters of ``block_apply_pallas`` / ``block_gram_pallas``.
 
     Attributes:
-      block_tokens: tokens per program (``block_apply``) and per loop step (``block_gram``).
-      block_cols: output columns of a block per program.
+      block_tokens: tokens per program (``block_apply``) and per loop step (``block_gram``);
+        ``None``: 64.
+      block_cols: output columns of a block per program, dividing the block size; ``None``:
+        ``pow2_tile(b)``.
       block_k: contraction tile inside a block (``block_apply``) / rows of ``dG`` per program
-        (``block_gram``).
+        (``block_gram``), dividing the block size; ``None``: ``pow2_tile(b)``.
       num_warps, num_stages: Triton launch parameters.
       interpret: run the kernels in the Pallas interpreter; ``None``: when the default backend
         is not a GPU.
@@ -44,22 +53,38 @@ class PoetKernelConfig:
     num_stages: int = 2
     interpret: bool | None = None
 
-    def resolved(self, block_size: int) -> PoetKernelConfig:
-        """This config with every ``None`` field set to its default for ``block_size``."""
-        import jax
+    def __post_init__(self):
+        for name in ("block_tokens", "block_cols", "block_k"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+        for name in ("num_warps", "num_stages"):
+            check_positive_int(name, getattr(self, name))
+        check_interpret(self.interpret)
 
+    @classmethod
+    def default(cls, block_size: int, **fields) -> PoetKernelConfig:
+        """The config for blocks of ``block_size`` features, every field set; ``fields``
+        override the defaults."""
+        return cls(**fields).for_shape(block_size)
+
+    def for_shape(self, block_size: int) -> PoetKernelConfig:
+        """This config with every ``None`` field set to its default for ``block_size``.
+
+        Raises:
+          ValueError: ``block_cols`` or ``block_k`` does not divide ``block_size``.
+        """
         tile = pow2_tile(block_size)
-        interpret = self.interpret
-        if interpret is None:
-            interpret = jax.default_backend() != "gpu"
-        return dataclasses.replace(
+        config = dataclasses.replace(
             self,
-            interpret=interpret,
+            interpret=default_interpret() if self.interpret is None else self.interpret,
             block_tokens=self.block_tokens or 64,
             block_cols=self.block_cols or tile,
             block_k=self.block_k or tile,
         )
-
-    @classmethod
-    def default(cls, block_size: int, *, interpret: bool | None = None) -> PoetKernelConfig:
-        return cls(interpret=interpret).resolved(block_size)
+        for name in ("block_cols", "block_k"):
+            if block_size % getattr(config, name):
+                raise ValueError(
+                    f"{name}: expected a divisor of the block size {block_size}, got "
+                    f"{getattr(config, name)}"
+                )
+        return config

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxlib_ext.pallas_kernels._common import like_varying, run_interpreted
 from jaxlib_ext.pallas_kernels.poet.config import PoetKernelConfig
 
 __all__ = ["PoetKernelConfig", "block_apply_pallas", "block_gram_pallas", "block_rotate_pallas"]
@@ -48,7 +49,7 @@ def _flatten_tokens(z, block_tokens):
 
 
 def _config(config, block_size):
-    return (config or PoetKernelConfig()).resolved(block_size)
+    return (config or PoetKernelConfig()).for_shape(block_size)
 
 
 def _params(config):
@@ -79,19 +80,22 @@ def _apply_call(z2, g, tt, tc, tk, acc_dtype, cfg):
             acc += jnp.dot(zs, gs, preferred_element_type=acc_dtype)
         o_ref[...] = acc.astype(o_ref.dtype)
 
-    return pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((tp, n), z2.dtype),
-        grid=(tp // tt, k, nc),
-        in_specs=[
-            pl.BlockSpec((tt, b), lambda i, kk, j: (i, kk)),
-            pl.BlockSpec((None, b, tc), lambda i, kk, j: (kk, 0, j)),
-        ],
-        out_specs=pl.BlockSpec((tt, tc), lambda i, kk, j: (i, kk * nc + j)),
-        compiler_params=_params(cfg),
-        interpret=cfg.interpret,
-        name="poet_block_apply",
-    )(z2, g)
+    def call(z2, g):
+        return pl.pallas_call(
+            kernel,
+            out_shape=like_varying(jax.ShapeDtypeStruct((tp, n), z2.dtype), z2, g),
+            grid=(tp // tt, k, nc),
+            in_specs=[
+                pl.BlockSpec((tt, b), lambda i, kk, j: (i, kk)),
+                pl.BlockSpec((None, b, tc), lambda i, kk, j: (kk, 0, j)),
+            ],
+            out_specs=pl.BlockSpec((tt, tc), lambda i, kk, j: (i, kk * nc + j)),
+            compiler_params=_params(cfg),
+            interpret=cfg.interpret,
+            name="poet_block_apply",
+        )(z2, g)
+
+    return run_interpreted(call, z2, g) if cfg.interpret else call(z2, g)
 
 
 def block_gram_pallas(z, dy, k: int, config: PoetKernelConfig | None = None):
@@ -116,24 +120,35 @@ def block_gram_pallas(z, dy, k: int, config: PoetKernelConfig | None = None):
         acc = jax.lax.fori_loop(0, tp // tt, body, jnp.zeros((tr, tc), acc_dtype))
         o_ref[...] = acc
 
-    return pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((k, b, b), acc_dtype),
-        grid=(k, nr, nc),
-        in_specs=[
-            pl.BlockSpec((tp, tr), lambda kk, r, c: (0, kk * nr + r)),
-            pl.BlockSpec((tp, tc), lambda kk, r, c: (0, kk * nc + c)),
-        ],
-        out_specs=pl.BlockSpec((None, tr, tc), lambda kk, r, c: (kk, r, c)),
-        compiler_params=_params(cfg),
-        interpret=cfg.interpret,
-        name="poet_block_gram",
-    )(z2, d2)
+    def call(z2, d2):
+        return pl.pallas_call(
+            kernel,
+            out_shape=like_varying(jax.ShapeDtypeStruct((k, b, b), acc_dtype), z2, d2),
+            grid=(k, nr, nc),
+            in_specs=[
+                pl.BlockSpec((tp, tr), lambda kk, r, c: (0, kk * nr + r)),
+                pl.BlockSpec((tp, tc), lambda kk, r, c: (0, kk * nc + c)),
+            ],
+            out_specs=pl.BlockSpec((None, tr, tc), lambda kk, r, c: (kk, r, c)),
+            compiler_params=_params(cfg),
+            interpret=cfg.interpret,
+            name="poet_block_gram",
+        )(z2, d2)
+
+    return run_interpreted(call, z2, d2) if cfg.interpret else call(z2, d2)
+
+
+def block_rotate_pallas(z, g, config: PoetKernelConfig | None = None):
+    """Differentiable ``out[..., k, :] = z[..., k, :] @ G_k`` on the Pallas kernels.
+
+    Inside ``jax.shard_map`` ``z`` and ``G`` first take the varying axes of both, so the
+    cotangent of a replicated ``G`` is summed over the devices."""
+    z, g = like_varying((z, g), z, g)
+    return _block_rotate(z, g, config)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def block_rotate_pallas(z, g, config: PoetKernelConfig | None = None):
-    """Differentiable ``out[..., k, :] = z[..., k, :] @ G_k`` on the Pallas kernels."""
+def _block_rotate(z, g, config):
     return block_apply_pallas(z, g, config)
 
 
@@ -148,4 +163,4 @@ def _rotate_bwd(config, res, dy):
     return dz.astype(z.dtype), dg.astype(g.dtype)
 
 
-block_rotate_pallas.defvjp(_rotate_fwd, _rotate_bwd)
+_block_rotate.defvjp(_rotate_fwd, _rotate_bwd)

@@ -21,25 +21,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlib_ext.pallas_kernels._common import like_varying
 from jaxlib_ext.pallas_kernels.poet.reference import cayley_neumann, inverse_permutation
 
 __all__ = [
     "block_apply", "block_gram", "permute", "poet_linear_memory", "poet_linear_xla", "rotate",
 ]
 
-@jax.custom_vjp
 def block_apply(z: jax.Array, g: jax.Array) -> jax.Array:
     """``[..., k b] x [k, b, b] -> [..., k b]``: ``out[..., k, :] = z[..., k, :] @ G_k``.
 
-    Differentiable: ``dz = block_apply(dy, G^T)``, ``dG = block_gram(z, dy)``.
+    Differentiable: ``dz = block_apply(dy, G^T)``, ``dG = block_gram(z, dy)``. Inside
+    ``jax.shard_map`` ``z`` and ``G`` first take the varying axes of both, so the cotangent of
+    a replicated ``G`` is summed over the devices.
     """
+    z, g = like_varying((z, g), z, g)
+    return _block_apply(z, g)
+
+
+@jax.custom_vjp
+def _block_apply(z, g):
     k, b, _ = g.shape
     zb = z.reshape(z.shape[:-1] + (k, b))
     return jnp.einsum("...kb,kbc->...kc", zb, g.astype(z.dtype)).reshape(z.shape)
 
 
 def _apply_fwd(z, g):
-    return block_apply(z, g), (z, g)
+    return _block_apply(z, g), (z, g)
 
 
 def _apply_bwd(res, dy):
@@ -48,7 +56,7 @@ def _apply_bwd(res, dy):
     return dz.astype(z.dtype), block_gram(z, dy, g.shape[0]).astype(g.dtype)
 
 
-block_apply.defvjp(_apply_fwd, _apply_bwd)
+_block_apply.defvjp(_apply_fwd, _apply_bwd)
 
 
 def block_gram(z: jax.Array, dy: jax.Array, k: int) -> jax.Array:
@@ -122,8 +130,12 @@ def poet_linear_memory(x, w, theta_in, theta_out, perm_in, perm_out, *, block_si
 
     Residuals: ``x``, ``w``, the thetas and permutations (no activation-sized intermediate).
     The cotangent of ``w`` is zero (frozen base weight), those of the permutations are ``float0``.
-    ``config``: the ``PoetKernelConfig`` of ``impl="pallas"``.
+    ``config``: the ``PoetKernelConfig`` of ``impl="pallas"``. Inside ``jax.shard_map`` the
+    floating arguments first take the varying axes of all of them, so the cotangents of
+    replicated parameters are summed over the devices.
     """
+    x, w, theta_in, theta_out = like_varying((x, w, theta_in, theta_out), x, w, theta_in,
+                                             theta_out, perm_in, perm_out)
     return _memory(block_size, (impl, config), x, w, theta_in, theta_out, perm_in, perm_out)
 
 

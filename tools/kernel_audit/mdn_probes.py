@@ -16,8 +16,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxlib_ext.pallas_kernels._common import pow2
 from jaxlib_ext.pallas_kernels.mdn import MDNKernelConfig, momentum_delta_rule_pallas
-from jaxlib_ext.pallas_kernels.mdn.config import pow2
 
 OPTION_NAMES = ("chunk_size", *(f.name for f in dataclasses.fields(MDNKernelConfig)))
 

@@ -144,7 +144,7 @@ def _pallas(shape, chunk, **kwargs):
 def _mosaic_options(shape, dtype, chunk):
     """Keyword options selecting the Mosaic GPU forward state kernel at this shape (block_v
     32, or 16 where 32 does not fit), or None where it does not apply (float32, small K)."""
-    from jaxlib_ext.pallas_kernels.mdn.config import pow2
+    from jaxlib_ext.pallas_kernels._common import pow2
 
     from .mdn_probes import mosaic_state_kernel_applies
 
