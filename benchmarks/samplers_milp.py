@@ -100,14 +100,14 @@ class Bench:
             self._labels = [milp.solve_highs(p, time_limit=30.0).x for p in self.train]
         return self._labels
 
-    def sampler(self, method, proposal=None, seed=0, budget="time"):
+    def sampler(self, rule, proposal=None, seed=0, budget="time"):
         a = self.args
         kw = dict(pad_to=self.pad, seed=seed, num_chains=a.chains,
                   steps_per_round=a.steps_per_round)
-        if method == "learned":
+        if rule == "learned":
             kw["proposal"] = proposal
         else:
-            kw["method"] = method
+            kw["rule"] = rule
         if budget == "time":
             return lambda p: milp.solve(p, time_limit=a.time_limit, **kw)
         return lambda p: milp.solve(p, time_limit=1e9, max_rounds=a.rounds, **kw)
@@ -206,7 +206,7 @@ def bench_miplib(args, rows, models):
                 for s in SEEDS:
                     kw = dict(seed=s, num_chains=args.chains, steps_per_round=args.steps_per_round)
                     kw.update(proposal=learned["learned"]) if m == "learned" else kw.update(
-                        method=m)
+                        rule=m)
                     if budget == "time":
                         milp.solve(p, time_limit=1e9, max_rounds=1, **kw)  # compile
                         res.append(milp.solve(p, time_limit=args.time_limit, **kw))
@@ -250,17 +250,17 @@ def bench_scaling(args):
     print("|---|---|---|---|---|")
     steps = 50
     temps, pens = milp.annealing_schedule(steps)
-    for method in ("rld", "dmala"):
+    for rule in ("rld", "dmala"):
         for n in args.scaling_n:
             d = milp.energy_data(milp.set_cover(0, n_rows=n // 2, n_cols=n))
             for k in args.scaling_chains:
                 z0 = jnp.zeros((k, n))
-                kw = dict(temperatures=temps, penalties=pens, method=method, step_size=0.1)
+                kw = dict(temperatures=temps, penalties=pens, rule=rule, step_size=0.1)
                 jax.block_until_ready(milp.run_langevin(jax.random.key(0), d, z0, **kw))
                 t = time.perf_counter()
                 jax.block_until_ready(milp.run_langevin(jax.random.key(1), d, z0, **kw))
                 ms = 1e3 * (time.perf_counter() - t) / steps
-                print(f"| {method} | {n} | {k} | {ms:.3f} | {ms / k:.4f} |", flush=True)
+                print(f"| {rule} | {n} | {k} | {ms:.3f} | {ms / k:.4f} |", flush=True)
 
 
 def main():

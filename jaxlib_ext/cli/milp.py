@@ -3,8 +3,9 @@
 Reads an MPS/LP file through HiGHS, runs :func:`jaxlib_ext.samplers.milp.solve` (annealed
 discrete Langevin sampling with exact LP completion) with a progress bar of the best objective
 and the elapsed time, and prints the certified result (status, objective, violations);
-``--proposal DIR`` samples with a trained learned proposal (``proposal.save_proposal``), with
-``--metropolis`` under the Metropolis-Hastings test; ``--compare-highs`` also runs HiGHS under the
+``--rule`` picks the sampling rule (``rld``, ``dlp`` or ``dmala``); ``--proposal DIR`` samples
+with a trained learned proposal (``proposal.save_proposal``), with ``--metropolis`` under the
+Metropolis-Hastings test; ``--compare-highs`` also runs HiGHS under the
 same time limit, ``--solution FILE`` writes ``name value`` lines. ``--time-limit`` bounds the whole
 solve, compilation included. Exit status 0 when a certified feasible solution (or a proof of
 infeasibility/unboundedness) is reported, 1 when none was found in time, 2 on bad input (including
@@ -20,7 +21,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxlib_ext.samplers.milp.solve import SOLVE_METHODS
+    from jaxlib_ext.samplers.milp.solve import SOLVE_RULES
 
     p = argparse.ArgumentParser(prog="python -m jaxlib_ext milp",
                                 description="solve a MILP (MPS/LP file) by learned Langevin "
@@ -29,11 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=60.0,
                    help="seconds for the whole solve, compilation included (default 60)")
     p.add_argument("--chains", type=int, default=16, help="parallel chains (default 16)")
-    p.add_argument("--method", default="rld", choices=SOLVE_METHODS,
-                   help="sampler: regularised flip rule (default), DLP, or DLP with MH")
+    p.add_argument("--rule", default="rld", choices=SOLVE_RULES,
+                   help="sampling rule: regularised flip rule (default), DLP, or DLP with MH")
     p.add_argument("--proposal", default=None, metavar="DIR",
                    help="a trained learned proposal (saved by proposal.save_proposal) that "
-                        "draws the sampler's moves; replaces --method")
+                        "draws the sampler's moves; replaces --rule")
     p.add_argument("--metropolis", action="store_true",
                    help="with --proposal: accept or reject its moves by Metropolis-Hastings")
     p.add_argument("--steps-per-round", type=int, default=1000)
@@ -56,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--chains: expected >= 1, got {args.chains}")
         if args.metropolis and args.proposal is None:
             raise ValueError("--metropolis: needs --proposal DIR (for DLP with MH use "
-                             "--method dmala)")
-        if args.proposal is not None and args.method != "rld":
-            raise ValueError("--proposal, --method: a learned proposal draws the moves itself; "
+                             "--rule dmala)")
+        if args.proposal is not None and args.rule != "rld":
+            raise ValueError("--proposal, --rule: a learned proposal draws the moves itself; "
                              "give one of them")
         problem = milp.read_mps(args.file)
         proposal = None
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({int(problem.integrality.sum())} integer), {problem.num_rows} rows, "
               f"{'minimise' if problem.sense == 1 else 'maximise'}")
         result = milp.solve(problem, time_limit=args.time_limit, num_chains=args.chains,
-                            method=args.method, steps_per_round=args.steps_per_round,
+                            rule=args.rule, steps_per_round=args.steps_per_round,
                             seed=args.seed, proposal=proposal, metropolis=args.metropolis,
                             progress=not args.no_progress)
     except (ValueError, TypeError, FileNotFoundError) as e:

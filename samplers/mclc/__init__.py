@@ -3,12 +3,15 @@ measurement-consistent Langevin corrector (arXiv 2601.04791).
 
 :mod:`problem` (the problem container, operator checks, Tweedie's denoiser, the measurement
 residual and its linearisation), :mod:`solvers` (latent DPS and PSLD over DDIM, with a
-``corrector=`` hook), :mod:`corrector` (``mclc_correct`` and its constraint forms: the
-published projection (default); ours: projection with retraction, first-order compensation,
-none; the step rules: ``eta_t`` proportional to the level's variance (default), the SNR
-rule), :mod:`gaussian` (the linear-Gaussian latent model
-with its closed-form posterior, the oracle of the tests; a Gaussian prior on principal
-components of images, an untrained latent model with an exact denoiser).
+``corrector=`` hook: ``init``, ``build_latent_dps_kernel``/``build_psld_kernel``, the sampling
+algorithms ``latent_dps_sampler``/``psld_sampler`` and the drivers ``latent_dps``/``psld``),
+:mod:`corrector` (``init``, ``build_kernel``, ``mclc_sampler``, the driver ``mclc_correct``
+and the hook ``mclc``; its constraint forms: the published projection (default); ours:
+projection with retraction, first-order compensation, none; the step rules: ``eta_t``
+proportional to the level's variance (default), the SNR rule), :mod:`gaussian` (the
+linear-Gaussian latent model with its closed-form posterior, the oracle of the tests; a
+Gaussian prior on principal components of images, an untrained latent model with an exact
+denoiser).
 """
 
 from jaxlib_ext.samplers.mclc import corrector, gaussian, problem, solvers
@@ -17,11 +20,13 @@ from jaxlib_ext.samplers.mclc.corrector import (
     MCLC,
     STEP_RULES,
     CorrectorInfo,
+    CorrectorState,
     StepBoundWarning,
     compensation_constraint,
     expected_squared_step,
     mclc,
     mclc_correct,
+    mclc_sampler,
     no_constraint,
     projection_constraint,
     tangent_constraint,
@@ -46,12 +51,25 @@ from jaxlib_ext.samplers.mclc.problem import (
     residual_linearization,
     vp_alpha_bars,
 )
-from jaxlib_ext.samplers.mclc.solvers import SolverInfo, SolverResult, ddim_step, latent_dps, psld
+from jaxlib_ext.samplers.mclc.solvers import (
+    SolverInfo,
+    SolverResult,
+    SolverState,
+    SolverStepInfo,
+    build_latent_dps_kernel,
+    build_psld_kernel,
+    ddim_step,
+    latent_dps,
+    latent_dps_sampler,
+    psld,
+    psld_sampler,
+)
 
 __all__ = [
     "CONSTRAINTS",
     "MCLC",
     "CorrectorInfo",
+    "CorrectorState",
     "LatentInverseProblem",
     "LinearGaussianLatentModel",
     "LinearOperator",
@@ -60,8 +78,12 @@ __all__ = [
     "STEP_RULES",
     "SolverInfo",
     "SolverResult",
+    "SolverState",
+    "SolverStepInfo",
     "StepBoundWarning",
     "as_linear_operator",
+    "build_latent_dps_kernel",
+    "build_psld_kernel",
     "check_adjoint",
     "compensation_constraint",
     "corrector",
@@ -72,16 +94,19 @@ __all__ = [
     "gaussian",
     "gaussian_kl",
     "latent_dps",
+    "latent_dps_sampler",
     "latent_inverse_problem",
     "linear_gaussian_model",
     "mclc",
     "mclc_correct",
+    "mclc_sampler",
     "measurement_residual",
     "no_constraint",
     "pca_latent_prior",
     "problem",
     "projection_constraint",
     "psld",
+    "psld_sampler",
     "residual_linearization",
     "solvers",
     "tangent_constraint",

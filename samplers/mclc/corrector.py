@@ -66,6 +66,13 @@ u``, exact when ``D``, ``A`` and ``zhat_0`` are affine.
 
 Cost per corrector step: one ``eps_model`` evaluation, linearised (the residual's gradient
 ``J^T rho`` and the prediction ``J u``; the retraction adds one more of each).
+
+**Layout** (BlackJAX's, :mod:`jaxlib_ext.samplers.base`): :func:`init` makes a
+:class:`CorrectorState`, :func:`build_kernel` returns ``kernel(rng_key, state, problem, t) ->
+(state, info)``, one step (C.2)-(C.3) with a :class:`CorrectorInfo`; :func:`mclc_sampler` binds
+a problem and a level and returns a :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm`;
+:func:`mclc_correct` runs ``K`` steps, and :func:`mclc` binds its settings into the
+``corrector=`` hook of the solvers.
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlib_ext.samplers.base import SamplingAlgorithm
 from jaxlib_ext.samplers.mclc.problem import (
     LatentInverseProblem,
     ResidualLinearization,
@@ -91,11 +99,15 @@ __all__ = [
     "MCLC",
     "STEP_RULES",
     "CorrectorInfo",
+    "CorrectorState",
     "StepBoundWarning",
+    "build_kernel",
     "compensation_constraint",
     "expected_squared_step",
+    "init",
     "mclc",
     "mclc_correct",
+    "mclc_sampler",
     "no_constraint",
     "projection_constraint",
     "tangent_constraint",
@@ -109,13 +121,27 @@ class StepBoundWarning(UserWarning):
     """The expected squared corrector step (C.4) exceeds 1, the paper's consistency bound."""
 
 
-class CorrectorInfo(NamedTuple):
-    """Per-step diagnostics of :func:`mclc_correct`, each of shape ``(K,)``.
+class CorrectorState(NamedTuple):
+    """One chain of the corrector.
 
-    residual: ``r(z, t)`` before each step. predicted_residual: the Gauss-Newton prediction of
-    ``r`` after it. step_size: ``eta_t``. rejected: whether the step was rejected (only the
-    ``"tangent"`` and ``"compensate"`` options reject). squared_step: ``||z' - z||^2``, the
-    squared norm of the applied step.
+    Attributes:
+      z: the latent, of ``problem.latent_shape``.
+    """
+
+    z: jax.Array
+
+
+class CorrectorInfo(NamedTuple):
+    """Diagnostics of corrector steps: scalars from the kernel of :func:`build_kernel`, each of
+    shape ``(K,)`` from :func:`mclc_correct`.
+
+    Attributes:
+      residual: ``r(z, t)`` before each step.
+      predicted_residual: the Gauss-Newton prediction of ``r`` after it.
+      step_size: ``eta_t``.
+      rejected: whether the step was rejected (only the ``"tangent"`` and ``"compensate"``
+        options reject).
+      squared_step: ``||z' - z||^2``, the squared norm of the applied step.
     """
 
     residual: jax.Array
@@ -127,7 +153,16 @@ class CorrectorInfo(NamedTuple):
 
 def expected_squared_step(eta, one_minus_abar, latent_dim):
     """(C.4): ``eta^2 d / (1 - abar) + 2 eta d``, the expected squared step under the
-    Gaussian-score estimate ``||s||^2 ~ d / (1 - abar)``."""
+    Gaussian-score estimate ``||s||^2 ~ d / (1 - abar)``.
+
+    Args:
+      eta: the step ``eta_t`` (scalar or array).
+      one_minus_abar: ``1 - abar_t`` (broadcasting with ``eta``).
+      latent_dim: ``d``.
+
+    Returns:
+      ``E||Delta||^2`` of (C.2), of the broadcast shape.
+    """
     return eta ** 2 * latent_dim / one_minus_abar + 2.0 * eta * latent_dim
 
 
@@ -166,14 +201,35 @@ def _project(delta, lin: ResidualLinearization):
 
 
 def projection_constraint(delta, lin: ResidualLinearization):
-    """The published form (C.3): ``(I - g g^T) delta``, no retraction, no rejection:
-    ``(increment, predicted residual, rejected=False)``."""
+    """The published form (C.3): ``(I - g g^T) delta``, no retraction, no rejection.
+
+    Args:
+      delta: the increment (C.2), of the latent's shape.
+      lin: the :class:`~jaxlib_ext.samplers.mclc.ResidualLinearization` at the current latent.
+
+    Returns:
+      ``(increment, predicted residual, rejected=False)``.
+
+    References:
+      Lee, Lim, Cha, Oh, arXiv 2601.04791, sec. 3.
+    """
     return no_constraint(_project(delta, lin)[0], lin)
 
 
 def tangent_constraint(delta, lin: ResidualLinearization):
-    """Tangent projection with return to the level set (module docstring):
-    ``(increment, predicted residual, rejected)``."""
+    """Tangent projection with return to the level set (module docstring; ours).
+
+    Args:
+      delta: the increment (C.2), of the latent's shape.
+      lin: the :class:`~jaxlib_ext.samplers.mclc.ResidualLinearization` at the current latent.
+
+    Returns:
+      ``(increment, predicted residual, rejected)``.
+
+    References:
+      Lelievre, Rousset, Stoltz, Langevin dynamics with constraints and computation of free
+      energy differences, Math. Comp. 81, 2012.
+    """
     tangent, active = _project(delta, lin)
     v, zeta, reachable, dq = _retract(lin.jvp(tangent), lin)
     reject = active & ~reachable
@@ -185,8 +241,15 @@ def tangent_constraint(delta, lin: ResidualLinearization):
 
 
 def compensation_constraint(delta, lin: ResidualLinearization):
-    """First-order compensation, one-sided (module docstring):
-    ``(increment, predicted residual, rejected)``."""
+    """First-order compensation, one-sided (module docstring; ours).
+
+    Args:
+      delta: the increment (C.2), of the latent's shape.
+      lin: the :class:`~jaxlib_ext.samplers.mclc.ResidualLinearization` at the current latent.
+
+    Returns:
+      ``(increment, predicted residual, rejected)``.
+    """
     v, zeta, reachable, dq = _retract(lin.jvp(delta), lin)
     increases = dq > 0
     reject = increases & ~reachable
@@ -197,7 +260,15 @@ def compensation_constraint(delta, lin: ResidualLinearization):
 
 
 def no_constraint(delta, lin: ResidualLinearization):
-    """Plain Langevin: ``(delta, predicted residual, False)``."""
+    """Plain Langevin (an ablation; not measurement-consistent).
+
+    Args:
+      delta: the increment (C.2), of the latent's shape.
+      lin: the :class:`~jaxlib_ext.samplers.mclc.ResidualLinearization` at the current latent.
+
+    Returns:
+      ``(delta, predicted residual, False)``.
+    """
     p = lin.residual + lin.jvp(delta)
     return delta, jnp.sqrt(_dot(p, p)), jnp.zeros((), bool)
 
@@ -224,9 +295,12 @@ def _is_positive(v):
     return math.isfinite(float(v)) and float(v) > 0
 
 
-def _check_corrector_args(num_steps, snr, step_size, constraint, step_rule, step_scale):
+def _check_num_steps(num_steps):
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps: expected an int >= 1, got {num_steps!r}")
+
+
+def _check_corrector_args(snr, step_size, constraint, step_rule, step_scale):
     if step_rule not in STEP_RULES:
         raise ValueError(f"step_rule: expected one of {STEP_RULES}, got {step_rule!r}")
     if not isinstance(snr, jax.core.Tracer) and not _is_positive(snr):
@@ -262,7 +336,7 @@ def _step_schedule(problem, step_size, step_rule, step_scale):
     return c * one_minus
 
 
-def _warn_if_past_bound(problem, etas):
+def _warn_if_past_bound(problem, etas, stacklevel):
     """(C.4) over the schedule, when it is concrete; warns where it exceeds 1."""
     try:
         e = jax.device_get(etas)
@@ -280,43 +354,86 @@ def _warn_if_past_bound(problem, etas):
         warnings.warn(f"mclc: the expected squared corrector step (C.4) reaches "
                       f"{float(bound.max()):.3g} > 1 at latent dimension {d}, past the paper's "
                       f"consistency bound; lower step_scale or step_size", StepBoundWarning,
-                      stacklevel=4)
+                      stacklevel=stacklevel)
 
 
-def mclc_correct(key, z, t, problem: LatentInverseProblem, *, num_steps: int = 1,
-                 step_rule: str = "variance", step_scale: float | None = None,
-                 snr: float = 0.16, step_size=None, constraint: str | Callable = "projection",
-                 axis_name=None):
-    """``num_steps`` corrector steps (C.2)-(C.3) at noise level ``t``: ``(z, CorrectorInfo)``.
-
-    key: PRNG key. z: one latent of ``problem.latent_shape``. t: int index into
-    ``problem.alpha_bars`` (``abar_t < 1``). step_rule: ``"variance"`` (``eta_t = step_scale
-    (1 - abar_t)``) or ``"snr"`` ((C.1) with ``snr``). step_scale: ``c > 0``, or ``None`` for
-    ``1 / (4 d)``. step_size: a fixed ``eta`` or a ``(T,)`` schedule, replacing the rule.
-    constraint: ``"projection"`` (the published form), ``"tangent"``, ``"compensate"``,
-    ``"none"`` or a function ``(delta, ResidualLinearization) -> (delta, predicted_residual,
-    rejected)``. axis_name: average the norms of (C.1) over this named ``vmap`` axis.
-
-    Raises:
-      ValueError: naming the argument (``num_steps``, ``step_rule``, ``step_scale``, ``snr``,
-        ``step_size`` including a schedule of the wrong length, ``constraint``, ``z``).
-    Warns:
-      StepBoundWarning: (C.4) exceeds 1 somewhere on the schedule (known steps only).
-    """
-    cfn = _check_corrector_args(num_steps, snr, step_size, constraint, step_rule, step_scale)
+def _check_latent(z, problem):
     if tuple(jnp.shape(z)) != tuple(problem.latent_shape):
         raise ValueError(f"z: expected shape {tuple(problem.latent_shape)} (latent_shape), got "
                          f"{tuple(jnp.shape(z))}")
-    sigma = jnp.sqrt(1.0 - problem.alpha_bars[t])
-    etas = _step_schedule(problem, step_size, step_rule, step_scale)
-    if etas is not None:
-        _warn_if_past_bound(problem, etas)
 
-    def one(z, k):
+
+def init(position) -> CorrectorState:
+    """The corrector's state at a latent.
+
+    Args:
+      position: one latent ``z`` of ``problem.latent_shape``.
+
+    Returns:
+      A :class:`CorrectorState`.
+    """
+    return CorrectorState(jnp.asarray(position))
+
+
+def build_kernel(*, step_rule: str = "variance", step_scale: float | None = None,
+                 snr: float = 0.16, step_size=None, constraint: str | Callable = "projection",
+                 axis_name=None) -> Callable:
+    """One corrector step (C.2)-(C.3) as a kernel.
+
+    The kernel ``kernel(rng_key, state, problem, t) -> (state, info)`` moves the
+    :class:`CorrectorState` by one constrained Langevin step on ``p_t`` at noise level ``t``
+    (an int index into ``problem.alpha_bars`` with ``abar_t < 1``); one ``eps_model``
+    evaluation, linearised.
+
+    Args:
+      step_rule: ``"variance"`` (``eta_t = step_scale (1 - abar_t)``, the default) or ``"snr"``
+        ((C.1) with ``snr``, ours).
+      step_scale: ``c > 0`` of the variance rule, or ``None`` for ``1 / (4 d)`` (our choice:
+        (C.4) at about 1/2 at the noisiest level).
+      snr: the signal-to-noise ratio of (C.1), ``> 0``.
+      step_size: a fixed ``eta`` or a ``(T,)`` schedule ``eta_t``, replacing the rule.
+      constraint: ``"projection"`` (the published form (C.3)), ``"tangent"``,
+        ``"compensate"``, ``"none"`` or a function ``(delta, ResidualLinearization) -> (delta,
+        predicted_residual, rejected)``.
+      axis_name: average the norms of (C.1) over this named ``vmap`` axis of chains.
+
+    Returns:
+      ``kernel(rng_key, state, problem, t) -> (CorrectorState, CorrectorInfo)``, the info of
+      the one step (scalars).
+
+    Raises:
+      ValueError: naming the argument (``step_rule``, ``step_scale``, ``snr``, ``step_size``,
+        ``constraint``); a schedule of the wrong length when the kernel runs.
+
+    References:
+      Lee, Lim, Cha, Oh, arXiv 2601.04791, sec. 3; Song et al., arXiv 2011.13456, Alg. 5
+      (the SNR rule).
+    """
+    level, move = _level_and_move(step_rule, step_scale, snr, step_size, constraint, axis_name)
+
+    def kernel(rng_key, state: CorrectorState, problem: LatentInverseProblem, t):
+        return move(rng_key, state, problem, t, *level(problem, t))
+
+    return kernel
+
+
+def _level_and_move(step_rule, step_scale, snr, step_size, constraint, axis_name):
+    """The two halves of the kernel: ``level(problem, t) -> (sigma_t, eta_t)`` (``eta_t`` None
+    for the SNR rule), fixed at one level, and ``move(rng_key, state, problem, t, sigma_t,
+    eta_t) -> (state, info)``, one step (C.2)-(C.3)."""
+    cfn = _check_corrector_args(snr, step_size, constraint, step_rule, step_scale)
+
+    def level(problem, t):
+        sigma = jnp.sqrt(1.0 - problem.alpha_bars[t])
+        etas = _step_schedule(problem, step_size, step_rule, step_scale)
+        return sigma, None if etas is None else etas[t]
+
+    def move(rng_key, state, problem, t, sigma, eta_t):
+        z = state.z
         lin = residual_linearization(problem, z, t)
-        xi = jax.random.normal(k, z.shape, z.dtype)
+        xi = jax.random.normal(rng_key, z.shape, z.dtype)
         score = -lin.eps / sigma  # (P.4)
-        if etas is None:  # (C.1)
+        if eta_t is None:  # (C.1)
             xi_norm, s_norm = jnp.sqrt(_dot(xi, xi)), jnp.sqrt(_dot(score, score))
             if axis_name is not None:
                 xi_norm = jax.lax.pmean(xi_norm, axis_name)
@@ -324,21 +441,123 @@ def mclc_correct(key, z, t, problem: LatentInverseProblem, *, num_steps: int = 1
             ratio = xi_norm / jnp.maximum(s_norm, 1e-12)
             eta = 2.0 * (snr * ratio) ** 2
         else:
-            eta = etas[t].astype(z.dtype)
+            eta = eta_t.astype(z.dtype)
         delta = eta * score + jnp.sqrt(2.0 * eta) * xi  # (C.2)
         inc, pred, rej = cfn(delta, lin)
-        return z + inc, (lin.norm, pred, eta, rej, _dot(inc, inc))  # (C.3)
+        info = CorrectorInfo(lin.norm, pred, eta, rej, _dot(inc, inc))
+        return CorrectorState(z + inc), info  # (C.3)
 
-    z, (r, pred, eta, rej, sq) = jax.lax.scan(one, z, jax.random.split(key, num_steps))
-    return z, CorrectorInfo(r, pred, eta, rej, sq)
+    return level, move
+
+
+def mclc_sampler(problem: LatentInverseProblem, t, *, step_rule: str = "variance",
+                 step_scale: float | None = None, snr: float = 0.16, step_size=None,
+                 constraint: str | Callable = "projection", axis_name=None) -> SamplingAlgorithm:
+    """The corrector at one noise level as a sampling algorithm: ``init(position)`` and
+    ``step(rng_key, state)``, one step (C.2)-(C.3) on ``p_t`` under the constraint.
+
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.mclc.LatentInverseProblem`.
+      t: the noise level, an int index into ``problem.alpha_bars`` with ``abar_t < 1``.
+      step_rule, step_scale, snr, step_size, constraint, axis_name: as :func:`build_kernel`.
+
+    Returns:
+      A :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm` over :class:`CorrectorState` with
+      :class:`CorrectorInfo`.
+
+    Raises:
+      TypeError: ``problem`` is not a ``LatentInverseProblem``.
+      ValueError: naming the argument, as :func:`build_kernel`, or ``t`` out of range.
+
+    Warns:
+      StepBoundWarning: (C.4) exceeds 1 somewhere on the schedule (known steps only).
+
+    References:
+      Lee, Lim, Cha, Oh, arXiv 2601.04791, sec. 3.
+    """
+    if not isinstance(problem, LatentInverseProblem):
+        raise TypeError(f"problem: expected a LatentInverseProblem (see "
+                        f"latent_inverse_problem), got {type(problem).__name__}")
+    num_levels = problem.alpha_bars.shape[0]
+    if not isinstance(t, jax.core.Tracer) and (
+            isinstance(t, bool) or np.ndim(t) != 0
+            or not np.issubdtype(np.asarray(t).dtype, np.integer) or not 0 <= int(t) < num_levels):
+        raise ValueError(f"t: expected an int in [0, {num_levels - 1}], got {t!r}")
+    kernel = build_kernel(step_rule=step_rule, step_scale=step_scale, snr=snr,
+                          step_size=step_size, constraint=constraint, axis_name=axis_name)
+    etas = _step_schedule(problem, step_size, step_rule, step_scale)
+    if etas is not None:
+        _warn_if_past_bound(problem, etas, stacklevel=3)
+
+    def init_fn(position):
+        _check_latent(position, problem)
+        return init(position)
+
+    def step_fn(rng_key, state):
+        return kernel(rng_key, state, problem, t)
+
+    return SamplingAlgorithm(init_fn, step_fn)
+
+
+def mclc_correct(rng_key, z, t, problem: LatentInverseProblem, *, num_steps: int = 1,
+                 step_rule: str = "variance", step_scale: float | None = None,
+                 snr: float = 0.16, step_size=None, constraint: str | Callable = "projection",
+                 axis_name=None):
+    """``num_steps`` corrector steps (C.2)-(C.3) at noise level ``t``: the kernel of
+    :func:`build_kernel` scanned over ``num_steps`` keys split from ``rng_key``.
+
+    Args:
+      rng_key: PRNG key.
+      z: one latent of ``problem.latent_shape``.
+      t: int index into ``problem.alpha_bars`` (``abar_t < 1``).
+      problem: the :class:`~jaxlib_ext.samplers.mclc.LatentInverseProblem`.
+      num_steps: corrector steps ``K >= 1`` (network evaluations).
+      step_rule: ``"variance"`` (``eta_t = step_scale (1 - abar_t)``) or ``"snr"`` ((C.1) with
+        ``snr``).
+      step_scale: ``c > 0``, or ``None`` for ``1 / (4 d)``.
+      snr: the signal-to-noise ratio of (C.1).
+      step_size: a fixed ``eta`` or a ``(T,)`` schedule, replacing the rule.
+      constraint: ``"projection"`` (the published form), ``"tangent"``, ``"compensate"``,
+        ``"none"`` or a function ``(delta, ResidualLinearization) -> (delta,
+        predicted_residual, rejected)``.
+      axis_name: average the norms of (C.1) over this named ``vmap`` axis.
+
+    Returns:
+      ``(z, CorrectorInfo)``: the corrected latent and the per-step diagnostics, each of shape
+      ``(K,)``.
+
+    Raises:
+      ValueError: naming the argument (``num_steps``, ``step_rule``, ``step_scale``, ``snr``,
+        ``step_size`` including a schedule of the wrong length, ``constraint``, ``z``).
+
+    Warns:
+      StepBoundWarning: (C.4) exceeds 1 somewhere on the schedule (known steps only).
+
+    References:
+      Lee, Lim, Cha, Oh, arXiv 2601.04791, sec. 3.
+    """
+    _check_num_steps(num_steps)
+    level, move = _level_and_move(step_rule, step_scale, snr, step_size, constraint, axis_name)
+    _check_latent(z, problem)
+    etas = _step_schedule(problem, step_size, step_rule, step_scale)
+    if etas is not None:
+        _warn_if_past_bound(problem, etas, stacklevel=3)
+    sigma, eta_t = level(problem, t)  # fixed over the K steps at this level
+
+    def body(state, key):
+        return move(key, state, problem, t, sigma, eta_t)
+
+    state, info = jax.lax.scan(body, init(z), jax.random.split(rng_key, num_steps))
+    return state.z, info
 
 
 @dataclasses.dataclass(frozen=True)
 class MCLC:
     """:func:`mclc_correct` with its settings bound: the ``corrector=`` of the solvers.
 
-    ``corrector(key, z, t, problem) -> (z, CorrectorInfo)``; ``num_steps`` is the number of
-    extra network evaluations per solver step."""
+    ``corrector(rng_key, z, t, problem) -> (z, CorrectorInfo)``; ``num_steps`` is the number of
+    extra network evaluations per solver step. Fields as the arguments of
+    :func:`mclc_correct`."""
 
     num_steps: int = 1
     step_rule: str = "variance"
@@ -349,11 +568,12 @@ class MCLC:
     axis_name: Any = None
 
     def __post_init__(self):
-        _check_corrector_args(self.num_steps, self.snr, self.step_size, self.constraint,
-                              self.step_rule, self.step_scale)
+        _check_num_steps(self.num_steps)
+        _check_corrector_args(self.snr, self.step_size, self.constraint, self.step_rule,
+                              self.step_scale)
 
-    def __call__(self, key, z, t, problem):
-        return mclc_correct(key, z, t, problem, num_steps=self.num_steps,
+    def __call__(self, rng_key, z, t, problem):
+        return mclc_correct(rng_key, z, t, problem, num_steps=self.num_steps,
                             step_rule=self.step_rule, step_scale=self.step_scale, snr=self.snr,
                             step_size=self.step_size, constraint=self.constraint,
                             axis_name=self.axis_name)
@@ -362,6 +582,26 @@ class MCLC:
 def mclc(num_steps: int = 1, step_scale: float | None = None, *, step_rule: str = "variance",
          snr: float = 0.16, step_size=None, constraint: str | Callable = "projection",
          axis_name=None) -> MCLC:
-    """The corrector to pass as ``corrector=`` to :func:`latent_dps` or :func:`psld`
-    (arguments as :func:`mclc_correct`)."""
+    """The corrector to pass as ``corrector=`` to
+    :func:`~jaxlib_ext.samplers.mclc.latent_dps` or :func:`~jaxlib_ext.samplers.mclc.psld`.
+
+    Args:
+      num_steps: corrector steps ``K >= 1`` after each solver step but the last.
+      step_scale: ``c > 0`` of the variance rule, or ``None`` for ``1 / (4 d)``.
+      step_rule: ``"variance"`` (default) or ``"snr"``.
+      snr: the signal-to-noise ratio of (C.1).
+      step_size: a fixed ``eta`` or a ``(T,)`` schedule, replacing the rule.
+      constraint: ``"projection"`` (the published form), ``"tangent"``, ``"compensate"``,
+        ``"none"`` or a constraint function.
+      axis_name: average the norms of (C.1) over this named ``vmap`` axis.
+
+    Returns:
+      An :class:`MCLC`, ``corrector(rng_key, z, t, problem) -> (z, CorrectorInfo)``.
+
+    Raises:
+      ValueError: naming the argument, as :func:`mclc_correct`.
+
+    References:
+      Lee, Lim, Cha, Oh, arXiv 2601.04791.
+    """
     return MCLC(num_steps, step_rule, step_scale, snr, step_size, constraint, axis_name)

@@ -41,8 +41,20 @@ __all__ = ["LinearGaussianLatentModel", "PCALatentPrior", "gaussian_kl", "linear
 
 
 class LinearGaussianLatentModel(NamedTuple):
-    """Arrays of the model; methods give the denoiser (G.1), decoder, encoder (the
-    pseudo-inverse of ``W``), operator, measurements, the problem and the posteriors (G.3)."""
+    """Arrays of the model; methods give the denoiser (G.1), decoder, encoder (the pseudo-inverse
+    of ``W``), operator, measurements, the problem and the posteriors (G.3).
+
+    Attributes:
+      prior_mean: ``(d,)`` ``m``.
+      prior_cov: ``(d, d)`` ``S``.
+      decoder_matrix: ``(n, d)`` ``W``.
+      decoder_bias: ``(n,)`` ``b``.
+      operator_matrix: ``(k, n)`` ``A``.
+      noise_std: ``sigma_y``.
+      alpha_bars: ``(T,)`` the VP schedule.
+      prior_eigvals: ``(d,)`` eigenvalues of ``S``.
+      prior_eigvecs: ``(d, d)`` its orthonormal eigenvectors (columns).
+    """
 
     prior_mean: jax.Array  # (d,)
     prior_cov: jax.Array  # (d, d)
@@ -56,6 +68,7 @@ class LinearGaussianLatentModel(NamedTuple):
 
     @property
     def latent_shape(self) -> tuple:
+        """The shape of one latent, ``(d,)``."""
         return (self.prior_mean.shape[0],)
 
     def _level(self, alpha_bar):
@@ -65,25 +78,57 @@ class LinearGaussianLatentModel(NamedTuple):
         return (jnp.sqrt(alpha_bar) * self.prior_mean, (q * c) @ q.T, (q / c) @ q.T)
 
     def eps_model(self, z, t):
-        """(G.1) for one latent ``z`` of shape ``(d,)``."""
+        """The exact noise-prediction denoiser (G.1).
+
+        Args:
+          z: one latent of shape ``(d,)``.
+          t: int index into ``alpha_bars``.
+
+        Returns:
+          ``eps*(z, t)``, shape ``(d,)``.
+        """
         ab = self.alpha_bars[t]
         mu, _, cov_inv = self._level(ab)
         return jnp.sqrt(1.0 - ab) * (cov_inv @ (z - mu))
 
     def decoder(self, z):
+        """The linear decoder ``x = W z + b``.
+
+        Args:
+          z: ``(d,)`` a latent.
+
+        Returns:
+          ``(n,)`` the data point.
+        """
         return self.decoder_matrix @ z + self.decoder_bias
 
     def encoder(self, x):
+        """The pseudo-inverse of the decoder, ``W^+ (x - b)``.
+
+        Args:
+          x: ``(n,)`` a data point.
+
+        Returns:
+          ``(d,)`` the latent.
+        """
         w = self.decoder_matrix
         return jnp.linalg.solve(w.T @ w, w.T @ (x - self.decoder_bias))  # W^+ (x - b)
 
     @property
     def operator(self) -> LinearOperator:
+        """The measurement operator ``A`` as a :class:`LinearOperator`."""
         a = self.operator_matrix
         return LinearOperator(lambda x: a @ x, lambda u: a.T @ u)
 
     def sample_measurement(self, key):
-        """``(z_0, x, y)`` drawn from the model."""
+        """A draw from the model.
+
+        Args:
+          key: PRNG key.
+
+        Returns:
+          ``(z_0, x, y)``: the latent, the data point and the noisy measurement.
+        """
         k1, k2 = jax.random.split(key)
         chol = jnp.linalg.cholesky(self.prior_cov)
         z0 = self.prior_mean + chol @ jax.random.normal(k1, self.prior_mean.shape)
@@ -93,13 +138,31 @@ class LinearGaussianLatentModel(NamedTuple):
         return z0, x, y
 
     def problem(self, y, *, check_operator: bool = True) -> LatentInverseProblem:
+        """The :class:`LatentInverseProblem` of a measurement.
+
+        Args:
+          y: ``(k,)`` the measurement.
+          check_operator: run the adjoint test of ``check_adjoint``.
+
+        Returns:
+          The problem, with the exact denoiser and the pseudo-inverse encoder.
+        """
         return latent_inverse_problem(self.eps_model, self.decoder, self.operator, y,
                                       self.alpha_bars, latent_shape=self.latent_shape,
                                       encoder=self.encoder, check_operator=check_operator)
 
     def posterior(self, y, t=None):
-        """``(mean, cov)`` of (G.3): the exact posterior of ``z_0`` (``t = None``) or the
-        surrogate posterior at level ``t``."""
+        """The Gaussian (G.3): the exact posterior of ``z_0`` or the surrogate posterior at
+        level ``t``.
+
+        Args:
+          y: ``(k,)`` the measurement.
+          t: ``None`` for the exact posterior of ``z_0``, or an int level for ``p_t(z) N(y; A
+            D(zhat_0(z, t)), sigma_y^2 I)``.
+
+        Returns:
+          ``(mean, cov)`` of shapes ``(d,)`` and ``(d, d)``.
+        """
         ab = jnp.ones(()) if t is None else self.alpha_bars[t]
         mu, _, cov_inv = self._level(ab)
         gain = jnp.sqrt(ab) * self.prior_cov @ cov_inv  # K_t of (G.2)
@@ -116,14 +179,29 @@ def linear_gaussian_model(key, latent_dim: int = 4, data_dim: int = 6,
                           measurement_dim: int = 2, noise_std: float = 0.1,
                           num_train_steps: int = 1000, *,
                           orthonormal_pullback: bool = True) -> LinearGaussianLatentModel:
-    """A random instance: prior mean ``N(0, 0.25 I)``, prior covariance with eigenvalues in
-    ``[0.3, 2]``, ``W`` Gaussian with ``1/sqrt(d)`` scale, the DDPM schedule
-    :func:`vp_alpha_bars`.
+    """A random instance of the linear-Gaussian latent model.
 
-    ``orthonormal_pullback=True`` builds ``A = R W^+`` with ``R`` of orthonormal rows, so that
-    ``A W = R``: the residual's gradient then has the same norm everywhere on a level set (the
-    co-area factor is constant at ``t = None``), the case where level-set Langevin preserves
-    the posterior exactly in the small-step limit. Otherwise ``A`` is Gaussian.
+    Prior mean ``N(0, 0.25 I)``, prior covariance with eigenvalues in ``[0.3, 2]``, ``W``
+    Gaussian with ``1/sqrt(d)`` scale, the DDPM schedule :func:`vp_alpha_bars`.
+
+    Args:
+      key: PRNG key.
+      latent_dim: ``d``.
+      data_dim: ``n >= d``.
+      measurement_dim: ``k``, ``1 <= k <= n``.
+      noise_std: ``sigma_y > 0``.
+      num_train_steps: ``T`` of the schedule.
+      orthonormal_pullback: build ``A = R W^+`` with ``R`` of orthonormal rows, so that ``A W =
+        R``: the residual's gradient then has the same norm everywhere on a level set (the
+        co-area factor is constant at ``t = None``), the case where level-set Langevin preserves
+        the posterior exactly in the small-step limit (needs ``k <= d``). Otherwise ``A`` is
+        Gaussian.
+
+    Returns:
+      The :class:`LinearGaussianLatentModel`.
+
+    Raises:
+      ValueError: the dimensions or ``noise_std`` out of range.
     """
     if not 1 <= measurement_dim <= data_dim or latent_dim > data_dim or latent_dim < 1:
         raise ValueError(f"latent_dim, data_dim, measurement_dim: expected 1 <= latent_dim <= "
@@ -158,7 +236,17 @@ def linear_gaussian_model(key, latent_dim: int = 4, data_dim: int = 6,
 
 
 def gaussian_kl(mean0, cov0, mean1, cov1):
-    """``KL(N(mean0, cov0) || N(mean1, cov1))`` (float64 NumPy)."""
+    """``KL(N(mean0, cov0) || N(mean1, cov1))`` in float64 NumPy.
+
+    Args:
+      mean0: ``(d,)``.
+      cov0: ``(d, d)``.
+      mean1: ``(d,)``.
+      cov1: ``(d, d)``.
+
+    Returns:
+      The divergence (a float).
+    """
     m0, s0 = np.asarray(mean0, np.float64), np.asarray(cov0, np.float64)
     m1, s1 = np.asarray(mean1, np.float64), np.asarray(cov1, np.float64)
     s1_inv = np.linalg.inv(s1)
@@ -169,10 +257,18 @@ def gaussian_kl(mean0, cov0, mean1, cov1):
 
 
 class PCALatentPrior(NamedTuple):
-    """A Gaussian latent prior on the leading principal components of a set of images: latent
-    ``z`` of shape ``(dim,)``, ``x = mean + V z`` (``V`` orthonormal columns), ``z ~ N(0,
+    """A Gaussian latent prior on the leading principal components of a set of images.
+
+    Latent ``z`` of shape ``(dim,)``, ``x = mean + V z`` (``V`` orthonormal columns), ``z ~ N(0,
     diag(variances))``; its exact denoiser is (G.1) with a diagonal ``S``. A latent diffusion
-    model that needs no training, for quick experiments on real images."""
+    model that needs no training, for quick experiments on real images.
+
+    Attributes:
+      mean: ``(H, W, C)`` the images' mean.
+      basis: ``(H*W*C, dim)`` ``V``.
+      variances: ``(dim,)`` the components' variances.
+      alpha_bars: ``(T,)`` the VP schedule.
+    """
 
     mean: jax.Array  # (H, W, C)
     basis: jax.Array  # (H*W*C, dim)
@@ -181,22 +277,59 @@ class PCALatentPrior(NamedTuple):
 
     @property
     def latent_shape(self) -> tuple:
+        """The shape of one latent, ``(dim,)``."""
         return (self.variances.shape[0],)
 
     def eps_model(self, z, t):
-        """(G.1) for one latent."""
+        """The exact denoiser (G.1) for one latent.
+
+        Args:
+          z: ``(dim,)`` a latent.
+          t: int index into ``alpha_bars``.
+
+        Returns:
+          ``eps*(z, t)``, shape ``(dim,)``.
+        """
         ab = self.alpha_bars[t]
         return jnp.sqrt(1.0 - ab) * z / (ab * self.variances + 1.0 - ab)
 
     def decoder(self, z):
+        """``x = mean + V z``.
+
+        Args:
+          z: ``(dim,)`` a latent.
+
+        Returns:
+          ``(H, W, C)`` the image.
+        """
         return self.mean + (self.basis @ z).reshape(self.mean.shape)
 
     def encoder(self, x):
+        """``z = V^T (x - mean)``, the projection on the components.
+
+        Args:
+          x: ``(H, W, C)`` an image.
+
+        Returns:
+          ``(dim,)`` the latent.
+        """
         return self.basis.T @ (x - self.mean).reshape(-1)
 
 
 def pca_latent_prior(images, dim: int, num_train_steps: int = 1000) -> PCALatentPrior:
-    """Fit :class:`PCALatentPrior` to ``images [N, H, W, C]`` (``1 <= dim < N``)."""
+    """Fit :class:`PCALatentPrior` to images.
+
+    Args:
+      images: ``[N, H, W, C]``.
+      dim: the number of components, ``1 <= dim < min(N, H*W*C)``.
+      num_train_steps: ``T`` of the schedule :func:`vp_alpha_bars`.
+
+    Returns:
+      The :class:`PCALatentPrior`.
+
+    Raises:
+      ValueError: ``images`` not 4-D or ``dim`` out of range.
+    """
     images = np.asarray(images, np.float64)
     if images.ndim != 4:
         raise ValueError(f"images: expected [N, H, W, C], got shape {images.shape}")

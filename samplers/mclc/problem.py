@@ -51,15 +51,30 @@ __all__ = [
 
 
 class LinearOperator(NamedTuple):
-    """A linear map ``A`` on single (unbatched) arrays and its adjoint ``A^T``."""
+    """A linear map ``A`` on single (unbatched) arrays and its adjoint ``A^T``.
+
+    Attributes:
+      forward: ``x -> A x``.
+      adjoint: ``u -> A^T u``.
+    """
 
     forward: Callable[[jax.Array], jax.Array]
     adjoint: Callable[[jax.Array], jax.Array]
 
 
 def as_linear_operator(operator: Any) -> LinearOperator:
-    """A :class:`LinearOperator` from one, from a ``(forward, adjoint)`` pair of callables, or
-    from any object with callable ``forward`` (or ``apply``) and ``adjoint`` attributes."""
+    """A :class:`LinearOperator` from one, from a ``(forward, adjoint)`` pair of callables, or from
+    any object with callable ``forward`` (or ``apply``) and ``adjoint`` attributes.
+
+    Args:
+      operator: the operator in one of those forms.
+
+    Returns:
+      The :class:`LinearOperator`.
+
+    Raises:
+      TypeError: ``operator`` is none of those.
+    """
     if isinstance(operator, LinearOperator):
         return operator
     if isinstance(operator, tuple) and len(operator) == 2 and all(map(callable, operator)):
@@ -84,7 +99,18 @@ def check_adjoint(operator, x_shape, *, dtype=jnp.float32, rtol: float = 1e-4,
     The mismatch is measured relative to ``||A x|| ||u|| + ||x|| ||A^T u||`` (float32 round-off
     is far below the default ``rtol``). Also checks that ``A^T`` maps back to ``x_shape``.
     Skipped (returns) when the operator's outputs are traced, e.g. built inside ``jit`` from
-    traced arrays."""
+    traced arrays.
+
+    Args:
+      operator: anything :func:`as_linear_operator` accepts.
+      x_shape: the shape of the forward map's input.
+      dtype: the dtype of the random vectors.
+      rtol: the relative tolerance of the dot-product test.
+      seed: the NumPy seed of the random vectors.
+
+    Raises:
+      ValueError: the adjoint maps to another shape, or fails the dot-product test.
+    """
     op = as_linear_operator(operator)
     x_shape = tuple(x_shape)
     y_struct = jax.eval_shape(op.forward, jax.ShapeDtypeStruct(x_shape, dtype))
@@ -114,14 +140,15 @@ def check_adjoint(operator, x_shape, *, dtype=jnp.float32, rtol: float = 1e-4,
 class LatentInverseProblem(NamedTuple):
     """The callables and arrays of (P.1)-(P.5).
 
-    eps_model: ``(z, t) -> eps``, ``z`` of ``latent_shape``, ``t`` an int32 scalar.
-    decoder: ``z_0 -> x``.
-    operator: the :class:`LinearOperator` ``A`` on ``x``.
-    measurement: ``y``, of the shape ``A`` produces.
-    alpha_bars: ``(T,)`` cumulative products ``abar_t`` of the VP schedule, in ``(0, 1]``,
-      non-increasing.
-    encoder: ``x -> z_0``, or ``None`` (only PSLD needs it).
-    latent_shape: shape of one latent (a tuple of ints).
+    Attributes:
+      eps_model: ``(z, t) -> eps``, ``z`` of ``latent_shape``, ``t`` an int32 scalar.
+      decoder: ``z_0 -> x``.
+      operator: the :class:`LinearOperator` ``A`` on ``x``.
+      measurement: ``y``, of the shape ``A`` produces.
+      alpha_bars: ``(T,)`` cumulative products ``abar_t`` of the VP schedule, in ``(0, 1]``,
+        non-increasing.
+      encoder: ``x -> z_0``, or ``None`` (only PSLD needs it).
+      latent_shape: shape of one latent (a tuple of ints).
     """
 
     eps_model: Callable
@@ -143,6 +170,24 @@ def latent_inverse_problem(eps_model: Callable, decoder: Callable, operator, mea
     shape ``A D(z)`` has; ``alpha_bars`` one-dimensional, in ``(0, 1]`` and non-increasing
     (when concrete); ``encoder`` maps ``x`` back to ``latent_shape``; and, with
     ``check_operator``, the dot-product test of :func:`check_adjoint`.
+
+    Args:
+      eps_model: ``(z, t) -> eps`` for one latent.
+      decoder: ``z_0 -> x``.
+      operator: ``A``, anything :func:`as_linear_operator` accepts.
+      measurement: ``y``.
+      alpha_bars: ``(T,)`` the VP schedule's ``abar_t``.
+      latent_shape: the shape of one latent.
+      encoder: ``x -> z_0``, or ``None`` (only PSLD needs it).
+      check_operator: run the dot-product test of :func:`check_adjoint`.
+
+    Returns:
+      The :class:`LatentInverseProblem`.
+
+    Raises:
+      TypeError: a callable argument is not callable, or ``latent_shape`` is not a tuple of
+        ints.
+      ValueError: a shape or the schedule is wrong, or the operator fails the adjoint test.
     """
     for name, fn in (("eps_model", eps_model), ("decoder", decoder)):
         if not callable(fn):
@@ -192,11 +237,24 @@ def latent_inverse_problem(eps_model: Callable, decoder: Callable, operator, mea
 
 
 def ddim_timesteps(num_train_steps: int, num_steps: int, t_max: int | None = None) -> np.ndarray:
-    """``num_steps`` distinct training indices from ``t_max`` (default ``T - 1``) down to ``0``,
-    evenly spaced (int32, descending).
+    """``num_steps`` distinct training indices from ``t_max`` down to ``0``, evenly spaced.
 
     A schedule whose last ``abar`` is close to 0 (the cosine schedule's is about 1e-9) makes
     ``zhat_0`` of (P.3), and any gradient through it, blow up at ``T - 1``; start lower there.
+
+    Args:
+      num_train_steps: ``T``, the length of the training schedule.
+      num_steps: the number of indices, in ``[1, t_max + 1]``.
+      t_max: the first index (default ``T - 1``), in ``[0, T - 1]``.
+
+    Returns:
+      ``(num_steps,)`` int32 NumPy array, descending.
+
+    Raises:
+      ValueError: ``t_max`` or ``num_steps`` out of range.
+
+    References:
+      Song, Meng, Ermon, arXiv 2010.02502 (the sub-sequences of accelerated sampling).
     """
     if t_max is None:
         t_max = num_train_steps - 1
@@ -212,8 +270,22 @@ def ddim_timesteps(num_train_steps: int, num_steps: int, t_max: int | None = Non
 
 def vp_alpha_bars(num_train_steps: int = 1000, beta_min: float = 1e-4,
                   beta_max: float = 2e-2) -> jax.Array:
-    """``abar_t = prod_{s <= t} (1 - beta_s)`` for betas linear from ``beta_min`` to
-    ``beta_max`` (Ho et al., arXiv 2006.11239, sec. 4), float32 ``(num_train_steps,)``."""
+    """``abar_t = prod_{s <= t} (1 - beta_s)`` for betas linear from ``beta_min`` to ``beta_max``.
+
+    Args:
+      num_train_steps: ``T >= 1``.
+      beta_min: the first beta.
+      beta_max: the last beta, ``0 < beta_min <= beta_max < 1``.
+
+    Returns:
+      ``(num_train_steps,)`` float32.
+
+    Raises:
+      ValueError: an argument out of range.
+
+    References:
+      Ho, Jain, Abbeel, Denoising Diffusion Probabilistic Models, arXiv 2006.11239, sec. 4.
+    """
     if num_train_steps < 1:
         raise ValueError(f"num_train_steps: expected >= 1, got {num_train_steps}")
     if not 0 < beta_min <= beta_max < 1:
@@ -224,7 +296,16 @@ def vp_alpha_bars(num_train_steps: int = 1000, beta_min: float = 1e-4,
 
 
 def denoise(problem: LatentInverseProblem, z, t):
-    """``(eps_model(z, t), zhat_0(z, t))`` of (P.3)."""
+    """Tweedie's denoiser (P.3) at one latent.
+
+    Args:
+      problem: the :class:`LatentInverseProblem`.
+      z: one latent of ``latent_shape``.
+      t: int index into ``problem.alpha_bars``.
+
+    Returns:
+      ``(eps_model(z, t), zhat_0(z, t))``.
+    """
     ab = problem.alpha_bars[t]
     eps = problem.eps_model(z, t)
     return eps, (z - jnp.sqrt(1.0 - ab) * eps) / jnp.sqrt(ab)
@@ -240,8 +321,17 @@ def _residual_and_aux(problem: LatentInverseProblem, t):
 
 
 def measurement_residual(problem: LatentInverseProblem, z, t):
-    """``r(z, t) = ||y - A D(zhat_0(z, t))||`` of (P.5); ``t = None`` means ``z`` is clean
-    (``r = ||y - A D(z)||``)."""
+    """The measurement residual ``r(z, t) = ||y - A D(zhat_0(z, t))||`` of (P.5).
+
+    Args:
+      problem: the :class:`LatentInverseProblem`.
+      z: one latent of ``latent_shape``.
+      t: int index into ``problem.alpha_bars``, or ``None``: ``z`` is clean (``r = ||y - A
+        D(z)||``).
+
+    Returns:
+      The scalar ``r``.
+    """
     if t is None:
         rho = problem.measurement - problem.operator.forward(problem.decoder(z))
     else:
@@ -252,9 +342,15 @@ def measurement_residual(problem: LatentInverseProblem, z, t):
 class ResidualLinearization(NamedTuple):
     """(P.3)-(P.5) at one latent with the residual's first-order model.
 
-    eps: ``eps_model(z, t)``. z0: ``zhat_0``. residual: the vector ``rho``. norm: ``r``.
-    grad: ``grad_z r`` (zero where ``r = 0``). jvp: ``u -> J u`` with ``J = d rho / d z``, the
-    linearised residual (a Gauss-Newton model ``rho(z + u) ~ rho + J u``). vjp: ``w -> J^T w``.
+    Attributes:
+      eps: ``eps_model(z, t)``.
+      z0: ``zhat_0``.
+      residual: the vector ``rho``.
+      norm: ``r``.
+      grad: ``grad_z r`` (zero where ``r = 0``).
+      jvp: ``u -> J u`` with ``J = d rho / d z``, the linearised residual (a Gauss-Newton model
+        ``rho(z + u) ~ rho + J u``).
+      vjp: ``w -> J^T w``.
     """
 
     eps: jax.Array
@@ -267,8 +363,17 @@ class ResidualLinearization(NamedTuple):
 
 
 def residual_linearization(problem: LatentInverseProblem, z, t) -> ResidualLinearization:
-    """One ``eps_model`` forward pass, linearised: ``eps``, ``rho``, ``r``, ``grad r`` and the
-    Jacobian-vector product of ``rho`` (by ``jax.linearize`` and its transpose)."""
+    """One ``eps_model`` forward pass, linearised (by ``jax.linearize`` and its transpose).
+
+    Args:
+      problem: the :class:`LatentInverseProblem`.
+      z: one latent of ``latent_shape``.
+      t: int index into ``problem.alpha_bars``.
+
+    Returns:
+      The :class:`ResidualLinearization`: ``eps``, ``rho``, ``r``, ``grad r`` and the
+      Jacobian-vector products of ``rho``.
+    """
     rho, jvp, (eps, z0) = jax.linearize(_residual_and_aux(problem, t), z, has_aux=True)
     transpose = jax.linear_transpose(jvp, z)
 
@@ -281,8 +386,17 @@ def residual_linearization(problem: LatentInverseProblem, z, t) -> ResidualLinea
 
 
 def residual_and_grad(problem: LatentInverseProblem, z, t):
-    """``(eps, zhat_0, r, grad_z r)`` by one forward and one backward pass (no linearisation);
-    what latent DPS needs."""
+    """The residual and its gradient by one forward and one backward pass (no linearisation);
+    what latent DPS needs.
+
+    Args:
+      problem: the :class:`LatentInverseProblem`.
+      z: one latent of ``latent_shape``.
+      t: int index into ``problem.alpha_bars``.
+
+    Returns:
+      ``(eps, zhat_0, r, grad_z r)``.
+    """
     rho, vjp, (eps, z0) = jax.vjp(_residual_and_aux(problem, t), z, has_aux=True)
     r = jnp.sqrt(jnp.sum(rho ** 2))
     (jt_rho,) = vjp(rho)

@@ -12,8 +12,10 @@ unifies objective and constraint violation, complete the continuous ones with an
 * :mod:`highs`: HiGHS models, the LP relaxation and the exact baseline :func:`solve_highs`.
 * :mod:`lp_completion`: batched exact (and elastic) LP completion :func:`complete`.
 * :mod:`energy`: the penalty energy (E.1) on the integer block.
-* :mod:`langevin`: DLP / DMALA (arXiv 2206.09914) and the regularised flip rule, annealed,
-  many chains under ``jit``/``vmap``.
+* :mod:`langevin`: the sampling rules (:data:`RULES`): DLP / DMALA (arXiv 2206.09914), the
+  regularised flip rule and the learned proposal's, as ``init``/``build_kernel`` and the
+  sampling algorithm :func:`discrete_langevin`; annealed, many chains under ``jit``/``vmap``
+  (:func:`run_langevin`).
 * :mod:`gnn`: the bipartite GNN (Flax NNX); :mod:`proposal`: the learned proposal, the network
   whose outputs are the moves (after RLNN, Feng and Yang, ICML 2025); :mod:`training`: its
   on-policy training, the bounded-bias hybrid's unsupervised training and the supervised one;
@@ -43,13 +45,14 @@ from jaxlib_ext.samplers.milp.generators import (
 from jaxlib_ext.samplers.milp.gnn import BipartiteGNN, gnn_bias_fn, node_features
 from jaxlib_ext.samplers.milp.highs import HighsResult, highs_model, solve_highs
 from jaxlib_ext.samplers.milp.langevin import (
-    LEARNED_METHODS,
-    METHODS,
-    LangevinInfo,
-    LangevinState,
+    LEARNED_RULES,
+    RULES,
+    DiscreteLangevinInfo,
+    DiscreteLangevinState,
     annealing_schedule,
     build_kernel,
     coordinate_gains,
+    discrete_langevin,
     dlp_logits,
     flip_logits,
     init,
@@ -61,7 +64,7 @@ from jaxlib_ext.samplers.milp.lp_completion import Completion, complete, lp_valu
 from jaxlib_ext.samplers.milp.mps import read_mps
 from jaxlib_ext.samplers.milp.problem import MILP, SolutionCheck, check_solution, make_milp
 from jaxlib_ext.samplers.milp.proposal import LearnedProposal, load_proposal, save_proposal
-from jaxlib_ext.samplers.milp.solve import MILPResult, solve
+from jaxlib_ext.samplers.milp.solve import SOLVE_RULES, MILPResult, solve
 from jaxlib_ext.samplers.milp.training import (
     random_box_state,
     stack_for_proposal,
@@ -73,16 +76,17 @@ from jaxlib_ext.samplers.milp.training import (
 
 __all__ = [
     "FAMILIES",
-    "LEARNED_METHODS",
-    "METHODS",
+    "LEARNED_RULES",
     "MILP",
+    "RULES",
+    "SOLVE_RULES",
     "BipartiteGNN",
     "Completion",
+    "DiscreteLangevinInfo",
+    "DiscreteLangevinState",
     "EnergyData",
     "HighsResult",
     "LearnedProposal",
-    "LangevinInfo",
-    "LangevinState",
     "MILPResult",
     "SolutionCheck",
     "annealing_schedule",
@@ -94,6 +98,7 @@ __all__ = [
     "continuous_shift",
     "coordinate_gains",
     "cut_value",
+    "discrete_langevin",
     "dlp_logits",
     "energy",
     "energy_data",
@@ -131,7 +136,17 @@ __all__ = [
 
 
 def miplib_path(name: str):
-    """Path of a bundled MIPLIB 3 instance (``"p0033"`` or ``"p0201"``), for :func:`read_mps`."""
+    """The path of a bundled MIPLIB 3 instance, for :func:`read_mps`.
+
+    Args:
+      name: ``"p0033"`` or ``"p0201"``.
+
+    Returns:
+      The path (an ``importlib.resources`` traversable).
+
+    Raises:
+      ValueError: no bundled instance of that name.
+    """
     from importlib.resources import files
 
     path = files("jaxlib_ext.samplers") / "data" / "miplib3" / f"{name}.mps"

@@ -35,8 +35,21 @@ def _predict(graphdef, params, data):
 
 def predict_assignment(problem: MILP, model: BipartiteGNN, *,
                        pad_to: tuple[int, int] | None = None):
-    """``(z_hat, confidence)`` over the integer columns: the rounded prediction in the box and
-    ``|p - 1/2|``. ``pad_to`` ``(n_int, m)`` pads the arrays (one compiled program per family)."""
+    """The network's prediction of the integer columns at the all-lower-bound state.
+
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+      model: a trained :class:`~jaxlib_ext.samplers.milp.gnn.BipartiteGNN` (``train_supervised``).
+      pad_to: ``(n_int, m)``: pad the arrays to at least this size (one compiled program per
+        family).
+
+    Returns:
+      ``(z_hat, confidence)`` over the integer columns: the rounded prediction in the box and
+      ``|p - 1/2|``.
+
+    References:
+      Nair et al., Solving Mixed Integer Programs Using Neural Networks, arXiv 2012.13349, sec. 4.
+    """
     data = energy_data(problem)
     n0, m0 = data.c.shape[0], data.A.shape[0]
     pn, pm = pad_to if pad_to is not None else (0, 0)
@@ -51,8 +64,27 @@ def predict_assignment(problem: MILP, model: BipartiteGNN, *,
 def neural_diving(problem: MILP, model: BipartiteGNN, *, time_limit: float = 60.0,
                   coverage: float = 0.7, min_coverage: float = 0.05,
                   pad_to: tuple[int, int] | None = None) -> MILPResult:
-    """Predict, fix the ``coverage`` most confident integer columns, complete with HiGHS
-    (``pad_to`` as in :func:`predict_assignment`)."""
+    """Predict, fix the ``coverage`` most confident integer columns, complete with HiGHS; halve the
+    coverage and repeat where the fixed sub-MILP gives no solution.
+
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`, with integer columns.
+      model: a trained :class:`~jaxlib_ext.samplers.milp.gnn.BipartiteGNN`.
+      time_limit: seconds for the whole dive.
+      coverage: the fraction of integer columns fixed first, in ``[0, 1]``.
+      min_coverage: below this the next try fixes nothing.
+      pad_to: as :func:`predict_assignment`.
+
+    Returns:
+      A certified :class:`~jaxlib_ext.samplers.milp.solve.MILPResult` with ``rule =
+      "neural-diving"``.
+
+    Raises:
+      ValueError: ``coverage`` out of range or a problem without integer columns.
+
+    References:
+      Nair et al., arXiv 2012.13349, sec. 4.
+    """
     t0 = time.perf_counter()
     if not 0 <= coverage <= 1:
         raise ValueError(f"coverage: expected in [0, 1], got {coverage}")

@@ -53,11 +53,18 @@ __all__ = ["EnergyData", "continuous_shift", "cut_value", "energy", "energy_data
 class EnergyData(NamedTuple):
     """Arrays of (E.1) for one problem (a pytree; float32 on device).
 
-    ``c`` (n,) integer-block costs (minimisation form), ``A`` (m, n) dense integer block,
-    ``row_lower``/``row_upper`` (m,) (may be infinite), ``row_weight`` (m,) ``w_i``,
-    ``obj_scale`` () ``S``, ``lower``/``upper`` (n,) finite integer bounds, ``var_mask`` (n,) 1 for
-    real columns, 0 for padding (padded columns are fixed at 0), ``cut_h`` (C, n) and ``cut_a``
-    (C,) the LP-value cuts of (E.2) (``C = 0`` by default).
+    Attributes:
+      c: ``(n,)`` integer-block costs (minimisation form).
+      A: ``(m, n)`` the dense integer block.
+      row_lower: ``(m,)`` row lower bounds (may be infinite).
+      row_upper: ``(m,)`` row upper bounds (may be infinite).
+      row_weight: ``(m,)`` the row weights ``w_i``.
+      obj_scale: ``()`` the objective scale ``S``.
+      lower: ``(n,)`` finite integer lower bounds.
+      upper: ``(n,)`` finite integer upper bounds.
+      var_mask: ``(n,)`` 1 for real columns, 0 for padding (padded columns are fixed at 0).
+      cut_h: ``(C, n)`` the subgradients of the LP-value cuts of (E.2) (``C = 0`` by default).
+      cut_a: ``(C,)`` their intercepts.
     """
 
     c: jax.Array
@@ -77,10 +84,20 @@ def energy_data(problem: MILP, *, normalize: bool = True, lp_rows: bool = False,
                 dtype=jnp.float32) -> EnergyData:
     """Build :class:`EnergyData` of ``problem``'s integer block (host, once per problem).
 
-    ``lp_rows=True`` frees the rows that hold continuous columns (infinite bounds), as in (E.2).
-    ``normalize=False`` sets ``S = 1`` and ``w_i = 1`` (then (E.1) at a feasible point is exactly
-    ``c^T x`` in minimisation form). Raises ``ValueError`` if the problem has no integer columns or
-    an integer column has an infinite bound (the sampler moves inside a finite box).
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+      normalize: scale the objective by ``S = max |c|`` and each row by ``w_i = 1 / max_j
+        |A_ij|``; ``False`` sets ``S = 1`` and ``w_i = 1`` (then (E.1) at a feasible point is
+        exactly ``c^T x`` in minimisation form).
+      lp_rows: free the rows that hold continuous columns (infinite bounds), as in (E.2).
+      dtype: the arrays' dtype.
+
+    Returns:
+      The :class:`EnergyData` of the integer columns, without cuts.
+
+    Raises:
+      ValueError: the problem has no integer columns, or an integer column has an infinite bound
+        (the sampler moves inside a finite box).
     """
     iz = problem.integer_index
     if iz.size == 0:
@@ -108,9 +125,20 @@ def energy_data(problem: MILP, *, normalize: bool = True, lp_rows: bool = False,
 
 
 def with_cuts(data: EnergyData, cut_h, cut_a) -> EnergyData:
-    """``data`` with the cut pool of (E.2): ``cut_h`` (C, n_int) subgradients and ``cut_a`` (C,)
-    intercepts (raw objective units, minimisation form; ``-inf`` marks an empty slot), padded to
-    ``data``'s column count."""
+    """``data`` with the cut pool of (E.2).
+
+    Args:
+      data: the :class:`EnergyData`.
+      cut_h: ``(C, n_int)`` subgradients (padded to ``data``'s column count).
+      cut_a: ``(C,)`` intercepts (raw objective units, minimisation form; ``-inf`` marks an
+        empty slot).
+
+    Returns:
+      ``data`` with ``cut_h`` and ``cut_a`` replaced.
+
+    Raises:
+      ValueError: the shapes do not match ``(C, <= n)`` and ``(C,)``.
+    """
     cut_h = jnp.asarray(cut_h, data.c.dtype)
     cut_a = jnp.asarray(cut_a, data.c.dtype)
     n = data.c.shape[0]
@@ -122,15 +150,31 @@ def with_cuts(data: EnergyData, cut_h, cut_a) -> EnergyData:
 
 
 def cut_value(data: EnergyData, z):
-    """``max_k (a_k + h_k^T z)`` of (E.2) (0 without cuts)."""
+    """The cut model ``max_k (a_k + h_k^T z)`` of (E.2).
+
+    Args:
+      data: the :class:`EnergyData`.
+      z: ``(n,)`` an assignment.
+
+    Returns:
+      The scalar cut value (0 without cuts).
+    """
     if data.cut_a.shape[0] == 0:
         return jnp.zeros((), data.c.dtype)
     return jnp.max(data.cut_a + data.cut_h @ z)
 
 
 def continuous_shift(problem: MILP, y) -> tuple[np.ndarray, np.ndarray]:
-    """``(shift, const) = (A_y y, c_y^T y)`` (minimisation form) for continuous values ``y``
-    of shape (..., n_cont); zeros when the problem has no continuous columns."""
+    """The continuous block's terms of (E.1) for continuous values ``y``.
+
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+      y: ``(..., n_cont)`` values of the continuous columns.
+
+    Returns:
+      ``(shift, const) = (A_y y, c_y^T y)`` (minimisation form), of shapes ``(..., m)`` and
+      ``(...)``; zeros when the problem has no continuous columns.
+    """
     ic = problem.continuous_index
     y = np.asarray(y, np.float64)
     if ic.size == 0:
@@ -141,9 +185,22 @@ def continuous_shift(problem: MILP, y) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pad_energy_data(data: EnergyData, n: int, m: int) -> EnergyData:
-    """Pad to ``n`` columns and ``m`` rows: padded rows are free (infinite bounds, zero
-    coefficients), padded columns are fixed at 0 (``var_mask`` 0), so (E.1) is unchanged. NumPy
-    arrays stay NumPy arrays (padding on the host, no device program)."""
+    """Pad ``data`` to ``n`` columns and ``m`` rows, leaving (E.1) unchanged.
+
+    Padded rows are free (infinite bounds, zero coefficients), padded columns are fixed at 0
+    (``var_mask`` 0). NumPy arrays stay NumPy arrays (padding on the host, no device program).
+
+    Args:
+      data: the :class:`EnergyData`.
+      n: the padded column count, ``>=`` the current one.
+      m: the padded row count, ``>=`` the current one.
+
+    Returns:
+      The padded :class:`EnergyData`.
+
+    Raises:
+      ValueError: ``n`` or ``m`` is below the current size.
+    """
     n0, m0 = data.c.shape[0], data.A.shape[0]
     if n < n0 or m < m0:
         raise ValueError(f"n, m: cannot pad ({n0}, {m0}) down to ({n}, {m})")
@@ -159,20 +216,52 @@ def pad_energy_data(data: EnergyData, n: int, m: int) -> EnergyData:
 
 
 def violation(data: EnergyData, z, shift=0.0):
-    """Per-row violation ``v_i`` of (E.1) at ``r = A_z z + shift``, shape (m,)."""
+    """The per-row violation ``v_i`` of (E.1) at ``r = A_z z + shift``.
+
+    Args:
+      data: the :class:`EnergyData`.
+      z: ``(n,)`` an assignment.
+      shift: ``(m,)`` (or scalar) the continuous block's row shift.
+
+    Returns:
+      ``(m,)`` the violations (distance of ``r_i`` to ``[row_lower_i, row_upper_i]``).
+    """
     r = data.A @ z + shift
     return jnp.maximum(r - data.row_upper, 0.0) + jnp.maximum(data.row_lower - r, 0.0)
 
 
 def energy_terms(data: EnergyData, z, shift=0.0, const=0.0, power: int = 1):
-    """``(objective / S, sum_i w_i psi(v_i))``, the two terms of (E.1) (with the cut model of
-    (E.2) in the objective when ``data`` holds cuts)."""
+    """The two terms of (E.1), with the cut model of (E.2) in the objective when ``data`` holds
+    cuts.
+
+    Args:
+      data: the :class:`EnergyData`.
+      z: ``(n,)`` an assignment.
+      shift: ``(m,)`` (or scalar) the continuous block's row shift.
+      const: the continuous block's constant objective.
+      power: 1 (absolute, ``psi(v) = v``) or 2 (squared, ``psi(v) = v^2``) violations.
+
+    Returns:
+      ``(objective / S, sum_i w_i psi(v_i))``.
+    """
     obj = (jnp.dot(data.c, z) + const + cut_value(data, z)) / data.obj_scale
     v = data.row_weight * violation(data, z, shift)
     return obj, jnp.sum(v if power == 1 else v * v)
 
 
 def energy(data: EnergyData, z, shift=0.0, const=0.0, penalty=1.0, power: int = 1):
-    """(E.1) for one assignment ``z`` (n,); differentiable in ``z`` on the relaxation."""
+    """The penalty energy (E.1) for one assignment; differentiable in ``z`` on the relaxation.
+
+    Args:
+      data: the :class:`EnergyData`.
+      z: ``(n,)`` an assignment.
+      shift: ``(m,)`` (or scalar) the continuous block's row shift.
+      const: the continuous block's constant objective.
+      penalty: ``lam`` of (E.1).
+      power: 1 (absolute) or 2 (squared) violations.
+
+    Returns:
+      The scalar ``objective / S + lam sum_i w_i psi(v_i)``.
+    """
     obj, pen = energy_terms(data, z, shift, const, power)
     return obj + penalty * pen

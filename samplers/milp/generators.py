@@ -46,7 +46,25 @@ def _check_pos(**kw):
 
 def set_cover(seed: int = 0, n_rows: int = 500, n_cols: int = 1000, density: float = 0.05,
               max_coef: int = 100) -> MILP:
-    """Set cover (Balas and Ho), Ecole defaults ``500 x 1000``, density 0.05, costs ``1..100``."""
+    """Set cover (Balas and Ho), Ecole defaults ``500 x 1000``, density 0.05, costs ``1..100``.
+
+    Args:
+      seed: the NumPy ``default_rng`` seed.
+      n_rows: rows to cover, ``> 0``.
+      n_cols: columns (binary), ``> 0``.
+      density: the fraction of ones in ``A``, in ``(0, 1]``.
+      max_coef: costs are uniform on ``1..max_coef``.
+
+    Returns:
+      The :class:`~jaxlib_ext.samplers.milp.problem.MILP` (minimise ``c^T x``, every row
+      covered).
+
+    Raises:
+      ValueError: a size or ``density`` out of range.
+
+    References:
+      Gasse et al., arXiv 1906.01629, sec. 5.1 and appendix.
+    """
     _check_pos(n_rows=n_rows, n_cols=n_cols, max_coef=max_coef)
     if not 0 < density <= 1:
         raise ValueError(f"density: expected in (0, 1], got {density}")
@@ -75,7 +93,31 @@ def combinatorial_auction(seed: int = 0, n_items: int = 100, n_bids: int = 500,
                           value_deviation: float = 0.5, add_item_prob: float = 0.65,
                           max_n_sub_bids: int = 5, additivity: float = 0.2,
                           budget_factor: float = 1.5) -> MILP:
-    """Combinatorial auction (arbitrary relationships, simplified), Ecole defaults 100 x 500."""
+    """Combinatorial auction (arbitrary relationships, simplified), Ecole defaults 100 x 500.
+
+    Args:
+      seed: the NumPy ``default_rng`` seed.
+      n_items: items, ``> 0``.
+      n_bids: bids (binary columns), ``> 0``.
+      min_value: the lowest common item value.
+      max_value: the highest common item value.
+      value_deviation: the spread of the private values around the common ones, as a fraction of
+        ``max_value``.
+      add_item_prob: the probability of growing a bundle by one more item.
+      max_n_sub_bids: substitutable bids per bidder, tied by a dummy item (the XOR constraint).
+      additivity: the exponent of the complementarity term ``len^(1+additivity)``.
+      budget_factor: sub-bids are kept whose price is within this factor of the parent bid's.
+
+    Returns:
+      The :class:`~jaxlib_ext.samplers.milp.problem.MILP` (maximise revenue, each item sold at
+      most once).
+
+    Raises:
+      ValueError: a size out of range.
+
+    References:
+      Leyton-Brown, Pearson, Shoham 2000; Gasse et al., arXiv 1906.01629, sec. 5.1.
+    """
     _check_pos(n_items=n_items, n_bids=n_bids)
     rng = np.random.default_rng(seed)
     values = min_value + (max_value - min_value) * rng.random(n_items)
@@ -136,6 +178,21 @@ def capacitated_facility_location(seed: int = 0, n_customers: int = 100,
 
     Columns: ``x_j`` (binary, ``n_facilities``) first, then ``y_ij`` (continuous, row-major over
     customers ``i`` and facilities ``j``).
+
+    Args:
+      seed: the NumPy ``default_rng`` seed.
+      n_customers: customers, ``> 0``.
+      n_facilities: facilities, ``> 0``.
+      ratio: total capacity over total demand, ``> 0``.
+
+    Returns:
+      The mixed :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+
+    Raises:
+      ValueError: a size or ``ratio`` out of range.
+
+    References:
+      Cornuejols, Sridharan, Thizy 1991; Gasse et al., arXiv 1906.01629, sec. 5.1.
     """
     _check_pos(n_customers=n_customers, n_facilities=n_facilities)
     if ratio <= 0:
@@ -207,7 +264,23 @@ def _barabasi_albert(rng, n, m):
 
 
 def independent_set(seed: int = 0, n_nodes: int = 500, affinity: int = 4) -> MILP:
-    """Maximum independent set on a Barabasi-Albert graph, clique formulation (Ecole: 500, 4)."""
+    """Maximum independent set on a Barabasi-Albert graph, clique formulation (Ecole: 500, 4).
+
+    Args:
+      seed: the NumPy ``default_rng`` seed.
+      n_nodes: nodes (binary columns), ``> 0``.
+      affinity: edges per new node, ``0 < affinity < n_nodes``.
+
+    Returns:
+      The :class:`~jaxlib_ext.samplers.milp.problem.MILP` (maximise ``sum x``, one row per clique
+      of a greedy clique partition of the edges).
+
+    Raises:
+      ValueError: a size out of range.
+
+    References:
+      Gasse et al., arXiv 1906.01629, sec. 5.1.
+    """
     _check_pos(n_nodes=n_nodes, affinity=affinity)
     if affinity >= n_nodes:
         raise ValueError(f"affinity: expected < n_nodes ({n_nodes}), got {affinity}")

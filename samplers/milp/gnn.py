@@ -39,7 +39,19 @@ CON_FEATURES = 5
 
 
 def node_features(data: EnergyData, z, g, shift=0.0, penalty=1.0):
-    """``(var_x (n, VAR_FEATURES), con_x (m, CON_FEATURES))`` at state ``z`` with gradient ``g``."""
+    """The node features of the bipartite graph at a state (module docstring).
+
+    Args:
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      z: ``(n,)`` the current assignment.
+      g: ``(n,)`` the energy's gradient at ``z``.
+      shift: ``(m,)`` (or scalar) the continuous block's row shift of (E.1).
+      penalty: ``lam`` of (E.1), for the exact gains.
+
+    Returns:
+      ``(var_x, con_x)`` of shapes ``(n, VAR_FEATURES)`` (zero on padded columns) and
+      ``(m, CON_FEATURES)``.
+    """
     width = jnp.maximum(data.upper - data.lower, 1.0)
     gscale = jnp.maximum(jnp.max(jnp.abs(g)), 1e-6)
     up, down = coordinate_gains(data, z, shift, 0.0, penalty)
@@ -59,11 +71,21 @@ def node_features(data: EnergyData, z, g, shift=0.0, penalty=1.0):
 
 
 class BipartiteGNN(nnx.Module):
-    """Bipartite GNN: ``model(data, z, g, shift, penalty)`` -> logits, ``(n,)`` for
-    ``outputs=1`` and ``(n, outputs)`` otherwise, zero on padded columns.
+    """Bipartite GNN: ``model(data, z, g, shift, penalty)`` -> logits, ``(n,)`` for ``outputs=1``
+    and ``(n, outputs)`` otherwise, zero on padded columns.
 
-    ``max_logit`` bounds them to ``(-max_logit, max_logit)`` (``max_logit * tanh(head /
-    max_logit)``); ``None`` leaves them unbounded."""
+    Args:
+      hidden: the embedding width, ``>= 1``.
+      num_layers: rounds of the two half-convolutions, ``>= 1``.
+      outputs: logits per column, ``>= 1``.
+      max_logit: bounds the logits to ``(-max_logit, max_logit)`` (``max_logit * tanh(head /
+        max_logit)``); ``None`` leaves them unbounded.
+      rngs: the parameters' initialisation.
+
+    References:
+      Gasse et al., Exact Combinatorial Optimization with Graph Convolutional Neural Networks,
+      arXiv 1906.01629, sec. 4.
+    """
 
     def __init__(self, hidden: int = 32, num_layers: int = 2, *, outputs: int = 1,
                  max_logit: float | None = 2.0, rngs: nnx.Rngs):
@@ -106,10 +128,16 @@ class BipartiteGNN(nnx.Module):
 
 @functools.cache
 def gnn_bias_fn(graphdef):
-    """The network as a callable ``fn(params, data, z, g, shift, penalty)`` of a split model
-    (``graphdef, params = nnx.split(model)``), for ``langevin.run_langevin(bias_fn=...,
-    bias_params=params)`` or ``run_langevin(proposal_fn=..., proposal_params=params)``; cached so
-    each graphdef compiles once."""
+    """The network as a pure function of its parameters, cached so each graphdef compiles once.
+
+    Args:
+      graphdef: the graph definition of a split model (``graphdef, params =
+        nnx.split(model)``).
+
+    Returns:
+      ``fn(params, data, z, g, shift, penalty)``, for ``langevin.run_langevin(bias_fn=...,
+      bias_params=params)`` or ``run_langevin(proposal_fn=..., proposal_params=params)``.
+    """
 
     def fn(params, data, z, g, shift, penalty):
         return nnx.merge(graphdef, params)(data, z, g, shift, penalty)

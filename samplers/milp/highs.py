@@ -27,7 +27,17 @@ def _finite(v, inf):
 
 def highs_model(problem: MILP, *, relax: bool = False, time_limit: float | None = None,
                 threads: int = 1):
-    """A quiet ``highspy.Highs`` holding ``problem`` (continuous if ``relax``), in its own sense."""
+    """A quiet ``highspy.Highs`` holding ``problem``, in its own sense.
+
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+      relax: drop integrality (the LP relaxation).
+      time_limit: HiGHS' time limit in seconds, or None.
+      threads: HiGHS' thread count.
+
+    Returns:
+      The ``highspy.Highs`` instance with the model passed, not yet run.
+    """
     highspy = _highspy()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -55,10 +65,17 @@ def highs_model(problem: MILP, *, relax: bool = False, time_limit: float | None 
 
 
 class HighsResult(NamedTuple):
-    """HiGHS' answer: ``status`` ("optimal", "time_limit", "infeasible", "unbounded",
-    "unbounded_or_infeasible" or HiGHS' own status text), ``x`` (or None), ``objective`` (problem
-    sense, nan without a solution), ``bound`` (dual bound), ``seconds``, ``trace`` (list of
-    ``(seconds, objective)`` incumbents)."""
+    """HiGHS' answer.
+
+    Attributes:
+      status: "optimal", "time_limit", "infeasible", "unbounded", "unbounded_or_infeasible" or
+        HiGHS' own status text.
+      x: the solution over all columns, or None.
+      objective: in the problem's sense (NaN without a solution).
+      bound: the dual bound.
+      seconds: HiGHS' wall time.
+      trace: list of ``(seconds, objective)`` incumbents.
+    """
 
     status: str
     x: np.ndarray | None
@@ -83,8 +100,21 @@ def solve_highs(problem: MILP, *, time_limit: float = 60.0, relax: bool = False,
                 threads: int = 1, fix: dict | None = None) -> HighsResult:
     """Solve ``problem`` (or its LP relaxation) with HiGHS under ``time_limit`` seconds.
 
-    ``fix`` maps column index -> value to fix (bounds set to the value) before solving, the
-    "fix and complete" step of Neural Diving (arXiv 2012.13349, sec. 4).
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+      time_limit: seconds.
+      relax: solve the LP relaxation.
+      threads: HiGHS' thread count.
+      fix: column index -> value to fix (bounds set to the value) before solving, the "fix and
+        complete" step of Neural Diving.
+
+    Returns:
+      A :class:`HighsResult` with the incumbent trace (through HiGHS' improving-solution
+      callback); integer columns of ``x`` rounded.
+
+    References:
+      Nair et al., Solving Mixed Integer Programs Using Neural Networks, arXiv 2012.13349, sec. 4
+      (``fix``).
     """
     h = highs_model(problem, relax=relax, time_limit=time_limit, threads=threads)
     if fix:

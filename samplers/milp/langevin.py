@@ -9,15 +9,15 @@ independent, ``g = grad E(z)`` on the relaxation, candidate moves ``d in {-W..W}
     q_i(z_i + d | z) ∝ exp(-(g_i / (2 tau)) d - d^2 / (2 alpha))                           (D.1)
 
 (for a binary ``z_i`` and ``W = 1`` this is the flip probability
-``sigmoid(-(g_i/(2 tau))(1 - 2 z_i) - 1/(2 alpha))``). ``method="dmala"`` adds the
+``sigmoid(-(g_i/(2 tau))(1 - 2 z_i) - 1/(2 alpha))``). ``rule="dmala"`` adds the
 Metropolis-Hastings test of Zhang et al. (Alg. 2)::
 
     accept with prob  min(1, exp(-(E(z') - E(z)) / tau) q(z | z') / q(z' | z))            (D.2)
 
 which makes ``pi`` invariant exactly (the window ``{-W..W}`` is symmetric, so every move has its
-reverse). ``method="dlp"`` is the unadjusted proposal.
+reverse). ``rule="dlp"`` is the unadjusted proposal.
 
-**Regularised flip rule** (``method="rld"``; regularised Langevin dynamics, Feng and Yang, ICML
+**Regularised flip rule** (``rule="rld"``; regularised Langevin dynamics, Feng and Yang, ICML
 2025): each coordinate has one candidate move ``dir_i in {-1, +1}``, the one of larger first-order
 decrease, with ``delta_i = 1/2 max_d (-g_i d)``; with ``delta_(k)`` the ``k``-th largest::
 
@@ -27,7 +27,7 @@ so about ``k`` coordinates move per step. ``b_i`` is an optional learned logit (
 unsupervised GNN of :mod:`gnn`, zero when untrained); the rule is a heuristic annealer, not
 MH-corrected, as in Feng and Yang.
 
-**Learned proposal** (``method="learned"`` and ``"learned-mh"``): the moves of every column are
+**Learned proposal** (``rule="learned"`` and ``"learned-mh"``): the moves of every column are
 drawn from the network's own distribution (P.1) of :mod:`proposal`, unadjusted or with the
 Metropolis-Hastings test (P.2), which keeps ``pi`` invariant exactly for any parameters.
 
@@ -37,10 +37,19 @@ samples concentrate on feasible low-objective points. Every chain records the be
 the states it visits whose rows are satisfied (violation below ``feas_tol`` in (E.1)'s weighted
 units; for problems with continuous columns this is only a hint, the host LP completion decides).
 
-Layout (BlackJAX-style): :func:`init` makes a :class:`LangevinState`, :func:`build_kernel` returns
-``kernel(key, state, data, shift, const, temperature, penalty, params) -> (state, info)``
-with a :class:`LangevinInfo`, and :func:`run_langevin` scans the kernel for all chains (vmapped)
+Layout (BlackJAX's, :mod:`jaxlib_ext.samplers.base`): :func:`init` makes a
+:class:`DiscreteLangevinState`, :func:`build_kernel` returns ``kernel(rng_key, state, data,
+shift, const, temperature, penalty, params) -> (state, info)`` with a
+:class:`DiscreteLangevinInfo`, :func:`discrete_langevin` binds a problem and a fixed
+temperature and penalty and returns a :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm`,
+and :func:`run_langevin` scans the kernel along an annealing schedule for all chains (vmapped)
 in one ``jit``.
+
+References:
+  Zhang, Liu, Liu, A Langevin-like Sampler for Discrete Distributions, arXiv 2206.09914 (DLP,
+  DMALA); Feng and Yang, Regularized Langevin Dynamics for Combinatorial Optimization, ICML
+  2025 (the flip rule and the learned proposal); the unsupervised Langevin MILP sampler, ICML
+  2026 (UNLS4MILP; abstract only).
 """
 
 from __future__ import annotations
@@ -53,21 +62,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlib_ext.samplers.base import SamplingAlgorithm
 from jaxlib_ext.samplers.milp.energy import EnergyData, energy_terms
 
-__all__ = ["METHODS", "LangevinInfo", "LangevinState", "annealing_schedule", "build_kernel",
-           "coordinate_gains", "LEARNED_METHODS",
+__all__ = ["LEARNED_RULES", "RULES", "DiscreteLangevinInfo", "DiscreteLangevinState",
+           "annealing_schedule", "build_kernel", "coordinate_gains", "discrete_langevin",
            "dlp_logits", "flip_logits", "init", "move_log_probs", "proposal_log_prob",
            "run_langevin"]
 
-METHODS = ("dlp", "dmala", "rld", "learned", "learned-mh")
-LEARNED_METHODS = ("learned", "learned-mh")
+#: The sampling rules of :func:`build_kernel` (algorithms, not implementations).
+RULES = ("dlp", "dmala", "rld", "learned", "learned-mh")
+#: The rules whose moves a learned proposal draws.
+LEARNED_RULES = ("learned", "learned-mh")
 
 
-class LangevinState(NamedTuple):
-    """One chain: ``z`` (n,) current assignment (float, integer-valued), ``energy`` () at the
-    penalty of the last step, ``best_z`` (n,) and ``best_objective`` () the best row-feasible
-    state visited (``+inf`` if none)."""
+class DiscreteLangevinState(NamedTuple):
+    """One discrete Langevin chain over the integer block.
+
+    Attributes:
+      z: ``(n,)`` the current assignment (float, integer-valued).
+      energy: ``()`` its energy (E.1) at the penalty of the last step.
+      best_z: ``(n,)`` the best row-feasible state visited.
+      best_objective: ``()`` its objective (``+inf`` if none).
+    """
 
     z: jax.Array
     energy: jax.Array
@@ -75,9 +92,15 @@ class LangevinState(NamedTuple):
     best_objective: jax.Array
 
 
-class LangevinInfo(NamedTuple):
-    """Per-step diagnostics: ``accepted`` (1.0 without MH), ``num_moved`` coordinates,
-    ``energy`` and ``penalty_term`` (the weighted violation of (E.1)) after the step."""
+class DiscreteLangevinInfo(NamedTuple):
+    """Diagnostics of one step.
+
+    Attributes:
+      accepted: ``1.0`` if the move was accepted (always without a Metropolis-Hastings test).
+      num_moved: the number of coordinates that moved.
+      energy: the energy after the step.
+      penalty_term: the weighted violation of (E.1) after the step.
+    """
 
     accepted: jax.Array
     num_moved: jax.Array
@@ -86,9 +109,23 @@ class LangevinInfo(NamedTuple):
 
 
 def annealing_schedule(num_steps: int, temperature=(1.0, 0.02), penalty=(1.0, 10.0)):
-    """Geometric schedules ``(temperatures, penalties)``, each a float32 NumPy array
-    (num_steps,), from the first to the second value of each pair (equal values give a constant
-    schedule). Computed on the host, so that no device program is compiled for it."""
+    """Geometric annealing schedules of the temperature ``tau`` and the penalty ``lam``.
+
+    Computed on the host, so that no device program is compiled for it.
+
+    Args:
+      num_steps: the length of the schedules, ``>= 1``.
+      temperature: ``(first, last)`` temperature, both ``> 0`` (equal values give a constant
+        schedule).
+      penalty: ``(first, last)`` penalty, both ``> 0``.
+
+    Returns:
+      ``(temperatures, penalties)``, each a float32 NumPy array ``(num_steps,)`` from the first
+      to the last value of its pair.
+
+    Raises:
+      ValueError: ``num_steps < 1`` or a non-positive value.
+    """
     if num_steps < 1:
         raise ValueError(f"num_steps: expected >= 1, got {num_steps}")
     for name, (a, b) in (("temperature", temperature), ("penalty", penalty)):
@@ -108,8 +145,23 @@ def _terms_and_grad(data, z, shift, const, penalty, power):
 
 
 def dlp_logits(data: EnergyData, z, g, temperature, step_size, window: int = 1):
-    """(D.1) logits of shape (n, 2W+1) over moves ``d = -W..W`` (``-inf`` outside the box and
-    for padded columns, which only keep ``d = 0``)."""
+    """The logits (D.1) of the discrete Langevin proposal over the moves ``d = -W..W``.
+
+    Args:
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      z: ``(n,)`` the current assignment.
+      g: ``(n,)`` the energy's gradient at ``z`` (on the relaxation).
+      temperature: ``tau > 0``.
+      step_size: ``alpha > 0``.
+      window: ``W >= 1``, the largest move of one coordinate.
+
+    Returns:
+      ``(n, 2W+1)`` logits, ``-inf`` outside the box and for padded columns (which only keep
+      ``d = 0``).
+
+    References:
+      Zhang, Liu, Liu, arXiv 2206.09914, eq. 3.
+    """
     d = jnp.arange(-window, window + 1, dtype=z.dtype)
     v = z[:, None] + d
     valid = (v >= data.lower[:, None]) & (v <= data.upper[:, None])
@@ -120,7 +172,23 @@ def dlp_logits(data: EnergyData, z, g, temperature, step_size, window: int = 1):
 
 def proposal_log_prob(data: EnergyData, z_from, z_to, g_from, temperature, step_size,
                       window: int = 1):
-    """``log q(z_to | z_from)`` of (D.1) (``-inf`` if a coordinate moves beyond the window)."""
+    """``log q(z_to | z_from)`` of the discrete Langevin proposal (D.1).
+
+    Args:
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      z_from: ``(n,)`` the assignment moved from.
+      z_to: ``(n,)`` the assignment moved to.
+      g_from: ``(n,)`` the energy's gradient at ``z_from``.
+      temperature: ``tau > 0``.
+      step_size: ``alpha > 0``.
+      window: ``W >= 1``.
+
+    Returns:
+      The scalar log-probability, ``-inf`` if a coordinate moves beyond the window.
+
+    References:
+      Zhang, Liu, Liu, arXiv 2206.09914, eq. 3.
+    """
     logp = jax.nn.log_softmax(dlp_logits(data, z_from, g_from, temperature, step_size, window), -1)
     d = (z_to - z_from).astype(jnp.int32)
     inside = jnp.abs(d) <= window
@@ -130,9 +198,18 @@ def proposal_log_prob(data: EnergyData, z_from, z_to, g_from, temperature, step_
 
 
 def move_log_probs(logits, data: EnergyData, z):
-    """Log-probabilities ``(n, 3)`` of the moves ``d = -1, 0, +1`` of the learned proposal (P.1)
-    of :mod:`proposal` from its network's ``(n, 2)`` output at ``z``: ``-inf`` for moves out of
-    the box and for padded columns (which stay)."""
+    """Log-probabilities of the moves ``d = -1, 0, +1`` of the learned proposal (P.1) of
+    :mod:`~jaxlib_ext.samplers.milp.proposal`.
+
+    Args:
+      logits: ``(n, 2)`` the network's output ``(u^-, u^+)`` at ``z``.
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      z: ``(n,)`` the current assignment.
+
+    Returns:
+      ``(n, 3)`` log-probabilities, ``-inf`` for moves out of the box and for padded columns
+      (which stay).
+    """
     real = data.var_mask > 0
     down_ok = (z - 1 >= data.lower) & real
     up_ok = (z + 1 <= data.upper) & real
@@ -142,9 +219,23 @@ def move_log_probs(logits, data: EnergyData, z):
 
 
 def coordinate_gains(data: EnergyData, z, shift=0.0, const=0.0, penalty=1.0, power: int = 1):
-    """Exact single-coordinate energy decreases ``E(z) - E(z + e_j)`` and ``E(z) - E(z - e_j)``,
-    each (n,), in O(m n) (the first-order terms ``-g_j`` and ``g_j`` are their Taylor
-    approximation; (E.1) has kinks at the row bounds, where the exact change is what matters)."""
+    """Exact single-coordinate energy decreases, in ``O(m n)``.
+
+    The first-order terms ``-g_j`` and ``g_j`` are their Taylor approximation; (E.1) has kinks
+    at the row bounds, where the exact change is what matters.
+
+    Args:
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      z: ``(n,)`` the current assignment.
+      shift: ``(m,)`` (or scalar) the continuous block's row shift of (E.1).
+      const: the continuous block's constant objective (unused: it cancels in a difference).
+      penalty: ``lam`` of (E.1).
+      power: 1 (absolute) or 2 (squared) violations.
+
+    Returns:
+      ``(up, down)``, each ``(n,)``: ``E(z) - E(z + e_j)`` and ``E(z) - E(z - e_j)``, with the
+      cut model of (E.2) where ``data`` has cuts.
+    """
     r = data.A @ z + shift
 
     def pen(rr):
@@ -164,9 +255,24 @@ def coordinate_gains(data: EnergyData, z, shift=0.0, const=0.0, penalty=1.0, pow
 
 
 def flip_logits(data: EnergyData, z, g, temperature, num_flips: int, gains=None):
-    """(D.3) without the learned term: ``(logits (n,), direction (n,))``; ``logits`` is ``-inf``
-    where no move is possible. ``gains``: optional exact ``(up, down)`` decreases from
-    :func:`coordinate_gains` used instead of the first-order ``(-g, g)``."""
+    """The regularised flip rule (D.3) without its learned term.
+
+    Args:
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      z: ``(n,)`` the current assignment.
+      g: ``(n,)`` the energy's gradient at ``z``.
+      temperature: ``tau > 0``.
+      num_flips: ``k``, about the number of coordinates that move per step.
+      gains: optional exact ``(up, down)`` decreases from :func:`coordinate_gains`, used
+        instead of the first-order ``(-g, g)``.
+
+    Returns:
+      ``(logits, direction)``, each ``(n,)``: the move logits (``-inf`` where no move is
+      possible) and the move of each coordinate (``-1`` or ``+1``).
+
+    References:
+      Feng and Yang, Regularized Langevin Dynamics for Combinatorial Optimization, ICML 2025.
+    """
     up_ok = (z + 1 <= data.upper) & (data.var_mask > 0)
     down_ok = (z - 1 >= data.lower) & (data.var_mask > 0)
     gu, gd = (-g, g) if gains is None else gains
@@ -182,69 +288,106 @@ def flip_logits(data: EnergyData, z, g, temperature, num_flips: int, gains=None)
 
 
 def init(data: EnergyData, z, shift=0.0, const=0.0, penalty=1.0, power: int = 1,
-         feas_tol: float = 1e-6) -> LangevinState:
-    """State at assignment ``z`` (n,) (rounded and clipped into the box)."""
+         feas_tol: float = 1e-6) -> DiscreteLangevinState:
+    """The state of one chain at an assignment.
+
+    Args:
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      z: ``(n,)`` the assignment, rounded and clipped into the box.
+      shift: ``(m,)`` (or scalar) the continuous block's row shift of (E.1).
+      const: the continuous block's constant objective of (E.1).
+      penalty: ``lam`` of (E.1).
+      power: 1 (absolute) or 2 (squared) violations.
+      feas_tol: the row violation below which ``z`` counts as row-feasible.
+
+    Returns:
+      A :class:`DiscreteLangevinState`.
+    """
     z = jnp.clip(jnp.round(z), data.lower, data.upper) * data.var_mask
     obj, pen = energy_terms(data, z, shift, const, power)
     best = jnp.where(pen <= feas_tol, obj, jnp.inf)
-    return LangevinState(z, obj + penalty * pen, z, best)
+    return DiscreteLangevinState(z, obj + penalty * pen, z, best)
 
 
-def build_kernel(method: str = "rld", *, step_size: float = 1.0, window: int = 1,
-                 num_flips: int = 4, power: int = 1, feas_tol: float = 1e-6,
-                 bias_fn: Callable | None = None, exact_gains: bool = True,
-                 proposal_fn: Callable | None = None):
-    """The step ``kernel(key, state, data, shift, const, temperature, penalty, params)``.
-
-    ``method``: "dlp" (D.1), "dmala" (D.1 + D.2), "rld" (D.3), "learned" (P.1) or "learned-mh"
-    (P.1 + P.2). ``step_size`` is ``alpha`` of (D.1), ``window`` its ``W``, ``num_flips`` the
-    ``k`` of (D.3). ``bias_fn(params, data, z, g, shift, penalty) -> (n,)`` adds learned logits
-    ``b_i`` to (D.3) (``method="rld"`` only). ``exact_gains`` (rld): rank moves by the exact
-    single-coordinate energy change (:func:`coordinate_gains`) instead of its first-order
-    estimate. ``proposal_fn(params, data, z, g, shift, penalty) -> (n, 2)``: the learned
-    proposal's network (required by, and only used by, the learned methods; the temperature
-    enters only the test of "learned-mh").
-    """
-    if method not in METHODS:
-        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+def _check_rule(rule, *, step_size=1.0, window=1, num_flips=1, bias_fn=None, proposal_fn=None):
+    if rule not in RULES:
+        raise ValueError(f"rule: expected one of {RULES}, got {rule!r}")
     if isinstance(step_size, (int, float)) and not step_size > 0:
         raise ValueError(f"step_size: expected > 0, got {step_size}")
     if window < 1 or num_flips < 1:
         raise ValueError(f"window, num_flips: expected >= 1, got {window}, {num_flips}")
-    if bias_fn is not None and method != "rld":
-        raise ValueError("bias_fn: a learned bias is used by method='rld' only")
-    if (proposal_fn is not None) != (method in LEARNED_METHODS):
-        raise ValueError(f"proposal_fn: required by the methods {LEARNED_METHODS} and used by "
-                         f"no other, got method={method!r} with "
+    if bias_fn is not None and rule != "rld":
+        raise ValueError("bias_fn: a learned bias is used by rule='rld' only")
+    if (proposal_fn is not None) != (rule in LEARNED_RULES):
+        raise ValueError(f"proposal_fn: required by the rules {LEARNED_RULES} and used by "
+                         f"no other, got rule={rule!r} with "
                          f"proposal_fn={'a callable' if proposal_fn is not None else None}")
 
-    def kernel(key, state, data, shift, const, temperature, penalty, params=None):
+
+def build_kernel(rule: str = "rld", *, step_size: float = 1.0, window: int = 1,
+                 num_flips: int = 4, power: int = 1, feas_tol: float = 1e-6,
+                 bias_fn: Callable | None = None, exact_gains: bool = True,
+                 proposal_fn: Callable | None = None):
+    """One step of a discrete Langevin rule as a kernel.
+
+    Args:
+      rule: "dlp" (D.1), "dmala" (D.1 + D.2), "rld" (D.3), "learned" (P.1) or "learned-mh"
+        (P.1 + P.2); see :data:`RULES`.
+      step_size: ``alpha`` of (D.1), ``> 0``.
+      window: ``W`` of (D.1), ``>= 1``.
+      num_flips: the ``k`` of (D.3), ``>= 1``.
+      power: 1 (absolute) or 2 (squared) violations in (E.1).
+      feas_tol: the row violation below which a state counts as row-feasible.
+      bias_fn: ``bias_fn(params, data, z, g, shift, penalty) -> (n,)``, learned logits ``b_i``
+        added to (D.3) (``rule="rld"`` only).
+      exact_gains: with ``rule="rld"``, rank moves by the exact single-coordinate energy change
+        (:func:`coordinate_gains`) instead of its first-order estimate.
+      proposal_fn: ``proposal_fn(params, data, z, g, shift, penalty) -> (n, 2)``, the learned
+        proposal's network (required by, and only used by, the learned rules; the temperature
+        enters only the test of "learned-mh").
+
+    Returns:
+      ``kernel(rng_key, state, data, shift, const, temperature, penalty, params=None) ->
+      (DiscreteLangevinState, DiscreteLangevinInfo)``; ``params`` are those of ``bias_fn`` or
+      ``proposal_fn``.
+
+    Raises:
+      ValueError: an argument out of range, or ``bias_fn``/``proposal_fn`` with a rule that
+        does not use it (or a learned rule without ``proposal_fn``).
+
+    References:
+      Zhang, Liu, Liu, arXiv 2206.09914, eq. 3 and Alg. 2; Feng and Yang, ICML 2025.
+    """
+    _check_rule(rule, step_size=step_size, window=window, num_flips=num_flips, bias_fn=bias_fn,
+                proposal_fn=proposal_fn)
+
+    def kernel(rng_key, state, data, shift, const, temperature, penalty, params=None):
         z = state.z
         e0, _, _, g = _terms_and_grad(data, z, shift, const, penalty, power)
-        if method in LEARNED_METHODS:  # (P.1)
-            k_prop, k_acc = jax.random.split(key)
+        if rule in LEARNED_RULES:  # (P.1)
+            k_prop, k_acc = jax.random.split(rng_key)
             logp = move_log_probs(proposal_fn(params, data, z, g, shift, penalty), data, z)
             idx = jax.random.categorical(k_prop, logp, axis=-1)
             z_new = z + (idx - 1).astype(z.dtype)
             accept = jnp.asarray(1.0)
-        elif method == "rld":
+        elif rule == "rld":
             gains = (coordinate_gains(data, z, shift, const, penalty, power) if exact_gains
                      else None)
             logits, direction = flip_logits(data, z, g, temperature, num_flips, gains)
             if bias_fn is not None:
                 logits = logits + bias_fn(params, data, z, g, shift, penalty)
-            move = jax.random.bernoulli(key, jax.nn.sigmoid(logits))
+            move = jax.random.bernoulli(rng_key, jax.nn.sigmoid(logits))
             z_new = z + jnp.where(move, direction, 0.0)
             accept = jnp.asarray(1.0)
         else:
-            k_prop, k_acc = jax.random.split(key)
+            k_prop, k_acc = jax.random.split(rng_key)
             logits = dlp_logits(data, z, g, temperature, step_size, window)
             idx = jax.random.categorical(k_prop, logits, axis=-1)
             z_new = z + (idx - window).astype(z.dtype)
             accept = jnp.asarray(1.0)
         e1, obj1, pen1, g1 = _terms_and_grad(data, z_new, shift, const, penalty, power)
-        if method in ("dmala", "learned-mh"):  # (D.2), (P.2)
-            if method == "dmala":
+        if rule in ("dmala", "learned-mh"):  # (D.2), (P.2)
+            if rule == "dmala":
                 fwd = proposal_log_prob(data, z, z_new, g, temperature, step_size, window)
                 rev = proposal_log_prob(data, z_new, z, g1, temperature, step_size, window)
             else:  # the reverse of move index j (d = j - 1) is 2 - j
@@ -259,20 +402,79 @@ def build_kernel(method: str = "rld", *, step_size: float = 1.0, window: int = 1
             e1 = jnp.where(ok, e1, e0)
             obj1, pen1 = energy_terms(data, z_new, shift, const, power)
         better = (pen1 <= feas_tol) & (obj1 < state.best_objective)
-        new = LangevinState(z_new, e1, jnp.where(better, z_new, state.best_z),
-                            jnp.where(better, obj1, state.best_objective))
-        info = LangevinInfo(accept, jnp.sum(z_new != z), e1, pen1)
+        new = DiscreteLangevinState(z_new, e1, jnp.where(better, z_new, state.best_z),
+                                    jnp.where(better, obj1, state.best_objective))
+        info = DiscreteLangevinInfo(accept, jnp.sum(z_new != z), e1, pen1)
         return new, info
 
     return kernel
 
 
-@functools.partial(jax.jit, static_argnames=("method", "window", "num_flips", "power", "bias_fn",
+def discrete_langevin(data: EnergyData, rule: str = "rld", *, temperature=1.0, penalty=1.0,
+                      shift=0.0, const=0.0, params=None, step_size: float = 1.0,
+                      window: int = 1, num_flips: int = 4, power: int = 1,
+                      feas_tol: float = 1e-6, bias_fn: Callable | None = None,
+                      exact_gains: bool = True,
+                      proposal_fn: Callable | None = None) -> SamplingAlgorithm:
+    """A discrete Langevin rule on one problem at a fixed temperature and penalty, as a
+    sampling algorithm: ``init(position)`` and ``step(rng_key, state)``.
+
+    For annealing, call :func:`build_kernel`'s kernel with each step's temperature and penalty
+    (as :func:`run_langevin` does).
+
+    Args:
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      rule: one of :data:`RULES`.
+      temperature: ``tau > 0`` of the target ``exp(-E / tau)``.
+      penalty: ``lam > 0`` of (E.1).
+      shift: ``(m,)`` (or scalar) the continuous block's row shift of (E.1).
+      const: the continuous block's constant objective of (E.1).
+      params: the parameters of ``bias_fn`` or ``proposal_fn``.
+      step_size, window, num_flips, power, feas_tol, bias_fn, exact_gains, proposal_fn: as
+        :func:`build_kernel`.
+
+    Returns:
+      A :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm` over
+      :class:`DiscreteLangevinState` with :class:`DiscreteLangevinInfo`; ``init(position)``
+      takes an ``(n,)`` assignment.
+
+    Raises:
+      TypeError: ``data`` is not an ``EnergyData``.
+      ValueError: as :func:`build_kernel`, or a non-positive temperature or penalty, or a
+        position of the wrong shape.
+
+    References:
+      Zhang, Liu, Liu, arXiv 2206.09914; Feng and Yang, ICML 2025.
+    """
+    if not isinstance(data, EnergyData):
+        raise TypeError(f"data: expected an EnergyData (see energy_data), got "
+                        f"{type(data).__name__}")
+    for name, v in (("temperature", temperature), ("penalty", penalty)):
+        if not isinstance(v, jax.core.Tracer) and not float(v) > 0:
+            raise ValueError(f"{name}: expected > 0, got {v}")
+    kernel = build_kernel(rule, step_size=step_size, window=window, num_flips=num_flips,
+                          power=power, feas_tol=feas_tol, bias_fn=bias_fn,
+                          exact_gains=exact_gains, proposal_fn=proposal_fn)
+    n = data.c.shape[0]
+
+    def init_fn(position):
+        if jnp.shape(position) != (n,):
+            raise ValueError(f"position: expected shape ({n},), got {jnp.shape(position)}")
+        return init(data, jnp.asarray(position, data.c.dtype), shift, const, penalty, power,
+                    feas_tol)
+
+    def step_fn(rng_key, state):
+        return kernel(rng_key, state, data, shift, const, temperature, penalty, params)
+
+    return SamplingAlgorithm(init_fn, step_fn)
+
+
+@functools.partial(jax.jit, static_argnames=("rule", "window", "num_flips", "power", "bias_fn",
                                              "feas_tol", "exact_gains", "proposal_fn"))
-def _run(key, data_shared, z0, shift, const, cost, temperatures, penalties, params,
+def _run(rng_key, data_shared, z0, shift, const, cost, temperatures, penalties, params,
          step_size, *,
-         method, window, num_flips, power, bias_fn, feas_tol, exact_gains, proposal_fn):
-    kernel = build_kernel(method, step_size=step_size, window=window, num_flips=num_flips,
+         rule, window, num_flips, power, bias_fn, feas_tol, exact_gains, proposal_fn):
+    kernel = build_kernel(rule, step_size=step_size, window=window, num_flips=num_flips,
                           power=power, feas_tol=feas_tol, bias_fn=bias_fn,
                           exact_gains=exact_gains, proposal_fn=proposal_fn)
 
@@ -288,24 +490,41 @@ def _run(key, data_shared, z0, shift, const, cost, temperatures, penalties, para
         keys = jax.random.split(key, temperatures.shape[0])
         return jax.lax.scan(body, state, (keys, temperatures, penalties))
 
-    keys = jax.random.split(key, z0.shape[0])
+    keys = jax.random.split(rng_key, z0.shape[0])
     return jax.vmap(chain)(keys, z0, shift, const, cost)
 
 
-def run_langevin(key, data: EnergyData, z0, *, temperatures, penalties, shift=None, const=None,
-                 cost=None,
-                 method: str = "rld", step_size: float = 1.0, window: int = 1,
-                 num_flips: int = 4, power: int = 1, feas_tol: float = 1e-6,
+def run_langevin(rng_key, data: EnergyData, z0, *, temperatures, penalties, shift=None,
+                 const=None, cost=None, rule: str = "rld", step_size: float = 1.0,
+                 window: int = 1, num_flips: int = 4, power: int = 1, feas_tol: float = 1e-6,
                  bias_fn: Callable | None = None, bias_params=None, exact_gains: bool = True,
                  proposal_fn: Callable | None = None, proposal_params=None):
-    """Run ``K`` chains from ``z0`` (K, n) for ``len(temperatures)`` steps in one ``jit``.
+    """Run ``K`` annealed chains of :func:`build_kernel`'s kernel in one ``jit``.
 
-    ``shift`` (K, m) / ``const`` (K,) are the per-chain continuous-block terms of (E.1) (zeros by
-    default); ``cost`` (K, n) per-chain integer costs replacing ``data.c`` ((E.2) of
-    :mod:`energy`); ``temperatures``/``penalties`` (T,) the annealing schedule. Returns the final
-    :class:`LangevinState` (leaves with a leading ``K`` axis) and the :class:`LangevinInfo` trace
-    (leaves (K, T)). ``bias_fn`` must be a hashable callable that is the same object across calls
-    (it is a static argument), ``bias_params`` its pytree of parameters.
+    Args:
+      rng_key: PRNG key, split into one key per chain.
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData` of the integer block.
+      z0: ``(K, n)`` the chains' starting assignments.
+      temperatures: ``(T,)`` the temperature of each step (see :func:`annealing_schedule`).
+      penalties: ``(T,)`` the penalty of each step.
+      shift: ``(K, m)`` the per-chain continuous-block row shifts of (E.1) (zeros by default).
+      const: ``(K,)`` the per-chain continuous-block constants of (E.1) (zeros by default).
+      cost: ``(K, n)`` per-chain integer costs replacing ``data.c`` ((E.2) of
+        :mod:`~jaxlib_ext.samplers.milp.energy`).
+      rule: one of :data:`RULES`.
+      step_size, window, num_flips, power, feas_tol, exact_gains: as :func:`build_kernel`.
+      bias_fn: as :func:`build_kernel`; a hashable callable that is the same object across
+        calls (it is a static argument).
+      bias_params: the pytree of ``bias_fn``'s parameters.
+      proposal_fn: as :func:`build_kernel`, hashable like ``bias_fn``.
+      proposal_params: the pytree of ``proposal_fn``'s parameters.
+
+    Returns:
+      ``(state, info)``: the final :class:`DiscreteLangevinState` (leaves with a leading ``K``
+      axis) and the :class:`DiscreteLangevinInfo` trace (leaves ``(K, T)``).
+
+    Raises:
+      ValueError: an argument of the wrong shape (naming it) or out of range.
     """
     z0 = jnp.asarray(z0, data.c.dtype)
     n, m = data.c.shape[0], data.A.shape[0]
@@ -326,11 +545,11 @@ def run_langevin(key, data: EnergyData, z0, *, temperatures, penalties, shift=No
     if shift.shape != (k, m) or const.shape != (k,):
         raise ValueError(f"shift, const: expected shapes ({k}, {m}) and ({k},), got "
                          f"{shift.shape} and {const.shape}")
-    if method not in METHODS:
-        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
-    params = proposal_params if method in LEARNED_METHODS else bias_params
-    return _run(key, data, z0, shift, const, cost, temperatures, penalties, params,
-                jnp.asarray(step_size, data.c.dtype), method=method, window=int(window),
+    if rule not in RULES:
+        raise ValueError(f"rule: expected one of {RULES}, got {rule!r}")
+    params = proposal_params if rule in LEARNED_RULES else bias_params
+    return _run(rng_key, data, z0, shift, const, cost, temperatures, penalties, params,
+                jnp.asarray(step_size, data.c.dtype), rule=rule, window=int(window),
                 num_flips=int(num_flips), power=int(power), bias_fn=bias_fn,
                 feas_tol=float(feas_tol), exact_gains=bool(exact_gains),
                 proposal_fn=proposal_fn)

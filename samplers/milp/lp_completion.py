@@ -38,14 +38,20 @@ __all__ = ["Completion", "complete", "lp_value_cuts"]
 
 
 class Completion(NamedTuple):
-    """Batched completion: ``x`` (B, n) full vectors (integer columns exactly ``z``),
-    ``objective`` (B,) in the problem's sense (exact mode: nan where infeasible; elastic mode:
-    ``c^T x`` of the elastic solution), ``value`` (B,) the LP value in minimisation form including
-    the integer block (elastic mode: with the slack cost), ``feasible`` (B,) bool (float64
-    certificate), ``status`` list of B strings ("optimal", "infeasible", "unbounded", ...),
-    ``value_grad`` (B, n_int): a subgradient in ``z`` of the LP part of ``value``,
-    ``-A_z^T pi`` with ``pi`` HiGHS' row duals (zeros without continuous columns or where the LP
-    was not solved to optimality)."""
+    """Batched completion of ``B`` assignments.
+
+    Attributes:
+      x: ``(B, n)`` full vectors (integer columns exactly ``z``).
+      objective: ``(B,)`` in the problem's sense (exact mode: NaN where infeasible; elastic mode:
+        ``c^T x`` of the elastic solution).
+      value: ``(B,)`` the LP value in minimisation form including the integer block (elastic
+        mode: with the slack cost).
+      feasible: ``(B,)`` bool, the float64 certificate.
+      status: list of ``B`` strings ("optimal", "infeasible", "unbounded", ...).
+      value_grad: ``(B, n_int)`` a subgradient in ``z`` of the LP part of ``value``,
+        ``-A_z^T pi`` with ``pi`` HiGHS' row duals (zeros without continuous columns or where the
+        LP was not solved to optimality).
+    """
 
     x: np.ndarray
     objective: np.ndarray
@@ -91,8 +97,20 @@ def _lp_model(problem: MILP, penalty):
 
 
 def complete(problem: MILP, Z, *, penalty: float | None = None) -> Completion:
-    """Complete every row of ``Z`` (B, n_int) (integer values in ``problem.integer_index``
-    order) with the exact LP (L.1), or the elastic LP (L.2) when ``penalty`` is given."""
+    """Complete every row of ``Z`` with the exact LP (L.1), or the elastic LP (L.2) when
+    ``penalty`` is given.
+
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+      Z: ``(B, n_int)`` integer values in ``problem.integer_index`` order (rounded).
+      penalty: ``lam > 0`` of (L.2), or None for the exact LP (L.1).
+
+    Returns:
+      A :class:`Completion`; every ``x`` re-measured in float64.
+
+    Raises:
+      ValueError: ``Z`` of the wrong shape or a non-positive ``penalty``.
+    """
     iz, ic = problem.integer_index, problem.continuous_index
     Z = np.asarray(Z, np.float64)
     if Z.ndim != 2 or Z.shape[1] != iz.size:
@@ -153,11 +171,19 @@ def complete(problem: MILP, Z, *, penalty: float | None = None) -> Completion:
 
 
 def lp_value_cuts(problem: MILP, Z, *, penalty: float) -> tuple[np.ndarray, np.ndarray]:
-    """The cuts of (E.2) of :mod:`energy` at the assignments ``Z`` (B, n_int), for
-    ``energy.with_cuts``: ``(cut_h (B, n_int), cut_a (B,))``, the subgradients ``h_k`` of the
-    continuous part of the elastic LP value (L.2) at ``penalty`` and the intercepts ``a_k =
-    value_k - c_z^T z_k - h_k^T z_k`` (minimisation form); ``cut_a = -inf`` where that LP has no
-    finite value."""
+    """The cuts of (E.2) of :mod:`~jaxlib_ext.samplers.milp.energy` at the assignments ``Z``, for
+    ``energy.with_cuts``.
+
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+      Z: ``(B, n_int)`` integer assignments.
+      penalty: ``lam > 0`` of the elastic LP (L.2).
+
+    Returns:
+      ``(cut_h, cut_a)`` of shapes ``(B, n_int)`` and ``(B,)``: the subgradients ``h_k`` of the
+      continuous part of the elastic LP value (L.2) and the intercepts ``a_k = value_k - c_z^T
+      z_k - h_k^T z_k`` (minimisation form); ``cut_a = -inf`` where that LP has no finite value.
+    """
     Z = np.round(np.asarray(Z, np.float64))
     comp = complete(problem, Z, penalty=penalty)
     cz = problem.sense * problem.c[problem.integer_index]

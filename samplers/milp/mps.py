@@ -29,8 +29,17 @@ def _highspy():
 def read_mps(path) -> MILP:
     """Read an MPS (free or fixed) or CPLEX LP file into a validated :class:`MILP`.
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file HiGHS cannot
-    parse, a file with no columns, or data that fails :func:`make_milp`'s validation.
+    Args:
+      path: the file (a path or a string).
+
+    Returns:
+      The :class:`~jaxlib_ext.samplers.milp.problem.MILP`, with the file's column order, names,
+      objective sense and offset.
+
+    Raises:
+      FileNotFoundError: the file is missing.
+      ValueError: HiGHS cannot parse the file, it holds no columns, or its data fails
+        :func:`~jaxlib_ext.samplers.milp.problem.make_milp`'s validation.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):

@@ -32,9 +32,19 @@ FEAS_TOL = 1e-6  # row and bound tolerance of every feasibility certificate
 class MILP:
     """A validated MILP (P.1). Build it with :func:`make_milp` or ``read_mps``.
 
-    Attributes: ``c`` (n,), ``A`` (m, n) CSR, ``row_lower``/``row_upper`` (m,), ``lower``/
-    ``upper`` (n,), ``integrality`` (n,) bool, ``offset`` (objective constant), ``sense``
-    (+1 minimise, -1 maximise), ``col_names``/``row_names`` (tuples of str), ``name``.
+    Attributes:
+      c: ``(n,)`` objective coefficients.
+      A: ``(m, n)`` the constraint matrix (CSR).
+      row_lower: ``(m,)`` row lower bounds (may be ``-inf``).
+      row_upper: ``(m,)`` row upper bounds (may be ``+inf``).
+      lower: ``(n,)`` column lower bounds.
+      upper: ``(n,)`` column upper bounds.
+      integrality: ``(n,)`` bool, the integer columns.
+      offset: the objective constant.
+      sense: ``+1`` minimise, ``-1`` maximise.
+      col_names: tuple of column names.
+      row_names: tuple of row names.
+      name: the problem's name.
     """
 
     c: np.ndarray
@@ -52,22 +62,33 @@ class MILP:
 
     @property
     def num_vars(self) -> int:
+        """The number of columns ``n``."""
         return int(self.c.shape[0])
 
     @property
     def num_rows(self) -> int:
+        """The number of rows ``m``."""
         return int(self.A.shape[0])
 
     @property
     def integer_index(self) -> np.ndarray:
+        """The indices of the integer columns."""
         return np.flatnonzero(self.integrality)
 
     @property
     def continuous_index(self) -> np.ndarray:
+        """The indices of the continuous columns."""
         return np.flatnonzero(~self.integrality)
 
     def objective(self, x) -> float:
-        """``c^T x + offset`` in the problem's own sense (float64)."""
+        """``c^T x + offset`` in the problem's own sense (float64).
+
+        Args:
+          x: ``(n,)`` a point.
+
+        Returns:
+          The objective value.
+        """
         return float(np.dot(self.c, np.asarray(x, np.float64)) + self.offset)
 
     def __repr__(self) -> str:
@@ -94,11 +115,27 @@ def make_milp(c, A, row_lower=None, row_upper=None, lower=0.0, upper=None, integ
               name: str = "") -> MILP:
     """Validate arrays and build a :class:`MILP` (P.1).
 
-    ``c`` (n,); ``A`` (m, n) dense or scipy sparse; ``row_lower``/``row_upper`` (m,) default
-    ``-inf``/``+inf``; ``lower`` default 0, ``upper`` default ``+inf`` (scalars broadcast);
-    ``integrality`` (n,) bool (default all continuous). Raises ``ValueError`` naming the argument on
-    shape mismatches, non-finite costs or coefficients, NaN bounds, ``lower > upper``,
-    ``row_lower > row_upper``, integer columns whose box holds no integer, or ``n == 0``.
+    Args:
+      c: ``(n,)`` objective coefficients (finite, ``n > 0``).
+      A: ``(m, n)`` dense or scipy sparse constraint matrix (finite).
+      row_lower: ``(m,)`` row lower bounds, default ``-inf``.
+      row_upper: ``(m,)`` row upper bounds, default ``+inf``.
+      lower: ``(n,)`` column lower bounds, default 0 (scalars broadcast).
+      upper: ``(n,)`` column upper bounds, default ``+inf`` (scalars broadcast).
+      integrality: ``(n,)`` bool, default all continuous.
+      offset: the objective constant (finite).
+      sense: ``+1`` minimise, ``-1`` maximise.
+      col_names: column names (default ``x0, x1, ...``).
+      row_names: row names (default ``r0, r1, ...``).
+      name: the problem's name.
+
+    Returns:
+      The :class:`MILP`.
+
+    Raises:
+      ValueError: naming the argument, on shape mismatches, non-finite costs or coefficients,
+        NaN bounds, ``lower > upper``, ``row_lower > row_upper``, integer columns whose box holds
+        no integer, or ``n == 0``.
     """
     c = np.asarray(c, dtype=np.float64)
     if c.ndim != 1:
@@ -166,9 +203,11 @@ def make_milp(c, A, row_lower=None, row_upper=None, lower=0.0, upper=None, integ
 class SolutionCheck(NamedTuple):
     """Host-side float64 measurement of a candidate ``x`` (the feasibility certificate).
 
-    ``max_violation``: the largest row or bound violation (0 if none); ``integrality_violation``:
-    the largest ``|x_j - round(x_j)|`` over integer columns; ``feasible``: both within
-    ``tol`` (rows and bounds) and integrality exactly 0.
+    Attributes:
+      feasible: rows and bounds within ``tol`` and integrality exactly 0.
+      max_violation: the largest row or bound violation (0 if none).
+      integrality_violation: the largest ``|x_j - round(x_j)|`` over integer columns.
+      objective: ``c^T x + offset`` in the problem's sense.
     """
 
     feasible: bool
@@ -178,7 +217,19 @@ class SolutionCheck(NamedTuple):
 
 
 def check_solution(problem: MILP, x, tol: float = FEAS_TOL) -> SolutionCheck:
-    """Measure ``x`` (n,) against every row, bound and integrality of ``problem`` in float64."""
+    """Measure ``x`` against every row, bound and integrality of ``problem`` in float64.
+
+    Args:
+      problem: the :class:`MILP`.
+      x: ``(n,)`` the candidate.
+      tol: the row and bound tolerance.
+
+    Returns:
+      A :class:`SolutionCheck` (not feasible, with infinite violations, for a non-finite ``x``).
+
+    Raises:
+      ValueError: ``x`` of the wrong shape.
+    """
     x = np.asarray(x, dtype=np.float64)
     if x.shape != (problem.num_vars,):
         raise ValueError(f"x: expected shape ({problem.num_vars},), got {x.shape}")

@@ -18,9 +18,9 @@ random walk that moves a column with probability ``sigmoid(m0)`` (about 0.05 for
 
 Two samplers use it (:func:`langevin.build_kernel`):
 
-* ``method="learned"``: ``z' ~ q_theta(. | z)``, unadjusted. Like RLNN it is a learned
+* ``rule="learned"``: ``z' ~ q_theta(. | z)``, unadjusted. Like RLNN it is a learned
   heuristic, trained to lower the energy; no stationary distribution is claimed.
-* ``method="learned-mh"``: ``q_theta`` as the proposal of a Metropolis-Hastings step::
+* ``rule="learned-mh"``: ``q_theta`` as the proposal of a Metropolis-Hastings step::
 
       accept with prob  min(1, exp(-(E(z') - E(z)) / tau) q_theta(z | z') / q_theta(z' | z))   (P.2)
 
@@ -55,10 +55,15 @@ class LearnedProposal(nnx.Module):
     ``(u^-, u^+)`` of the moves ``-1`` and ``+1`` of every column relative to staying.
 
     Args:
-      hidden, num_layers: the GNN's width and number of message-passing rounds.
+      hidden: the GNN's width.
+      num_layers: the GNN's number of message-passing rounds.
       init_move_logit: ``m0`` of (P.1), added to both outputs; the untrained proposal moves a
         column with probability ``sigmoid(m0)`` (two open directions: about twice that).
       rngs: the parameters' initialisation.
+
+    References:
+      Feng and Yang, Regularized Langevin Dynamics for Combinatorial Optimization, ICML 2025
+      (RLNN, github.com/Shengyu-Feng/RLD4CO).
     """
 
     def __init__(self, hidden: int = 64, num_layers: int = 3, *, init_move_logit: float = -3.0,
@@ -68,7 +73,11 @@ class LearnedProposal(nnx.Module):
         self.gnn = BipartiteGNN(hidden, num_layers, outputs=2, max_logit=None, rngs=rngs)
 
     def config(self) -> dict:
-        """The constructor's arguments and the feature sizes, as stored by :func:`save_proposal`."""
+        """The constructor's arguments and the feature sizes, as stored by :func:`save_proposal`.
+
+        Returns:
+          A JSON-serialisable dict.
+        """
         return {"hidden": self.hidden, "num_layers": self.num_layers,
                 "init_move_logit": self.init_move_logit, "var_features": VAR_FEATURES,
                 "con_features": CON_FEATURES}
@@ -78,9 +87,17 @@ class LearnedProposal(nnx.Module):
 
 
 def save_proposal(directory, proposal: LearnedProposal, meta: dict | None = None) -> pathlib.Path:
-    """Write ``proposal`` to ``directory`` (created): its parameters (Orbax) and
-    ``proposal.json`` with :meth:`LearnedProposal.config` and ``meta`` (e.g. the family it was
-    trained on). Returns the folder."""
+    """Write ``proposal`` to ``directory`` (created).
+
+    Args:
+      directory: the folder: its parameters (Orbax) and ``proposal.json`` with
+        :meth:`LearnedProposal.config` and ``meta``.
+      proposal: the :class:`LearnedProposal`.
+      meta: extra JSON-serialisable facts (e.g. the family it was trained on).
+
+    Returns:
+      The folder's absolute path.
+    """
     from jaxlib_ext.core.checkpoint import Checkpointer
 
     directory = pathlib.Path(directory).absolute()
@@ -94,6 +111,12 @@ def save_proposal(directory, proposal: LearnedProposal, meta: dict | None = None
 
 def load_proposal(directory) -> LearnedProposal:
     """The :class:`LearnedProposal` that :func:`save_proposal` wrote to ``directory``.
+
+    Args:
+      directory: the folder.
+
+    Returns:
+      The proposal with its saved parameters.
 
     Raises:
       FileNotFoundError: ``directory`` holds no saved proposal.

@@ -10,7 +10,7 @@ reconstructed, our choices marked):
    with no finite optimum either way. Both are returned as ``feasible=False`` with the reason in
    ``status``/``message``.
 3. Rounds until ``time_limit``: ``num_chains`` chains run ``steps_per_round`` steps of the
-   annealed sampler of :mod:`langevin` (``method``; with ``model`` the learned flip logits of
+   annealed sampler of :mod:`langevin` (``rule``; with ``model`` the learned flip logits of
    :mod:`gnn` are added, with ``proposal`` the learned proposal of :mod:`proposal` draws the
    moves), as compiled chunks of a fixed length so that the time limit is checked between them.
    For problems with continuous columns the energy is (E.2) of :mod:`energy`: the elastic LP
@@ -54,10 +54,10 @@ from jaxlib_ext.samplers.milp.langevin import annealing_schedule, coordinate_gai
 from jaxlib_ext.samplers.milp.lp_completion import complete
 from jaxlib_ext.samplers.milp.problem import FEAS_TOL, MILP, check_solution
 
-__all__ = ["SOLVE_METHODS", "MILPResult", "solve"]
+__all__ = ["SOLVE_RULES", "MILPResult", "solve"]
 
 CHUNK_STEPS = 25  # sampler steps per compiled program; the time limit is checked between them
-SOLVE_METHODS = ("dlp", "dmala", "rld")  # the samplers of ``solve(method=...)``
+SOLVE_RULES = ("dlp", "dmala", "rld")  # the samplers of ``solve(rule=...)``
 _FEAS_TOL = 1e-6  # the sampler's row check, in (E.1)'s weighted units
 _MAX_PENALTY_GROWTH = 1e3  # adaptive penalty: the end penalty stays below this times the start
 
@@ -66,14 +66,22 @@ _MAX_PENALTY_GROWTH = 1e3  # adaptive penalty: the end penalty stays below this 
 class MILPResult:
     """The answer of :func:`solve` (and of ``diving.neural_diving``).
 
-    ``x`` (n,) float64 over all columns in the problem's order (all-NaN when ``feasible`` is
-    False); ``objective`` in the problem's sense (NaN without a solution); ``feasible``: the
-    float64 certificate holds; ``max_violation`` (rows and bounds) and ``integrality_violation``
-    of ``x``; ``trace``: list of ``(seconds, best objective)``; ``status``: "feasible",
-    "optimal" (LP route), "no_solution_found", "infeasible", "unbounded" or
-    "unbounded_or_infeasible"; ``message`` in words; ``seconds`` wall time; ``method``;
-    ``compile_seconds``: of ``seconds``, the time spent compiling the sampler's programs (0 when
-    they were compiled by an earlier call).
+    Attributes:
+      x: ``(n,)`` float64 over all columns in the problem's order (all-NaN when ``feasible``
+        is False).
+      objective: in the problem's sense (NaN without a solution).
+      feasible: the float64 certificate holds.
+      max_violation: of ``x`` over the rows and bounds.
+      integrality_violation: of ``x`` over the integer columns.
+      trace: list of ``(seconds, best objective)``.
+      status: "feasible", "optimal" (LP route), "no_solution_found", "infeasible",
+        "unbounded" or "unbounded_or_infeasible".
+      message: the status in words.
+      seconds: wall time.
+      rule: the algorithm that produced ``x``: ``"langevin-<rule>"`` (``"+gnn"`` with a
+        learned bias), ``"neural-diving"`` or ``"highs-lp"``.
+      compile_seconds: of ``seconds``, the time spent compiling the sampler's programs (0 when
+        they were compiled by an earlier call).
     """
 
     x: np.ndarray
@@ -85,7 +93,7 @@ class MILPResult:
     status: str = "feasible"
     message: str = ""
     seconds: float = 0.0
-    method: str = ""
+    rule: str = ""
     compile_seconds: float = 0.0
 
     def __str__(self) -> str:
@@ -94,34 +102,49 @@ class MILPResult:
                  f"max_violation: {self.max_violation:.3g}",
                  f"integrality_violation: {self.integrality_violation:.3g}",
                  f"seconds: {self.seconds:.3f}", f"compile_seconds: {self.compile_seconds:.3f}",
-                 f"method: {self.method}"]
+                 f"rule: {self.rule}"]
         if self.message:
             lines.append(f"message: {self.message}")
         return "\n".join(lines)
 
 
-def _no_solution(problem, status, message, trace, t0, method):
+def _no_solution(problem, status, message, trace, t0, rule):
     n = problem.num_vars
     return MILPResult(np.full(n, np.nan), float("nan"), False, float("inf"), float("inf"),
-                      trace, status, message, time.perf_counter() - t0, method)
+                      trace, status, message, time.perf_counter() - t0, rule)
 
 
-def certified_result(problem: MILP, x, trace, t0, method, status="feasible", message=""):
+def certified_result(problem: MILP, x, trace, t0, rule, status="feasible", message=""):
     """A :class:`MILPResult` for ``x`` after the float64 check; a failing ``x`` is never
-    reported feasible."""
+    reported feasible.
+
+    Args:
+      problem: the :class:`~jaxlib_ext.samplers.milp.problem.MILP`.
+      x: ``(n,)`` the candidate over all columns, or None (no solution found).
+      trace: list of ``(seconds, best objective)``.
+      t0: the ``time.perf_counter()`` at the call's start.
+      rule: the algorithm that produced ``x`` (:attr:`MILPResult.rule`).
+      status: the status of a certified ``x``.
+      message: the status in words.
+
+    Returns:
+      A :class:`MILPResult`: feasible with ``x`` (integer columns rounded) when it passes
+      :func:`~jaxlib_ext.samplers.milp.problem.check_solution`, otherwise
+      ``"no_solution_found"`` with an all-NaN ``x``.
+    """
     if x is None:
         return _no_solution(problem, "no_solution_found",
                             "no feasible assignment was found within the time limit", trace, t0,
-                            method)
+                            rule)
     x = np.asarray(x, np.float64).copy()
     x[problem.integrality] = np.round(x[problem.integrality])
     chk = check_solution(problem, x, FEAS_TOL)
     if not chk.feasible:
         return _no_solution(problem, "no_solution_found",
                             f"the best point found violates the constraints by "
-                            f"{chk.max_violation:.3g}; no certified solution", trace, t0, method)
+                            f"{chk.max_violation:.3g}; no certified solution", trace, t0, rule)
     return MILPResult(x, chk.objective, True, chk.max_violation, chk.integrality_violation,
-                      trace, status, message, time.perf_counter() - t0, method)
+                      trace, status, message, time.perf_counter() - t0, rule)
 
 
 def _round_up(v, k):
@@ -135,7 +158,7 @@ def _host_energy_data(problem, n, m):
     return pad_energy_data(d, n, m)
 
 
-def _chunk_program(data, z, seed, counter, temperatures, penalties, params, *, method, step_size,
+def _chunk_program(data, z, seed, counter, temperatures, penalties, params, *, rule, step_size,
                    num_flips, sampler_fn, learned):
     """One chunk of the annealed sampler for all chains: ``(z, best_z, best_objective)``."""
     key = jax.random.fold_in(jax.random.key(seed), counter)
@@ -144,7 +167,7 @@ def _chunk_program(data, z, seed, counter, temperatures, penalties, params, *, m
     else:
         kw = {"bias_fn": sampler_fn, "bias_params": params}
     state, _ = run_langevin(key, data, z, temperatures=temperatures, penalties=penalties,
-                            method=method, step_size=step_size, num_flips=num_flips, **kw)
+                            rule=rule, step_size=step_size, num_flips=num_flips, **kw)
     return state.z, state.best_z, state.best_objective
 
 
@@ -212,7 +235,7 @@ def _compiled(fn, static: dict, args) -> tuple[_Program, float]:
 
 def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
           model: BipartiteGNN | None = None, proposal: nnx.Module | None = None,
-          metropolis: bool = False, seed: int = 0, method: str = "rld",
+          metropolis: bool = False, seed: int = 0, rule: str = "rld",
           steps_per_round: int = 1000, num_flips: int = 4, temperature=(0.5, 0.005),
           penalty=(1.0, 10.0), step_size: float = 0.1, num_cuts: int = 64,
           repair_steps: int = 20, adaptive_penalty: bool = True, max_rounds: int | None = None,
@@ -237,13 +260,13 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
         the limit, the first round takes one more chunk to reach the cold end.
       num_chains: parallel chains.
       model: a trained :class:`~jaxlib_ext.samplers.milp.gnn.BipartiteGNN` whose bounded logits
-        are added to the flip rule (``method="rld"`` only), or None.
+        are added to the flip rule (``rule="rld"`` only), or None.
       proposal: a learned proposal (an ``nnx.Module`` with output (n, 2), e.g.
         :class:`~jaxlib_ext.samplers.milp.proposal.LearnedProposal`) that draws every move
-        itself (``langevin`` method "learned"), or None. Excludes ``model`` and ``method``.
+        itself (the ``langevin`` rule "learned"), or None. Excludes ``model`` and ``rule``.
       metropolis: with ``proposal``, add the Metropolis-Hastings test ("learned-mh").
       seed: seeds the initial states and the sampler.
-      method: "rld" (regularised flip rule, the default), "dlp" or "dmala" (discrete Langevin
+      rule: "rld" (regularised flip rule, the default), "dlp" or "dmala" (discrete Langevin
         proposal without/with MH).
       steps_per_round: steps of each round's annealing schedule (rounded up to whole chunks).
       num_flips: the ``k`` of the flip rule (D.3).
@@ -269,6 +292,10 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
       TypeError: ``problem`` is not a MILP or ``proposal`` not an ``nnx.Module``.
       ValueError: an argument is out of range or contradicts another, or a learned ``model`` or
         ``proposal`` is given for a problem without integer columns.
+
+    References:
+      The unsupervised Langevin MILP sampler, ICML 2026 (UNLS4MILP; abstract only); Zhang,
+      Liu, Liu, arXiv 2206.09914 (DLP, DMALA); Feng and Yang, ICML 2025 (the flip rule).
     """
     t0 = time.perf_counter()
     if not isinstance(problem, MILP):
@@ -285,28 +312,28 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
     for arg, pair in (("temperature", temperature), ("penalty", penalty)):
         if len(pair) != 2 or not (pair[0] > 0 and pair[1] > 0):
             raise ValueError(f"{arg}: expected two positive values, got {pair}")
-    if method not in SOLVE_METHODS:
-        raise ValueError(f"method: expected one of {SOLVE_METHODS}, got {method!r}")
+    if rule not in SOLVE_RULES:
+        raise ValueError(f"rule: expected one of {SOLVE_RULES}, got {rule!r}")
     if model is not None and proposal is not None:
         raise ValueError("model, proposal: give one learned component, not both (model adds "
                          "bounded logits to the flip rule, proposal draws the moves itself)")
-    if model is not None and method != "rld":
-        raise ValueError("model: the learned logits are used with method='rld' only")
+    if model is not None and rule != "rld":
+        raise ValueError("model: the learned logits are used with rule='rld' only")
     if proposal is not None:
         if not isinstance(proposal, nnx.Module):
             raise TypeError(f"proposal: expected an nnx.Module, got {type(proposal).__name__}")
-        if method != "rld":
-            raise ValueError(f"method: a learned proposal draws the moves itself; leave method "
-                             f"at its default, got {method!r}")
+        if rule != "rld":
+            raise ValueError(f"rule: a learned proposal draws the moves itself; leave rule "
+                             f"at its default, got {rule!r}")
     if metropolis and proposal is None:
         raise ValueError("metropolis: the MH test of a learned proposal needs proposal=...; "
-                         "use method='dmala' for DLP with MH")
+                         "use rule='dmala' for DLP with MH")
     if proposal is not None:
         sampler = "learned-mh" if metropolis else "learned"
         name = f"langevin-{sampler}"
     else:
-        sampler = method
-        name = f"langevin-{method}" + ("+gnn" if model is not None else "")
+        sampler = rule
+        name = f"langevin-{rule}" + ("+gnn" if model is not None else "")
     if not problem.integrality.any():
         if model is not None or proposal is not None:
             raise ValueError(f"problem: {problem.name or 'the problem'} has no integer columns; "
@@ -404,7 +431,7 @@ def solve(problem: MILP, *, time_limit: float = 60.0, num_chains: int = 16,
                             "sampler started", trace, t0, name)
     temps0 = np.zeros(chunk, np.float32)
     run_prog, compile_seconds = _compiled(
-        _chunk_program, {"method": sampler, "step_size": float(step_size),
+        _chunk_program, {"rule": sampler, "step_size": float(step_size),
                          "num_flips": int(num_flips), "sampler_fn": sampler_fn,
                          "learned": proposal is not None},
         (data_with_cuts(), padded(z), seed32, np.uint32(0), temps0, temps0, params))

@@ -86,8 +86,21 @@ def _round_up(v, k):
 
 
 def stack_problems(problems: list[MILP], *, pad_to: int = 16) -> EnergyData:
-    """:class:`EnergyData` of every problem, padded to common sizes (multiples of ``pad_to``) and
-    stacked on a leading axis. Problems with continuous columns use their integer block only."""
+    """:class:`EnergyData` of every problem, padded to common sizes and stacked on a leading axis.
+
+    Problems with continuous columns use their integer block only.
+
+    Args:
+      problems: the MILPs (at least one).
+      pad_to: the sizes are rounded up to multiples of this.
+
+    Returns:
+      The stacked :class:`~jaxlib_ext.samplers.milp.energy.EnergyData`, leaves with a leading
+      ``len(problems)`` axis.
+
+    Raises:
+      ValueError: no problems.
+    """
     if not problems:
         raise ValueError("problems: expected at least one MILP")
     return _pad_and_stack([energy_data(p) for p in problems], pad_to)
@@ -216,6 +229,10 @@ def train_unsupervised(key, problems: list[MILP], *, hidden: int = 32, num_layer
 
     Raises:
       jaxlib_ext.core.loop.NonFiniteLossError: the loss became NaN or Inf.
+
+    References:
+      Feng and Yang, Regularized Langevin Dynamics for Combinatorial Optimization, ICML 2025
+      (the learned sampler and its move regulariser).
     """
     _check_run(steps, batch_size, checkpoint_every)
     if objective not in ("reinforce", "relaxed"):
@@ -317,6 +334,10 @@ def train_supervised(key, problems: list[MILP], *, solutions=None, hidden: int =
 
     Raises:
       jaxlib_ext.core.loop.NonFiniteLossError: the loss became NaN or Inf.
+
+    References:
+      Nair et al., Solving Mixed Integer Programs Using Neural Networks, arXiv 2012.13349,
+      sec. 4.
     """
     _check_run(steps, batch_size, checkpoint_every)
     if solutions is None:
@@ -364,7 +385,21 @@ def stack_for_proposal(problems: list[MILP], *, pad_to: int = 16, num_cuts: int 
     Pure-integer problems as :func:`stack_problems`. A problem with continuous columns frees the
     rows that hold them and carries ``num_cuts`` cuts of its elastic LP value (E.2) at
     ``penalty`` (from the all-lower, all-upper and random box assignments), so the training
-    energy is the unified one of :func:`solve`: objective, penalty, and the LP value."""
+    energy is the unified one of :func:`solve`: objective, penalty, and the LP value.
+
+    Args:
+      problems: the MILPs (at least one).
+      pad_to: the sizes are rounded up to multiples of this.
+      num_cuts: LP-value cuts per mixed instance, ``>= 2``.
+      penalty: ``lam`` of the elastic LP (L.2) of the cuts.
+      seed: the NumPy seed of the random box assignments of the cuts.
+
+    Returns:
+      The stacked :class:`~jaxlib_ext.samplers.milp.energy.EnergyData`.
+
+    Raises:
+      ValueError: no problems or ``num_cuts < 2``.
+    """
     if not problems:
         raise ValueError("problems: expected at least one MILP")
     if num_cuts < 2:
@@ -388,8 +423,16 @@ def stack_for_proposal(problems: list[MILP], *, pad_to: int = 16, num_cuts: int 
 
 
 def random_box_state(key, data: EnergyData):
-    """A uniformly random integer assignment in the box ``[lower, upper]`` (0 on padded
-    columns), the proposal's start state."""
+    """A uniformly random integer assignment in the box ``[lower, upper]``, the proposal's start
+    state.
+
+    Args:
+      key: PRNG key.
+      data: the :class:`~jaxlib_ext.samplers.milp.energy.EnergyData`.
+
+    Returns:
+      ``(n,)`` the assignment (0 on padded columns).
+    """
     u = jax.random.uniform(key, data.lower.shape)
     z = jnp.floor(data.lower + u * (data.upper - data.lower + 1.0))
     return jnp.clip(z, data.lower, data.upper) * data.var_mask
@@ -449,6 +492,10 @@ def train_proposal(key, problems: list[MILP], *, hidden: int = 64, num_layers: i
     Raises:
       ValueError: bad arguments.
       jaxlib_ext.core.loop.NonFiniteLossError: the loss became NaN or Inf.
+
+    References:
+      Feng and Yang, Regularized Langevin Dynamics for Combinatorial Optimization, ICML 2025
+      (RLNN).
     """
     _check_run(steps, num_chains, checkpoint_every)
     if rollout_steps < 1 or num_samples < 2:

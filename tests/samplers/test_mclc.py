@@ -188,7 +188,7 @@ def _solver_fn(solver, prob, corrector, num_steps=12):
                                                corrector=corrector), in_axes=(0, None)))
 
 
-# PSLD runs by default in test_image_latents_with_degradation_operators: here a method sweep
+# PSLD runs by default in test_image_latents_with_degradation_operators: here a solver sweep
 @pytest.mark.parametrize("solver", ["dps", pytest.param("psld", marks=pytest.mark.slow)])
 def test_solvers_jit_vmap_nfe_and_guidance(gauss, solver):
     model, y, prob = gauss

@@ -43,8 +43,12 @@ def test_cli_malformed_file(capsys, tmp_path):
     assert "error: " in capsys.readouterr().err
 
 
-def test_cli_parser_prog():
-    assert cli_milp.build_parser().prog == "python -m jaxlib_ext milp"
+def test_cli_parser_prog_and_rules():
+    parser = cli_milp.build_parser()
+    assert parser.prog == "python -m jaxlib_ext milp"
+    assert parser.parse_args(["x.mps", "--rule", "dmala"]).rule == "dmala"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["x.mps", "--rule", "gibbs"])
 
 
 def test_cli_progress_bar_shows_time_and_best(capsys):
@@ -82,4 +86,4 @@ def test_cli_solves_with_a_saved_proposal(capsys, tmp_path):
     rc = cli_milp.main([str(milp.miplib_path("p0033")), "--time-limit", "2", "--chains", "4",
                         "--no-progress", "--proposal", str(tmp_path / "prop"), "--metropolis"])
     out = capsys.readouterr().out
-    assert rc in (0, 1) and "method: langevin-learned-mh" in out
+    assert rc in (0, 1) and "rule: langevin-learned-mh" in out

@@ -57,9 +57,9 @@ def test_unsupervised_training_and_learned_solve(family):
     r = milp.solve(p, time_limit=60.0, num_chains=4, max_rounds=1, model=model,
                    steps_per_round=100)
     assert r.feasible and milp.check_solution(p, r.x).feasible
-    assert r.method == "langevin-rld+gnn"
+    assert r.rule == "langevin-rld+gnn"
     with pytest.raises(ValueError, match="model"):
-        milp.solve(p, model=model, method="dmala")
+        milp.solve(p, model=model, rule="dmala")
     with pytest.raises(ValueError, match="objective"):
         milp.train_unsupervised(jax.random.key(0), family, objective="mse")
 
@@ -73,7 +73,7 @@ def test_supervised_training_fits_labels_and_dives(family):
     assert z_hat.shape == (30,) and np.all((z_hat == 0) | (z_hat == 1))
     assert np.all((conf >= 0) & (conf <= 0.5))
     r = milp.neural_diving(p, model, time_limit=30.0)
-    assert r.feasible and milp.check_solution(p, r.x).feasible and r.method == "neural-diving"
+    assert r.feasible and milp.check_solution(p, r.x).feasible and r.rule == "neural-diving"
     assert r.objective >= milp.solve_highs(p).objective - 1e-9
     with pytest.raises(ValueError, match="coverage"):
         milp.neural_diving(p, model, coverage=1.5)

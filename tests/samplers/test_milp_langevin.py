@@ -77,15 +77,15 @@ def test_flip_rule_moves_about_k_at_low_temperature():
     assert np.all(np.asarray(direction) == 1.0)  # from all-zeros only upward moves exist
 
 
-@pytest.mark.parametrize("method", ["rld", pytest.param("dlp", marks=pytest.mark.slow), "dmala"])
-def test_run_langevin_general_integers_stay_in_box(method):
+@pytest.mark.parametrize("rule", ["rld", pytest.param("dlp", marks=pytest.mark.slow), "dmala"])
+def test_run_langevin_general_integers_stay_in_box(rule):
     p = milp.make_milp([1.0, -2.0, 0.5, -1.0], [[1.0, 1.0, 1.0, 1.0]], row_upper=[7.0],
                        lower=[-2, 0, 1, 0], upper=[3, 4, 5, 2], integrality=np.ones(4, bool))
     d = milp.energy_data(p)
     temps, pens = milp.annealing_schedule(60, (1.0, 0.05), (1.0, 5.0))
     z0 = jnp.tile(d.lower, (5, 1))
     state, info = milp.run_langevin(jax.random.key(0), d, z0, temperatures=temps,
-                                    penalties=pens, method=method, window=2, step_size=0.5)
+                                    penalties=pens, rule=rule, window=2, step_size=0.5)
     z = np.asarray(state.z)
     assert z.shape == (5, 4) and info.energy.shape == (5, 60)
     assert np.all(z == np.round(z))
@@ -100,13 +100,13 @@ def test_dmala_reaches_low_energy_and_rld_finds_optimum_tiny():
     d = milp.energy_data(p)
     temps, pens = milp.annealing_schedule(300, (0.5, 0.01), (1.0, 10.0))
     state, _ = milp.run_langevin(jax.random.key(1), d, jnp.zeros((8, 8)), temperatures=temps,
-                                 penalties=pens, method="rld", num_flips=2)
+                                 penalties=pens, rule="rld", num_flips=2)
     best = float(np.min(np.asarray(state.best_objective))) * float(d.obj_scale)
     assert best == pytest.approx(opt, abs=1e-4)
 
 
 def test_kernel_and_schedule_argument_checks():
-    with pytest.raises(ValueError, match="method"):
+    with pytest.raises(ValueError, match="rule"):
         milp.build_kernel("gibbs")
     with pytest.raises(ValueError, match="step_size"):
         milp.build_kernel("dlp", step_size=0.0)

@@ -68,7 +68,7 @@ def test_metropolised_kernel_samples_the_target():
     T = 400  # the lazy proposal moves about 0.08 columns per step: a few hundred steps mix
     state, info = milp.run_langevin(
         jax.random.key(0), d, jnp.zeros((4096, n)), temperatures=jnp.full(T, tau),
-        penalties=jnp.full(T, lam), method="learned-mh", proposal_fn=milp.gnn_bias_fn(gd),
+        penalties=jnp.full(T, lam), rule="learned-mh", proposal_fn=milp.gnn_bias_fn(gd),
         proposal_params=params)
     states = np.asarray(list(itertools.product((0, 1), repeat=n)), np.float32)
     E = np.asarray(jax.vmap(lambda z: milp.energy(d, z, penalty=lam))(jnp.asarray(states)))
@@ -94,7 +94,7 @@ def test_untrained_proposal_is_a_lazy_walk_and_checks_its_arguments():
     t, pn = milp.annealing_schedule(5)
     with pytest.raises(ValueError, match="proposal_fn"):
         milp.run_langevin(jax.random.key(0), d, jnp.zeros((2, 32)), temperatures=t,
-                          penalties=pn, method="learned")
+                          penalties=pn, rule="learned")
     with pytest.raises(ValueError, match="proposal_fn"):
         milp.build_kernel("rld", proposal_fn=milp.gnn_bias_fn(gd))
     with pytest.raises(ValueError, match="rollout_steps"):
@@ -114,7 +114,7 @@ def _best_objective(proposal, problems, key, steps=150, chains=8):
         d = jax.tree.map(lambda a, i=i: a[i], data)
         keys = jax.random.split(jax.random.fold_in(key, i), chains)
         z0 = jax.vmap(milp.random_box_state, in_axes=(0, None))(keys, d)
-        st, _ = milp.run_langevin(key, d, z0, temperatures=t, penalties=pn, method="learned",
+        st, _ = milp.run_langevin(key, d, z0, temperatures=t, penalties=pn, rule="learned",
                                   proposal_fn=fn, proposal_params=params)
         best.append(float(np.min(np.asarray(st.best_objective))))
     return float(np.mean(best))

@@ -58,13 +58,13 @@ CERTIFY = {
 }
 
 
-@pytest.mark.parametrize("method, name", [  # instances beyond the first two are sweeps
+@pytest.mark.parametrize("rule, name", [  # instances beyond the first two are sweeps
     ("rld", "p0033"), pytest.param("rld", "facility", marks=pytest.mark.slow), ("rld", "setcover"),
     pytest.param("dlp", "facility", marks=pytest.mark.slow),
     pytest.param("dmala", "setcover", marks=pytest.mark.slow)])
-def test_every_returned_solution_is_certified(method, name):
+def test_every_returned_solution_is_certified(rule, name):
     for p in [CERTIFY[name]()]:
-        r = milp.solve(p, time_limit=60.0, num_chains=4, max_rounds=2, method=method,
+        r = milp.solve(p, time_limit=60.0, num_chains=4, max_rounds=2, rule=rule,
                        steps_per_round=50)
         if r.feasible:
             assert r.x.dtype == np.float64 and r.x.shape == (p.num_vars,)
@@ -102,7 +102,7 @@ def test_infeasible_and_unbounded_problems():
 def test_no_integer_variables_routes_to_lp():
     p = milp.make_milp([-1.0, -2.0], [[1.0, 1.0]], None, [1.5], 0.0, 1.0)
     r = milp.solve(p, time_limit=10.0)
-    assert r.feasible and r.status == "optimal" and r.method == "highs-lp"
+    assert r.feasible and r.status == "optimal" and r.rule == "highs-lp"
     assert r.objective == pytest.approx(-2.5) and "LP" in r.message
     bad = milp.make_milp([1.0], [[1.0]], [2.0], None, 0.0, 1.0)
     r = milp.solve(bad, time_limit=10.0)
@@ -117,8 +117,8 @@ def test_solve_argument_checks():
         milp.solve(p, time_limit=0.0)
     with pytest.raises(ValueError, match="num_chains"):
         milp.solve(p, num_chains=0)
-    with pytest.raises(ValueError, match="method"):
-        milp.solve(p, method="sa")
+    with pytest.raises(ValueError, match="rule"):
+        milp.solve(p, rule="sa")
 
 
 def test_p0033_reaches_optimum_within_budget():
@@ -217,5 +217,5 @@ def test_learned_proposal_runs_the_learned_sampler(metropolis):
     net = proposal_mod.LearnedProposal(8, 1, rngs=nnx.Rngs(0))
     r = milp.solve(p, proposal=net, metropolis=metropolis, time_limit=60.0, num_chains=4,
                    max_rounds=1, steps_per_round=25)
-    assert r.method == ("langevin-learned-mh" if metropolis else "langevin-learned")
+    assert r.rule == ("langevin-learned-mh" if metropolis else "langevin-learned")
     assert r.feasible and milp.check_solution(p, r.x).feasible
