@@ -29,7 +29,15 @@ __all__ = ["Checkpointer", "abstract_like"]
 
 
 def abstract_like(tree, shardings):
-    """``ShapeDtypeStruct``s of ``tree`` carrying ``shardings`` (the restore target)."""
+    """``ShapeDtypeStruct``s of ``tree`` carrying ``shardings`` (the restore target).
+
+    Args:
+      tree: a pytree of arrays (or anything with ``shape`` and ``dtype``).
+      shardings: a pytree of shardings of ``tree``'s structure.
+
+    Returns:
+      The pytree of ``jax.ShapeDtypeStruct``.
+    """
     return jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
     )
@@ -66,6 +74,8 @@ class Checkpointer:
       async_save: write in a background thread while training continues.
       read_only: only look (``latest_step``, ``restore``, ``restore_meta``): the folder is
         neither created nor cleaned, and :meth:`save` is refused.
+
+    A ``Checkpointer`` is a context manager; leaving it waits for pending saves and closes it.
     """
 
     def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True,
@@ -81,12 +91,28 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
+        """The newest committed step, or ``None`` when there is none."""
         return self._manager.latest_step()
 
     def all_steps(self) -> list[int]:
+        """The committed steps."""
         return list(self._manager.all_steps())
 
     def save(self, step: int, state, meta: dict | None = None, *, force: bool = True) -> bool:
+        """Saves ``state`` and its JSON record as checkpoint ``step``.
+
+        Args:
+          step: the checkpoint's step.
+          state: a pytree of arrays (zero-size leaves are left out).
+          meta: a JSON-serialisable dict; ``None`` means ``{}``.
+          force: save whatever the manager's save interval says.
+
+        Returns:
+          Whether a save was started (with ``async_save`` it finishes in the background).
+
+        Raises:
+          PermissionError: if the checkpointer is read-only.
+        """
         if self.read_only:
             raise PermissionError(f"save: {self.directory} was opened with read_only=True")
         args = ocp.args.Composite(
@@ -96,7 +122,20 @@ class Checkpointer:
         return self._manager.save(step, args=args, force=force)
 
     def restore(self, step: int | None, abstract_state):
-        """Restores ``(state, meta)`` at ``step`` (default: latest) into ``abstract_state``."""
+        """Restores ``(state, meta)`` at a step.
+
+        Args:
+          step: the step to restore; ``None`` means the latest.
+          abstract_state: the restore target, a pytree of ``jax.ShapeDtypeStruct`` (with
+            shardings; :func:`abstract_like`) of the saved state's structure.
+
+        Returns:
+          ``(state, meta)``: the state in ``abstract_state``'s structure and shardings, and
+          the JSON record.
+
+        Raises:
+          FileNotFoundError: if there is no checkpoint.
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
@@ -110,7 +149,17 @@ class Checkpointer:
         return _with_empty(out.state, abstract_state), dict(out.meta or {})
 
     def restore_meta(self, step: int | None = None) -> dict:
-        """The JSON record saved with ``step`` (default: latest), without the state."""
+        """The JSON record saved with a step, without the state.
+
+        Args:
+          step: the step; ``None`` means the latest.
+
+        Returns:
+          The record, a dict.
+
+        Raises:
+          FileNotFoundError: if there is no checkpoint.
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
@@ -118,9 +167,11 @@ class Checkpointer:
         return dict(out.meta or {})
 
     def wait(self) -> None:
+        """Blocks until pending background saves are committed."""
         self._manager.wait_until_finished()
 
     def close(self) -> None:
+        """Waits for pending saves, then closes the manager."""
         self._manager.wait_until_finished()
         self._manager.close()
 

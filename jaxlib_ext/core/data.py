@@ -34,14 +34,20 @@ __all__ = [
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as tokens: vocabulary 256, lossless, no files to ship."""
+    """UTF-8 bytes as tokens: vocabulary 256, lossless, no files to ship.
+
+    Attributes:
+      vocab_size: 256.
+    """
 
     vocab_size = 256
 
     def encode(self, text: str) -> np.ndarray:
+        """The UTF-8 bytes of ``text`` as ``int32[N]`` token ids."""
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
     def decode(self, tokens) -> str:
+        """The text of byte ``tokens`` (invalid UTF-8 replaced by U+FFFD)."""
         return bytes(np.asarray(tokens, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
 
 
@@ -54,7 +60,15 @@ def embedded_text() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
-    """A tokenised corpus split deterministically into train and eval token arrays."""
+    """A tokenised corpus split deterministically into train and eval token arrays.
+
+    Attributes:
+      train: the training token ids.
+      eval: the held-out token ids.
+      vocab_size: the tokenizer's vocabulary size.
+      source: where the text came from (a path, or a name such as
+        ``"embedded:pydoc_data.topics"``).
+    """
 
     train: np.ndarray
     eval: np.ndarray
@@ -63,6 +77,7 @@ class Corpus:
 
     @property
     def num_tokens(self) -> int:
+        """Train plus eval tokens."""
         return int(self.train.size + self.eval.size)
 
 
@@ -91,8 +106,16 @@ def load_corpus(
     Args:
       path: a ``.txt`` file or a folder searched recursively for ``.txt`` files; ``None``
         uses :func:`embedded_text`.
-      eval_fraction: fraction of tokens (taken from the end) kept for evaluation.
+      eval_fraction: fraction of tokens (taken from the end) kept for evaluation, in
+        ``(0, 1)``.
       tokenizer: defaults to :class:`ByteTokenizer`.
+
+    Returns:
+      The :class:`Corpus`.
+
+    Raises:
+      ValueError: if ``eval_fraction`` is not in ``(0, 1)``.
+      FileNotFoundError: if ``path`` does not exist or a folder holds no ``.txt`` files.
     """
     if not 0.0 < eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
@@ -107,14 +130,38 @@ def load_corpus(
 
 
 def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
-    """Entropy (nats) of the token frequencies: the loss of the best context-free model."""
+    """Entropy (nats) of the token frequencies: the loss of the best context-free model.
+
+    Args:
+      tokens: token ids, any shape.
+      vocab_size: the vocabulary size.
+
+    Returns:
+      The entropy, a float.
+    """
     counts = np.bincount(np.asarray(tokens).ravel(), minlength=vocab_size).astype(np.float64)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
 
 def batch_offsets(seed: int, step: int, batch_size: int, seq_len: int, n_tokens: int):
-    """Start offsets of the ``batch_size`` training windows of ``step`` (global, all rows)."""
+    """Start offsets of the training windows of a step (global, all rows).
+
+    A pure function of ``(seed, step)``.
+
+    Args:
+      seed: the run's seed.
+      step: the 0-based step.
+      batch_size: the windows per step.
+      seq_len: tokens per window before the one extra target token.
+      n_tokens: the training split's length.
+
+    Returns:
+      ``int64[batch_size]`` offsets in ``[0, n_tokens - seq_len - 1)``.
+
+    Raises:
+      ValueError: if the split has at most ``seq_len + 1`` tokens.
+    """
     high = n_tokens - seq_len - 1
     if high <= 0:
         raise ValueError(
@@ -126,7 +173,15 @@ def batch_offsets(seed: int, step: int, batch_size: int, seq_len: int, n_tokens:
 
 
 def local_rows(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]) -> slice:
-    """The contiguous range of batch rows that this process's devices hold."""
+    """The contiguous range of batch rows that this process's devices hold.
+
+    Args:
+      sharding: the batch's sharding.
+      global_shape: the global batch's shape.
+
+    Returns:
+      The slice of rows.
+    """
     idx = sharding.addressable_devices_indices_map(global_shape).values()
     starts = [(i[0].start or 0) for i in idx]
     stops = [global_shape[0] if i[0].stop is None else i[0].stop for i in idx]
@@ -143,7 +198,17 @@ def make_global_batch(
     seq_len: int,
     sharding: jax.sharding.Sharding,
 ) -> jax.Array:
-    """A global ``int32[B, seq_len + 1]`` batch built from this process's rows only."""
+    """A global batch built from this process's rows only.
+
+    Args:
+      tokens: the token array the windows are cut from.
+      offsets: ``[B]`` global window offsets (:func:`batch_offsets`).
+      seq_len: tokens per window before the one extra target token.
+      sharding: the batch's sharding.
+
+    Returns:
+      The global ``[B, seq_len + 1]`` array in ``tokens``' dtype.
+    """
     shape = (len(offsets), seq_len + 1)
     rows = local_rows(sharding, shape)
     local = _windows(tokens, offsets[rows], seq_len)
@@ -153,7 +218,20 @@ def make_global_batch(
 def eval_batches(
     tokens: np.ndarray, batch_size: int, seq_len: int, max_batches: int = 8
 ) -> list[np.ndarray]:
-    """Deterministic, evenly spaced global eval offsets (one array per eval batch)."""
+    """Deterministic, evenly spaced global eval offsets.
+
+    Args:
+      tokens: the eval split.
+      batch_size: windows per eval batch.
+      seq_len: tokens per window before the one extra target token.
+      max_batches: the most eval batches.
+
+    Returns:
+      A list of offset arrays ``[batch_size]``, one per eval batch (at least one).
+
+    Raises:
+      ValueError: if the split is too short for one window.
+    """
     n_windows = max(1, (len(tokens) - 1) // (seq_len + 1))
     total = min(n_windows, batch_size * max_batches)
     n_batches = max(1, math.floor(total / batch_size))

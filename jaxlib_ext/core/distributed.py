@@ -20,12 +20,21 @@ ENV_PROCESS_ID = "JAX_PROCESS_ID"
 
 @dataclasses.dataclass(frozen=True)
 class ProcessConfig:
+    """The process group of a run.
+
+    Attributes:
+      coordinator: the coordinator's ``host:port``, or ``None`` for one process.
+      num_processes: the number of processes, ``>= 1``.
+      process_id: this process's index in ``[0, num_processes)``.
+    """
+
     coordinator: str | None
     num_processes: int
     process_id: int
 
     @property
     def is_multiprocess(self) -> bool:
+        """Whether the run has more than one process."""
         return self.num_processes > 1
 
 
@@ -35,7 +44,23 @@ def resolve(
     process_id: int | None = None,
     env: dict | None = None,
 ) -> ProcessConfig:
-    """Flags win over ``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``."""
+    """The process group from flags, or else from the environment.
+
+    Flags win over ``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``.
+
+    Args:
+      coordinator: the coordinator's ``host:port``, or ``None``.
+      num_processes: the number of processes, or ``None`` (the environment's, else 1).
+      process_id: this process's index, or ``None`` (the environment's, else 0).
+      env: the environment mapping; ``None`` means ``os.environ``.
+
+    Returns:
+      The :class:`ProcessConfig`.
+
+    Raises:
+      ValueError: if ``num_processes < 1``, ``process_id`` is out of range, or several
+        processes come without a coordinator.
+    """
     env = os.environ if env is None else env
     coordinator = coordinator or env.get(ENV_COORDINATOR) or None
     if num_processes is None:
@@ -61,7 +86,19 @@ def initialize(
     num_processes: int | None = None,
     process_id: int | None = None,
 ) -> ProcessConfig:
-    """Joins the process group; a no-op for a single process. Call before any JAX work."""
+    """Joins the process group; a no-op for a single process. Call before any JAX work.
+
+    Args:
+      coordinator: the coordinator's ``host:port``, or ``None`` (the environment's).
+      num_processes: the number of processes, or ``None`` (the environment's, else 1).
+      process_id: this process's index, or ``None`` (the environment's, else 0).
+
+    Returns:
+      The :class:`ProcessConfig` joined.
+
+    Raises:
+      ValueError: as :func:`resolve`.
+    """
     cfg = resolve(coordinator, num_processes, process_id)
     if cfg.is_multiprocess:
         jax.distributed.initialize(

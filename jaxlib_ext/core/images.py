@@ -27,7 +27,12 @@ MNIST_SPLITS = ("train", "test")
 
 
 class ImageSet(NamedTuple):
-    """Images ``[N, H, W, 1]`` (float, in ``value_range``) and labels ``int32 [N]`` (0..9)."""
+    """A labelled image set.
+
+    Attributes:
+      images: ``[N, H, W, 1]`` floats in ``value_range``.
+      labels: ``int32[N]`` classes 0..9.
+    """
 
     images: np.ndarray
     labels: np.ndarray
@@ -78,6 +83,13 @@ def load_mnist(split: str = "train", *, dtype=np.float32, value_range=(0.0, 1.0)
       value_range: ``(lo, hi)``; grey level 0 maps to ``lo`` and 255 to ``hi``.
         ``(0, 1)`` or ``(-1, 1)`` are the usual choices.
       limit: keep only the first ``limit`` digits (all when ``None``).
+
+    Returns:
+      The :class:`ImageSet`.
+
+    Raises:
+      ValueError: if ``split``, ``value_range`` or ``limit`` is invalid.
+      TypeError: if ``dtype`` is not a floating dtype.
     """
     if split not in MNIST_SPLITS:
         raise ValueError(f"split: expected one of {MNIST_SPLITS}, got {split!r}")
@@ -92,6 +104,18 @@ def load_digits8(*, dtype=np.float32, value_range=(0.0, 1.0),
 
     Grey levels 0..16 map linearly onto ``value_range``. The order is scikit-learn's; there is
     no fixed split (take one with a seeded permutation when needed).
+
+    Args:
+      dtype: floating dtype of the images (float32 by default).
+      value_range: ``(lo, hi)``; grey level 0 maps to ``lo`` and 16 to ``hi``.
+      limit: keep only the first ``limit`` digits (all when ``None``).
+
+    Returns:
+      The :class:`ImageSet`.
+
+    Raises:
+      ValueError: if ``value_range`` or ``limit`` is invalid.
+      TypeError: if ``dtype`` is not a floating dtype.
     """
     dt, lo, hi = _check_common(dtype, value_range, limit)
     from sklearn.datasets import load_digits  # bundled with scikit-learn, no download

@@ -55,6 +55,11 @@ __all__ = ["EMA", "LoopConfig", "LoopResult", "NonFiniteLossError", "run_loop"]
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or Inf.
 
+    Args:
+      message: the error message.
+      step: the step whose update produced it.
+      last_good: the newest committed checkpoint's step, or ``None``.
+
     Attributes:
       step: the step whose update produced it (1-based: the number of steps done).
       last_good: the newest committed checkpoint's step, or ``None``.
@@ -73,6 +78,14 @@ class EMA:
     ``d = decay``, or ``d = min(decay, (1 + t) / (10 + t))`` when ``warmup`` (the ramp of
     Tensorflow's ``ExponentialMovingAverage(num_updates=t)``, which lets the first steps count
     while the average is young). The average starts at ``select`` of the initial state.
+
+    Attributes:
+      decay: the decay ``d``, in ``[0, 1)``.
+      warmup: whether ``d`` ramps up as ``min(decay, (1 + t) / (10 + t))``.
+      select: ``state -> pytree``, the part of the state that is averaged (default all).
+
+    Raises:
+      ValueError: if ``decay`` is not in ``[0, 1)``.
     """
 
     decay: float
@@ -84,7 +97,16 @@ class EMA:
             raise ValueError(f"EMA.decay must be in [0, 1), got {self.decay}")
 
     def update(self, ema, state, t):
-        """The average after step ``t`` (an int32 scalar) has produced ``state``."""
+        """The average after step ``t`` has produced ``state``.
+
+        Args:
+          ema: the average so far, a pytree of ``select(state)``'s structure.
+          state: the state after step ``t``.
+          t: the 0-based step, an int32 scalar.
+
+        Returns:
+          The new average, each leaf in ``ema``'s dtype.
+        """
         # a fixed decay stays a Python float, so that ``1 - decay`` is rounded once, from
         # double precision, into the leaves' dtype
         decay = self.decay
@@ -121,6 +143,11 @@ class LoopConfig:
       schedule: the learning-rate schedule the step follows (an object with ``to_dict()``, or
         a dict), recorded with each checkpoint and checked on resume; ``None``: not checked.
       meta: JSON-serialisable record saved with every checkpoint.
+
+    Raises:
+      ValueError: if ``steps`` or ``log_every`` is below 1, a count is negative,
+        ``checkpoint_every`` comes without ``checkpoint_dir``, or ``max_seconds`` is not
+        positive.
     """
 
     steps: int
@@ -157,9 +184,16 @@ class LoopConfig:
 
 
 class LoopResult(NamedTuple):
-    """The final state (as ``gather`` returns it), the moving average (``None`` without
-    ``ema``), the metrics rows of this call, the step it started from (``> 0`` when resumed)
-    and the step it stopped at (``config.steps`` unless ``max_seconds`` stopped it)."""
+    """What :func:`run_loop` returns.
+
+    Attributes:
+      state: the final state, as ``gather`` returns it.
+      ema: the moving average, ``None`` without ``ema``.
+      history: the metrics rows of this call.
+      start_step: the step it started from (``> 0`` when resumed).
+      last_step: the step it stopped at (``config.steps`` unless ``max_seconds`` stopped
+        it).
+    """
 
     state: Any
     ema: Any

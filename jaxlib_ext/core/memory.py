@@ -12,6 +12,12 @@ def tree_bytes(tree) -> int:
     """Total bytes of the array leaves of ``tree`` (concrete or ``ShapeDtypeStruct``).
 
     Sharded arrays count their global size once, not once per device.
+
+    Args:
+      tree: a pytree; leaves without ``shape`` and ``dtype`` count 0.
+
+    Returns:
+      The byte count, an int.
     """
     total = 0
     for leaf in jax.tree.leaves(tree):
@@ -24,8 +30,13 @@ def compiled_memory(compiled) -> dict[str, int]:
     """Per-device byte counts from ``jit(f).lower(...).compile().memory_analysis()``.
 
     Keys: ``argument``, ``output``, ``temp``, ``alias``, ``generated_code`` and ``peak``
-    (argument + output + temp - alias, the usual upper bound on live bytes). Empty when
-    the backend reports nothing.
+    (argument + output + temp - alias, the usual upper bound on live bytes).
+
+    Args:
+      compiled: a compiled executable (``jit(f).lower(...).compile()``).
+
+    Returns:
+      The byte counts by key; empty when the backend reports nothing.
     """
     stats = compiled.memory_analysis()
     if stats is None:
@@ -42,7 +53,14 @@ def compiled_memory(compiled) -> dict[str, int]:
 
 
 def device_memory_stats(device: jax.Device | None = None) -> dict[str, int]:
-    """``device.memory_stats()`` where the backend has it (GPU, TPU); ``{}`` on CPU."""
+    """``device.memory_stats()`` where the backend has it (GPU, TPU); ``{}`` on CPU.
+
+    Args:
+      device: the device; ``None`` means the first local device.
+
+    Returns:
+      The backend's statistics by name (bytes), or ``{}``.
+    """
     device = device or jax.local_devices()[0]
     try:
         return dict(device.memory_stats() or {})
@@ -51,6 +69,14 @@ def device_memory_stats(device: jax.Device | None = None) -> dict[str, int]:
 
 
 def format_bytes(n: float) -> str:
+    """A byte count in binary units.
+
+    Args:
+      n: the bytes.
+
+    Returns:
+      ``"512 B"``, ``"1.5 KiB"``, ... up to TiB.
+    """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"

@@ -53,8 +53,17 @@ DEFAULT_RULES: dict[str, str | None] = {
 def parse_mesh_spec(spec: str | None, num_devices: int) -> dict[str, int]:
     """Parses ``"data=2,fsdp=2"``; ``-1`` (at most once) takes the remaining devices.
 
-    ``None``/``""`` means all devices on ``data``. Raises ``ValueError`` naming ``spec``
-    when it does not parse or its sizes do not multiply to ``num_devices``.
+    Args:
+      spec: ``axis=size`` pairs joined by commas, axes from :data:`MESH_AXES`; ``None`` or
+        ``""`` means all devices on ``data``.
+      num_devices: the number of devices the sizes must multiply to.
+
+    Returns:
+      The sizes by axis name (only the axes given).
+
+    Raises:
+      ValueError: naming ``spec``, when it does not parse or its sizes do not multiply to
+        ``num_devices``.
     """
     if not spec:
         return {"data": num_devices}
@@ -99,6 +108,16 @@ def make_mesh(spec: str | None = None, devices: Sequence | None = None) -> Mesh:
 
     Axes are ``AxisType.Auto``: XLA's sharding propagation inserts the collectives, as with
     classic ``jit`` + ``NamedSharding`` training code.
+
+    Args:
+      spec: the mesh spec (:func:`parse_mesh_spec`); ``None`` means all devices on ``data``.
+      devices: the devices; ``None`` means ``jax.devices()``.
+
+    Returns:
+      The ``Mesh``.
+
+    Raises:
+      ValueError: as :func:`parse_mesh_spec`.
     """
     devices = list(jax.devices() if devices is None else devices)
     sizes = parse_mesh_spec(spec, len(devices))
@@ -109,15 +128,25 @@ def make_mesh(spec: str | None = None, devices: Sequence | None = None) -> Mesh:
 
 
 def data_parallel_size(mesh: Mesh) -> int:
+    """The number of batch shards: the product of the ``data``, ``fsdp`` and ``expert`` sizes
+    of ``mesh``."""
     return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.shape)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+    """The fully replicated ``NamedSharding`` of ``mesh``."""
     return NamedSharding(mesh, P())
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) axis split over ``data``, ``fsdp`` and ``expert`` (those in ``mesh``)."""
+    """Leading (batch) axis split over ``data``, ``fsdp`` and ``expert`` (those in ``mesh``).
+
+    Args:
+      mesh: the device mesh.
+
+    Returns:
+      The batch's ``NamedSharding``.
+    """
     return NamedSharding(mesh, P(tuple(a for a in BATCH_AXES if a in mesh.shape)))
 
 
@@ -130,7 +159,17 @@ def logical_to_spec(
     """Maps logical axes to a ``PartitionSpec`` under ``rules``.
 
     A mesh axis is used at most once and only where it divides the dimension; everything
-    else is replicated. ``logical_axes=None`` (no annotation) replicates.
+    else is replicated.
+
+    Args:
+      logical_axes: one logical name (or ``None``) per dimension; ``None`` (no annotation),
+        or a length other than ``shape``'s, replicates.
+      shape: the array's shape.
+      mesh: the device mesh.
+      rules: logical axis -> mesh axis (or ``None``: replicated).
+
+    Returns:
+      The ``PartitionSpec``.
     """
     if logical_axes is None or len(logical_axes) != len(shape):
         return P()
@@ -153,8 +192,14 @@ def _is_var(x) -> bool:
 def param_shardings(params, mesh: Mesh, rules: Mapping[str, str | None] = DEFAULT_RULES):
     """``NamedSharding`` per parameter, read from each variable's ``logical_axes`` metadata.
 
-    ``params`` is an ``nnx.State`` (or any pytree of ``nnx.Variable``/arrays, abstract or
-    concrete). The result has the same structure with shardings as leaves.
+    Args:
+      params: an ``nnx.State`` (or any pytree of ``nnx.Variable``/arrays, abstract or
+        concrete); plain arrays are replicated.
+      mesh: the device mesh.
+      rules: logical axis -> mesh axis (:func:`logical_to_spec`).
+
+    Returns:
+      The same structure with shardings as leaves.
     """
 
     def one(x):
@@ -184,6 +229,15 @@ def state_shardings(state_shapes, params_shapes, params_sharding, mesh: Mesh):
     Each state leaf whose key path ends with a parameter's key path and whose shape
     equals that parameter's gets the parameter's sharding (Adam's ``mu``/``nu``, ...);
     other leaves (step counts, folded or compacted moments) are replicated.
+
+    Args:
+      state_shapes: the optimizer state (arrays or their shapes).
+      params_shapes: the parameters (arrays or their shapes).
+      params_sharding: the parameters' shardings (:func:`param_shardings`).
+      mesh: the device mesh.
+
+    Returns:
+      The state's structure with shardings as leaves.
     """
     flat_p = jax.tree_util.tree_flatten_with_path(params_shapes)[0]
     flat_s = jax.tree.leaves(params_sharding)

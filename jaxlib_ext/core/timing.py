@@ -25,7 +25,16 @@ __all__ = ["Timing", "summarize", "timed", "time_call", "time_steps"]
 
 
 class Timing(NamedTuple):
-    """Seconds per call over ``repeats`` timed calls: the median and the interquartile range."""
+    """Seconds per call over ``repeats`` timed calls: the median and the interquartile range.
+
+    ``str(timing)`` reads ``"1.234 ms (IQR 1.200-1.300)"``.
+
+    Attributes:
+      median: the median seconds per call.
+      q25: the 25th percentile.
+      q75: the 75th percentile.
+      repeats: the number of timed calls.
+    """
 
     median: float
     q25: float
@@ -37,7 +46,17 @@ class Timing(NamedTuple):
 
 
 def summarize(seconds: Sequence[float]) -> Timing:
-    """The :class:`Timing` of a list of measured seconds (at least one)."""
+    """The :class:`Timing` of a list of measured seconds.
+
+    Args:
+      seconds: the measurements, at least one.
+
+    Returns:
+      The :class:`Timing`.
+
+    Raises:
+      ValueError: if ``seconds`` is empty.
+    """
     if len(seconds) < 1:
         raise ValueError("seconds must hold at least one measurement")
     s = np.asarray(seconds, np.float64)
@@ -53,7 +72,15 @@ def _check_counts(warmup: int, repeats: int) -> None:
 
 
 def timed(fn: Callable, *args) -> tuple[Any, float]:
-    """``(fn(*args), seconds)``, the result blocked until ready before the clock stops."""
+    """One blocked call and its seconds.
+
+    Args:
+      fn: the function.
+      *args: its arguments.
+
+    Returns:
+      ``(fn(*args), seconds)``, the result blocked until ready before the clock stops.
+    """
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
     return out, time.perf_counter() - t0
@@ -70,6 +97,9 @@ def time_call(fn: Callable, *args, warmup: int = 1, repeats: int = 5) -> Timing:
 
     Returns:
       The :class:`Timing` of the timed calls.
+
+    Raises:
+      ValueError: if ``warmup < 0`` or ``repeats < 1``.
     """
     _check_counts(warmup, repeats)
     for _ in range(int(warmup)):
@@ -88,6 +118,9 @@ def time_steps(step: Callable, carry, *, warmup: int = 1, repeats: int = 5):
 
     Returns:
       ``(timing, carry)``: the :class:`Timing` of the timed steps and the last carry.
+
+    Raises:
+      ValueError: if ``warmup < 0`` or ``repeats < 1``.
     """
     _check_counts(warmup, repeats)
     for _ in range(int(warmup)):

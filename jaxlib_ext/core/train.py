@@ -75,6 +75,17 @@ NonFiniteLossError = loop.NonFiniteLossError
 
 
 class TrainState(NamedTuple):
+    """The training state; the model's graph definition stays outside, static.
+
+    Attributes:
+      step: int32 scalar, the steps done.
+      params: the ``nnx.State`` of the model's ``nnx.Param`` variables.
+      opt_state: the optimizer's state.
+      rng: raw ``uint32[2]`` PRNG key, split once per step.
+      model_state: the ``nnx.State`` of the model's ``nnx.BatchStat`` variables (updated by
+        the forward pass, not by gradients), or ``None`` when it has none.
+    """
+
     step: jax.Array  # int32 scalar
     params: Any  # nnx.State of the model's nnx.Param variables
     opt_state: Any
@@ -86,8 +97,30 @@ class TrainState(NamedTuple):
 
 @dataclasses.dataclass
 class TrainConfig:
-    """What :func:`fit` does: the run's length, batch, parallel mode, cadence of logs, evals
-    and checkpoints, where outputs go, and whether to resume."""
+    """What :func:`fit` does.
+
+    Attributes:
+      steps: optimizer steps, positive.
+      batch_size: sequences per step, positive and divisible by the data-parallel size (and
+        by the local devices with ``"pmap"``).
+      seq_len: tokens per sequence, positive and at most the model's ``max_seq_len``.
+      seed: the seed of the initial PRNG key and of the batches.
+      parallel: the parallel mode, ``"jit"``, ``"pmap"`` (one process) or ``"shard_map"``.
+      eval_every: steps between evals, positive.
+      eval_batches: batches per eval, positive.
+      log_every: steps between metrics rows, positive.
+      checkpoint_every: steps between checkpoints, positive.
+      checkpoint_dir: the checkpoint folder; ``None`` means ``<out_dir>/checkpoints``.
+      out_dir: the run's folder (``metrics.jsonl``, ``loss.png``).
+      resume: continue from the newest committed checkpoint; without it a checkpoint folder
+        that holds checkpoints raises.
+      max_to_keep: checkpoints kept.
+      progress: whether to show a progress bar.
+      meta: a dict recorded with every checkpoint.
+      schedule: the learning-rate schedule ``tx`` follows, if known: recorded with every
+        checkpoint; a resume whose schedule differs from the recorded one raises
+        :class:`~jaxlib_ext.core.schedule.ScheduleMismatchError`.
+    """
 
     steps: int = 200
     batch_size: int = 32
@@ -110,13 +143,20 @@ class TrainConfig:
 
     @property
     def ckpt_dir(self) -> pathlib.Path:
+        """The checkpoint folder: ``checkpoint_dir``, or ``<out_dir>/checkpoints``."""
         return pathlib.Path(self.checkpoint_dir or pathlib.Path(self.out_dir) / "checkpoints")
 
 
 @dataclasses.dataclass
 class TrainResult:
-    """The final state (gathered as the ``jit`` mode shards it), the metrics rows of this
-    call, the step it started from (``> 0`` when resumed) and its output folder."""
+    """What :func:`fit` returns.
+
+    Attributes:
+      state: the final :class:`TrainState`, gathered as the ``jit`` mode shards it.
+      history: the metrics rows of this call (train and eval).
+      start_step: the step it started from (``> 0`` when resumed).
+      out_dir: its output folder.
+    """
 
     state: TrainState
     history: list[dict]  # metrics rows of this invocation (train and eval)
@@ -125,15 +165,25 @@ class TrainResult:
 
     @property
     def losses(self) -> list[float]:
+        """The training losses of the rows that have one, in order."""
         return [r["loss"] for r in self.history if "loss" in r]
 
     @property
     def eval_losses(self) -> list[tuple[int, float]]:
+        """``(step, eval_loss)`` of the rows that have an eval loss, in order."""
         return [(r["step"], r["eval_loss"]) for r in self.history if "eval_loss" in r]
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean next-token cross-entropy (nats) in float32."""
+    """Mean next-token cross-entropy (nats) in float32.
+
+    Args:
+      logits: ``[..., V]`` logits.
+      targets: ``int[...]`` target ids.
+
+    Returns:
+      The float32 scalar mean over all positions.
+    """
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
@@ -142,9 +192,16 @@ def make_loss_fn(graphdef, rest, *, with_metrics: bool = False) -> Callable:
     """``loss(params, batch, model_state=None)`` for a batch ``int32[B, T + 1]`` (inputs and
     shifted targets).
 
-    With ``with_metrics`` it returns ``(loss, (metrics, model_state))``: the model's metrics
-    (empty unless it has ``logits_and_metrics``) and its ``nnx.BatchStat`` state after a
-    training forward pass (``None`` when ``model_state`` is ``None``).
+    Args:
+      graphdef: the model's graph definition (:func:`init_state`).
+      rest: the model's state that is neither trained nor ``nnx.BatchStat``.
+      with_metrics: whether the loss also returns the metrics and the model state.
+
+    Returns:
+      ``loss(params, batch, model_state=None)``, a float32 scalar; with ``with_metrics``
+      ``(loss, (metrics, model_state))``: the model's metrics (empty unless it has
+      ``logits_and_metrics``) and its ``nnx.BatchStat`` state after a training forward pass
+      (``None`` when ``model_state`` is ``None``).
     """
 
     def loss_fn(params, batch, model_state=None):
@@ -205,6 +262,16 @@ def make_train_step(tx, loss_fn, state_sharding, batch_sharding):
     """``step(state, batch) -> (state, metrics)`` under ``jax.jit`` with explicit shardings.
 
     The incoming state is donated, so its buffers are reused for the new one.
+
+    Args:
+      tx: the optax transformation.
+      loss_fn: the loss of :func:`make_loss_fn`.
+      state_sharding: the :class:`TrainState` of shardings (:func:`train_state_shardings`).
+      batch_sharding: the batch's ``NamedSharding`` (its mesh is the step's).
+
+    Returns:
+      The compiled step; ``metrics`` holds ``loss``, ``grad_norm`` and the model's metrics,
+      replicated.
     """
     mesh = batch_sharding.mesh
     rep = sharding_lib.replicated(mesh)
@@ -218,7 +285,16 @@ def make_train_step(tx, loss_fn, state_sharding, batch_sharding):
 
 def make_pmap_train_step(tx, loss_fn, axis_name: str = "batch"):
     """Data-parallel step with ``jax.pmap``: state replicated per device, batch split on
-    a leading device axis, gradients averaged with ``lax.pmean``."""
+    a leading device axis, gradients averaged with ``lax.pmean``.
+
+    Args:
+      tx: the optax transformation.
+      loss_fn: the loss of :func:`make_loss_fn`.
+      axis_name: the name of the ``pmap`` axis.
+
+    Returns:
+      The ``pmap``-ed ``step(state, batch) -> (state, metrics)``; the state is donated.
+    """
     reduce = lambda t: jax.lax.pmean(t, axis_name)
     return jax.pmap(
         lambda state, batch: _apply(tx, loss_fn, state, batch, reduce),
@@ -235,6 +311,14 @@ def make_shard_map_train_step(tx, loss_fn, mesh):
     The step differentiates the loss ``pmean``ed over those axes: the parameters are
     invariant over them (``check_vma``), so autodiff sums the per-device cotangents and the
     gradient is the mean one, with no collective after it.
+
+    Args:
+      tx: the optax transformation.
+      loss_fn: the loss of :func:`make_loss_fn`.
+      mesh: the device mesh.
+
+    Returns:
+      The compiled ``step(state, batch) -> (state, metrics)``; the state is donated.
     """
     axes = tuple(a for a in sharding_lib.BATCH_AXES if a in mesh.shape)
     body = jax.shard_map(
@@ -253,8 +337,18 @@ def make_shard_map_train_step(tx, loss_fn, mesh):
 
 
 def make_eval_step(loss_fn, params_sharding, batch_sharding, model_state_sharding=None):
-    """``eval(params, batch[, model_state]) -> loss`` under ``jax.jit`` (the third argument
-    when ``model_state_sharding`` is given)."""
+    """``eval(params, batch[, model_state]) -> loss`` under ``jax.jit``.
+
+    Args:
+      loss_fn: the loss of :func:`make_loss_fn` (without metrics).
+      params_sharding: the parameters' shardings.
+      batch_sharding: the batch's ``NamedSharding``.
+      model_state_sharding: the model state's shardings; when given, the step takes
+        ``model_state`` as its third argument.
+
+    Returns:
+      The compiled eval step; the loss is replicated.
+    """
     rep = sharding_lib.replicated(batch_sharding.mesh)
     if model_state_sharding is None:
         return jax.jit(loss_fn, in_shardings=(params_sharding, batch_sharding), out_shardings=rep)
@@ -263,8 +357,17 @@ def make_eval_step(loss_fn, params_sharding, batch_sharding, model_state_shardin
 
 
 def init_state(model: nnx.Module, tx, seed: int):
-    """Splits ``model`` into ``(graphdef, rest)`` and an unplaced :class:`TrainState`
-    (its ``model_state`` the model's ``nnx.BatchStat`` variables, ``None`` if it has none)."""
+    """Splits ``model`` into its graph definition, its other state and a fresh state.
+
+    Args:
+      model: the NNX model.
+      tx: the optax transformation, whose ``init`` gives the optimizer state.
+      seed: the seed of the state's PRNG key.
+
+    Returns:
+      ``(graphdef, rest, state)``: ``state`` an unplaced :class:`TrainState` at step 0, its
+      ``model_state`` the model's ``nnx.BatchStat`` variables (``None`` if it has none).
+    """
     graphdef, params, model_state, rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
     if not jax.tree.leaves(model_state):
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -297,8 +400,16 @@ def _distinct_buffers(tree):
 
 
 def train_state_shardings(state: TrainState, mesh) -> TrainState:
-    """Shardings of a :class:`TrainState`: params by their logical axes, optimizer state
-    following the params, step and key replicated."""
+    """Shardings of a :class:`TrainState`.
+
+    Args:
+      state: the :class:`TrainState` (or one of its abstract shapes).
+      mesh: the device mesh.
+
+    Returns:
+      A :class:`TrainState` of shardings: params (and model state) by their logical axes,
+      optimizer state following the params, step and key replicated.
+    """
     p_sh = sharding_lib.param_shardings(state.params, mesh)
     o_sh = sharding_lib.state_shardings(state.opt_state, state.params, p_sh, mesh)
     rep = sharding_lib.replicated(mesh)
@@ -361,7 +472,15 @@ def _validate(cfg: TrainConfig, model, mesh, corpus: data_lib.Corpus) -> None:
 
 
 def plot_metrics(metrics_path, png_path, *, reference: float | None = None, title: str = ""):
-    """Train and eval loss against step, from a metrics JSONL file, saved as a PNG."""
+    """Train and eval loss against step, from a metrics JSONL file, saved as a PNG.
+
+    Args:
+      metrics_path: the metrics JSONL file (rows with ``step`` and ``loss`` or
+        ``eval_loss``).
+      png_path: the PNG to write.
+      reference: a loss drawn as a dashed line (the unigram entropy), or ``None``.
+      title: the plot's title.
+    """
     import matplotlib
 
     if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
@@ -494,7 +613,26 @@ def fit(
     """Trains ``model`` with ``tx`` on ``corpus``; see the module docstring.
 
     Everything the run needs is checked before anything is written, so bad input leaves
-    no partial output or checkpoint behind. Errors name the ``TrainConfig`` field at fault.
+    no partial output or checkpoint behind.
+
+    Args:
+      model: the NNX language model (``model(tokens) -> logits``; optionally
+        ``logits_and_metrics`` and ``max_seq_len``).
+      tx: the optax transformation.
+      corpus: the tokenised corpus (train and eval splits).
+      cfg: the run's :class:`TrainConfig`.
+      mesh: the device mesh; ``None`` means :func:`~jaxlib_ext.core.sharding.make_mesh`'s
+        default.
+
+    Returns:
+      The :class:`TrainResult`.
+
+    Raises:
+      ValueError: naming the ``TrainConfig`` field at fault, for a configuration that does
+        not fit the model, mesh or corpus.
+      ScheduleMismatchError: if a resume asks for another schedule than the recorded one.
+      NonFiniteLossError: on a NaN or Inf loss, naming the step and the last good
+        checkpoint.
     """
     mesh = mesh or sharding_lib.make_mesh(None)
     _validate(cfg, model, mesh, corpus)
