@@ -1,10 +1,11 @@
-"""Momentum delta rule op: chunkwise vs recurrent, forward and forward+backward, time and memory.
+"""Momentum delta rule op: xla (chunkwise) vs reference, forward and forward+backward, time, memory.
 
-Baseline: ``method="recurrent"`` (the ``lax.scan`` reference) in the same run. Shape defaults to
+Baseline: ``method="reference"`` (the ``lax.scan`` recurrence) in the same run, against
+``method="xla"`` (the chunkwise form). Shape defaults to
 B=2, T=2048, H=4, K=64, V=128. Times are the median of ``--repeats`` runs after one
 warm-up call, each ending in ``block_until_ready``; memory is XLA's compiled ``memory_analysis``
 (arguments + outputs + temporaries - aliased bytes) of the jitted function, i.e. the planned peak
-of that executable. The Gated DeltaNet chunk path is timed too, for context.
+of that executable. The Gated DeltaNet ``"xla"`` (chunk) path is timed too, for context.
 
     .venv/bin/python -m benchmarks.kernels_mdn [--T 2048] [--chunk-size 64] [--repeats 5]
 """
@@ -91,16 +92,16 @@ def main():
     x, h0 = make_inputs(a.B, a.T, a.H, a.K, a.V)
     c, r = a.chunk_size, a.repeats
     res = {
-        "MDN recurrent": forward_backward(*mdn_fns("recurrent", c), x, h0, repeats=r),
-        f"MDN chunk (C={c})": forward_backward(*mdn_fns("chunk", c), x, h0, repeats=r),
+        "MDN reference": forward_backward(*mdn_fns("reference", c), x, h0, repeats=r),
+        f"MDN xla (chunk, C={c})": forward_backward(*mdn_fns("xla", c), x, h0, repeats=r),
     }
     if not a.no_gdn:
-        res[f"GDN chunk (C={c})"] = forward_backward(*gdn_fns("chunk", c), x, h0, repeats=r)
+        res[f"GDN xla (chunk, C={c})"] = forward_backward(*gdn_fns("xla", c), x, h0, repeats=r)
     cols = list(res)
 
     print(f"momentum_delta_rule, B={a.B} T={a.T} H={a.H} K={a.K} V={a.V}, float32, "
           f"{environment()}, median of {a.repeats} after warm-up\n")
-    print(forward_backward_table(res, (cols[0], cols[1]), "recurrent / chunk"))
+    print(forward_backward_table(res, (cols[0], cols[1]), "reference / xla (chunk)"))
 
 if __name__ == "__main__":
     main()

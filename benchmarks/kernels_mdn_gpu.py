@@ -6,15 +6,16 @@ Prints markdown tables: median time after warm-up of the forward and the forward
   default tiling and launch parameters (compiled through the Pallas Triton lowering on GPU,
   ``interpret=True`` on CPU), and ``pallas bwd=xla`` (forward+backward only, on GPU): the
   kernels' state recurrence with the backward's chunk algebra in XLA;
-* ``chunk``: ``momentum_delta_rule(..., method="chunk")``, the XLA chunkwise path;
+* ``xla (chunk)``: ``momentum_delta_rule(..., method="xla")``, the XLA chunkwise path;
 * ``fla gdn``: ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (PyTorch + Triton, package
   ``fla-core``), the Gated DeltaNet kernel of flash-linear-attention, timed with
   ``triton.testing.do_bench``; skipped with a note when torch or fla cannot be imported or no
   CUDA device is present;
 
-then one decoding step: the Pallas step kernel against the XLA recurrent op on one token.
+then one decoding step: the Pallas step kernel against the op's ``"reference"`` recurrence (XLA)
+on one token.
 
-The ratio column is against ``chunk`` (same direction). TFLOP/s uses the matmul FLOPs of the
+The ratio column is against ``xla (chunk)`` (same direction). TFLOP/s uses the matmul FLOPs of the
 chunkwise algorithm (``flops_forward``; forward+backward counted as 3x forward, the usual
 convention), GB/s the compulsory HBM traffic (inputs read once, output written once; 3x for
 forward+backward). Ceilings printed beside them: H200 ~790 TFLOP/s bf16 dense, ~4.8 TB/s HBM.
@@ -44,6 +45,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from jaxlib_ext.core.timing import time_call  # noqa: E402
 from jaxlib_ext.pallas_kernels.mdn import (  # noqa: E402
     MDNKernelConfig,
     momentum_delta_rule,
@@ -51,10 +53,11 @@ from jaxlib_ext.pallas_kernels.mdn import (  # noqa: E402
 )
 from jaxlib_ext.pallas_kernels.mdn.decode import momentum_delta_rule_step_pallas  # noqa: E402
 from tools.kernel_audit.inputs import random_inputs  # noqa: E402
-from tools.kernel_audit.tuning import forward_backward, median_time  # noqa: E402
+from tools.kernel_audit.tuning import forward_backward  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # H200 bf16 dense
 PEAK_GBS = 4800.0  # H200 HBM3e
+XLA_CHUNK = "xla (chunk)"  # the table label of momentum_delta_rule(method="xla")
 
 
 def jax_fns(op):
@@ -130,7 +133,7 @@ def main(argv=None):
         config=MDNKernelConfig(interpret=interpret),
     )  # fmt: skip
     chunk = functools.partial(
-        momentum_delta_rule, scale=K**-0.5, method="chunk", chunk_size=args.chunk
+        momentum_delta_rule, scale=K**-0.5, method="xla", chunk_size=args.chunk
     )
     failed = []
 
@@ -144,12 +147,13 @@ def main(argv=None):
         bwd_xla = MDNKernelConfig(interpret=interpret, backward="xla")
         ops.append(("pallas bwd=xla", functools.partial(pallas, config=bwd_xla), False))
     if not args.skip_chunk:
-        ops.append(("chunk", chunk, True))
+        ops.append((XLA_CHUNK, chunk, True))
     for name, op, with_fwd in ops:
         f, fb = jax_fns(op)
         for direction, fn in ([("fwd", f)] if with_fwd else []) + [("fwd+bwd", fb)]:
             try:
-                rows.append((name, direction, median_time(fn, inputs, args.warmup, args.iters)))
+                t = time_call(fn, *inputs, warmup=args.warmup, repeats=args.iters).median
+                rows.append((name, direction, t))
             except Exception as e:  # noqa: BLE001 - report and keep timing the other paths
                 if args.cpu:
                     raise
@@ -175,9 +179,10 @@ def main(argv=None):
             f"\npallas / fla gdn time: fwd {pf['fwd'] / peer[0]:.2f}x, "
             f"fwd+bwd {pf['fwd+bwd'] / peer[1]:.2f}x (target <= 1.3x)"
         )
-    base = {d: t for n, d, t in rows if n == "chunk"}
+    base = {d: t for n, d, t in rows if n == XLA_CHUNK}
     if "fwd+bwd" in base and "fwd+bwd" in pf:
-        print(f"chunk / pallas fwd+bwd: {base['fwd+bwd'] / pf['fwd+bwd']:.2f}x (target >= 3x)")
+        print(f"{XLA_CHUNK} / pallas fwd+bwd: {base['fwd+bwd'] / pf['fwd+bwd']:.2f}x "
+              "(target >= 3x)")
     for msg in failed:
         print(f"FAILED {msg}")
     return 1 if failed else 0
@@ -201,7 +206,8 @@ def flops_forward(b, t, h, kdim, vdim, chunk=64):
 
 def decode_table(inputs, K, interpret, warmup, iters):
     """One decoding step (token t = 0 against a random cached state): Pallas step kernel vs
-    the XLA recurrent op on a length-1 sequence. GB/s counts reading and writing (S, M)."""
+    the op's ``"reference"`` recurrence on a length-1 sequence. GB/s counts reading and writing
+    (S, M)."""
     B, _, H, _ = inputs[0].shape
     V = inputs[2].shape[-1]
     state = 0.1 * jax.random.normal(jax.random.key(3), (2, B, H, K, V))
@@ -210,27 +216,27 @@ def decode_table(inputs, K, interpret, warmup, iters):
         functools.partial(momentum_delta_rule_step_pallas, scale=K**-0.5, interpret=interpret)
     )
 
-    def xla_step(*a):
+    def reference_step(*a):
         o, st = momentum_delta_rule(
             *(x[:, None] for x in a[:8]),
             scale=K**-0.5,
             initial_state=a[8],
             output_final_state=True,
-            method="recurrent",
+            method="reference",
         )
         return o[:, 0], st
 
     rows = []
-    for name, fn in (("pallas step", step), ("xla step", jax.jit(xla_step))):
+    for name, fn in (("pallas step", step), ("reference step", jax.jit(reference_step))):
         try:
-            rows.append((name, median_time(fn, one + (state,), warmup, iters)))
+            rows.append((name, time_call(fn, *one, state, warmup=warmup, repeats=iters).median))
         except Exception as e:  # noqa: BLE001
             print(f"{name} FAILED: {type(e).__name__}: {str(e)[:2000]}")
     nbytes = 2 * 2 * B * H * K * V * 4
     print(f"\nDecode step B={B} H={H} K={K} V={V}\n")
-    print(f"| path | median us | vs xla step | GB/s (of ~{PEAK_GBS:.0f}) |")
+    print(f"| path | median us | vs reference step | GB/s (of ~{PEAK_GBS:.0f}) |")
     print("|---|---|---|---|")
-    base = dict(rows).get("xla step")
+    base = dict(rows).get("reference step")
     for name, t in rows:
         ratio = f"{base / t:.2f}x" if base else "-"
         print(f"| {name} | {t * 1e6:.1f} | {ratio} | {nbytes / t / 1e9:.0f} |")
@@ -243,13 +249,13 @@ def print_table(rows, args, dtype):
     flops_f = flops_forward(B, T, H, K, V, args.chunk)
     itemsize = dtype.itemsize
     bytes_f = B * T * H * (3 * K + 2 * V) * itemsize + B * T * H * 4 * 4
-    base = {d: t for n, d, t in rows if n == "chunk"}
+    base = {d: t for n, d, t in rows if n == XLA_CHUNK}
     print(
         f"\nMDN B={B} T={T} H={H} K={K} V={V} {args.dtype} chunk={args.chunk} "
         f"backend={jax.default_backend()} jax={jax.__version__} interpret={interpret}\n"
     )
     print(
-        f"| path | pass | median ms | vs chunk | TFLOP/s (of ~{PEAK_TFLOPS:.0f}) "
+        f"| path | pass | median ms | vs {XLA_CHUNK} | TFLOP/s (of ~{PEAK_TFLOPS:.0f}) "
         f"| GB/s (of ~{PEAK_GBS:.0f}) |"
     )
     print("|---|---|---|---|---|---|")

@@ -1,6 +1,7 @@
-"""mLSTM op: chunkwise and quadratic parallel vs the recurrent reference, time and memory.
+"""mLSTM op: the XLA forms (chunkwise, quadratic parallel) vs the reference, time and memory.
 
-Baseline: ``method="recurrent"`` (the stabilised ``lax.scan``) in the same run. Shape defaults to
+Baseline: ``method="reference"`` (the stabilised ``lax.scan`` recurrence) in the same run, against
+``method="xla"`` with ``xla_form="parallel"`` and ``xla_form="chunk"``. Shape defaults to
 B=2, T=2048, H=4, K=V=64, float32. Forward returns the outputs and the final state;
 forward+backward is the gradient of a scalar of both with respect to every input. Times are the
 median of ``--repeats`` runs after one warm-up call, each ending in ``block_until_ready``; memory
@@ -32,9 +33,10 @@ def make_inputs(B, T, H, K, V, seed=0):
     return {n: jnp.asarray(a, jnp.float32) for n, a in x.items()}
 
 
-def fns(method, chunk_size):
+def fns(method, chunk_size, xla_form="chunk"):
     def fwd(x):
-        return mlstm(**x, output_final_state=True, method=method, chunk_size=chunk_size)
+        return mlstm(**x, output_final_state=True, method=method, xla_form=xla_form,
+                     chunk_size=chunk_size)
 
     def loss(x):
         h, (C, n, m) = fwd(x)
@@ -56,13 +58,13 @@ def main():
     x = make_inputs(a.B, a.T, a.H, a.K, a.V)
     c, r = a.chunk_size, a.repeats
     res = {
-        "recurrent": forward_backward(*fns("recurrent", c), x, repeats=r),
-        "parallel": forward_backward(*fns("parallel", c), x, repeats=r),
-        f"chunk (C={c})": forward_backward(*fns("chunk", c), x, repeats=r),
+        "reference": forward_backward(*fns("reference", c), x, repeats=r),
+        "xla (parallel)": forward_backward(*fns("xla", c, "parallel"), x, repeats=r),
+        f"xla (chunk, C={c})": forward_backward(*fns("xla", c, "chunk"), x, repeats=r),
     }
     print(f"mlstm, B={a.B} T={a.T} H={a.H} K={a.K} V={a.V}, float32, {environment()}, "
           f"median of {a.repeats} after warm-up\n")
-    print(forward_backward_table(res, ("recurrent", list(res)[-1]), "recurrent / chunk"))
+    print(forward_backward_table(res, ("reference", list(res)[-1]), "reference / xla (chunk)"))
 
 if __name__ == "__main__":
     main()

@@ -3,9 +3,9 @@
 One :class:`~jaxlib_ext.models.latent_moe.LatentMoE` layer at the Nemotron 3 Super shape
 (arXiv 2601.18089; d = 4096, latent 1024, E = 512, top-22, expert width 2688, shared expert
 5376, routed scaling 5) on 8192 tokens, bfloat16 parameters and activations, with
-``method="ragged"`` (``jax.lax.ragged_dot``, XLA's grouped matmul) and ``method="pallas"``
+``method="xla"`` (``jax.lax.ragged_dot``, XLA's grouped matmul) and ``method="pallas"``
 (``moe.gmm_pallas`` with its default ``GMMKernelConfig``). First a check: the Pallas layer's
-output and input gradient against the ragged one (relative RMS, bfloat16 tolerance 2e-2). Then
+output and input gradient against the XLA one (relative RMS, bfloat16 tolerance 2e-2). Then
 medians after warm-up of forward and forward+backward (gradients of every parameter and the
 input): ms, tokens/s and the matmul TFLOP/s of the routed experts and projections (forward:
 ``T (2 d E + 4 d l + 4 k l m + 4 d m_s)``; forward+backward counted as 3x).
@@ -17,11 +17,12 @@ input): ms, tokens/s and the matmul TFLOP/s of the routed experts and projection
 ``--contrast`` adds rows for a standard (non-latent) MoE with about the same routed FLOPs per
 token (E = 128, top-6, expert width 2688 at d = 4096, the same shared expert), both methods.
 
-Run from the repository root, as a module: the timing loop is ``tools.kernel_audit``'s. The
+Run from the repository root, as a module: the timing loop is ``jaxlib_ext.core.timing``'s. The
 layer is the forward of ``LatentMoE`` (sigmoid top-k router, sort by expert, two grouped
 matmuls with squared ReLU, weighted sum, up-projection, shared expert) written here as a pure
 function of its parameters over ``moe.gmm``, so that the GPU image needs JAX only (no Flax);
-``method="ragged"`` is ``moe.gmm(method="xla")`` (``ragged_dot`` on a GPU).
+``method="xla"`` is ``moe.gmm(method="xla")`` (``ragged_dot`` on a GPU), as in LatentMoE's
+dispatch.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlib_ext.core.timing import time_call
 from jaxlib_ext.pallas_kernels.moe import gmm
 from jaxlib_ext.pallas_kernels.moe.config import GMMKernelConfig
-from tools.kernel_audit.tuning import median_time
 
 SUPER = dict(d=4096, latent=1024, experts=512, top_k=22, expert_dim=2688, shared=5376, tokens=8192)
 STANDARD = dict(SUPER, latent=None, experts=128, top_k=6)
@@ -70,10 +71,9 @@ def layer_forward(params, x, *, top_k, method, config):
     order = jnp.argsort(flat, stable=True)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
     sizes = jnp.zeros((params["w1"].shape[0],), jnp.int32).at[flat].add(1)
-    gmm_method = "xla" if method == "ragged" else "pallas"
     rows = jnp.take(z, order // top_k, axis=0)
-    h = jnp.square(jax.nn.relu(gmm(rows, params["w1"], sizes, method=gmm_method, config=config)))
-    y = gmm(h, params["w2"], sizes, method=gmm_method, config=config)
+    h = jnp.square(jax.nn.relu(gmm(rows, params["w1"], sizes, method=method, config=config)))
+    y = gmm(h, params["w2"], sizes, method=method, config=config)
     y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
     y = jnp.sum(jnp.take(y, inverse, axis=0).reshape(t, top_k, -1), axis=1)
     y = jnp.dot(y, params["up"]) if "up" in params else y
@@ -123,9 +123,9 @@ def main(argv=None):
         f"{jax.devices()[0].device_kind}, jax {jax.__version__}\n",
         flush=True,
     )
-    fns = {m: layer_fns(shape, m, dtype, a.cpu) for m in ("ragged", "pallas")}
+    fns = {m: layer_fns(shape, m, dtype, a.cpu) for m in ("xla", "pallas")}
     shapes = {m: shape for m in fns}
-    p, fwd, grad = fns["ragged"]
+    p, fwd, grad = fns["xla"]
     y_ref, (gp_ref, gx_ref) = fwd(p, x), grad(p, x)
     _, fwd2, grad2 = fns["pallas"]
     y, (gp, gx) = fwd2(p, x), grad2(p, x)
@@ -133,7 +133,7 @@ def main(argv=None):
     errs.update({f"d {k}": rel_rmse(gp[k], gp_ref[k]) for k in ("w1", "w2")})
     tol = 1e-4 if a.cpu else 2e-2
     ok = all(e < tol for e in errs.values())
-    print("check pallas vs ragged (rel RMS): "
+    print("check pallas vs xla (rel RMS): "
           + ", ".join(f"{k} {v:.2e}" for k, v in errs.items())
           + f" -> {'OK' if ok else 'FAILED'} (tol {tol})\n", flush=True)  # fmt: skip
 
@@ -142,13 +142,13 @@ def main(argv=None):
     print("|---|---:|---:|---:|---:|---:|---:|")
     if a.contrast:
         std = dict(STANDARD, tokens=shape["tokens"]) if not a.cpu else dict(TINY, latent=None)
-        for m in ("ragged", "pallas"):
+        for m in ("xla", "pallas"):
             fns[f"standard MoE, {m}"] = layer_fns(std, m, dtype, a.cpu)
             shapes[f"standard MoE, {m}"] = std
     for method, (params, fwd, grad) in fns.items():
         flops = flops_forward(shapes[method])
-        tf = median_time(fwd, (params, x), a.warmup, a.iters)
-        tb = median_time(grad, (params, x), a.warmup, a.iters)
+        tf = time_call(fwd, params, x, warmup=a.warmup, repeats=a.iters).median
+        tb = time_call(grad, params, x, warmup=a.warmup, repeats=a.iters).median
         t = shape["tokens"]
         print(
             f"| {method} | {tf * 1e3:.2f} | {t / tf:,.0f} | {flops / tf / 1e12:.1f} "

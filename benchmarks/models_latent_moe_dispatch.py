@@ -3,9 +3,10 @@ forward+backward.
 
 One :class:`~jaxlib_ext.models.latent_moe.LatentMoE` layer (arXiv 2601.18089) at E = 64
 experts, top-8, d = 512, latent width 128, expert width 256, no shared expert, 4096 tokens,
-float32, timed with ``method="ragged"`` (tokens sorted by expert, grouped matmuls by
+float32, timed with ``method="xla"`` (tokens sorted by expert, grouped matmuls by
 ``moe.gmm(method="xla")``: on CPU its tiled work-item form, ``jax.lax.ragged_dot`` elsewhere) and
-``method="dense"`` (every expert on every token, masked: ``E / k = 8`` times the routed FLOPs),
+``method="reference"`` (every expert on every token, masked: ``E / k = 8`` times the routed
+FLOPs),
 with the same parameters and inputs. ``method="pallas"`` is interpreted on CPU (not a timing)
 and is left out. Times are the median of ``--repeats`` runs after one warm-up call, each ending
 in ``block_until_ready``; memory is XLA's compiled ``memory_analysis`` of the jitted function.
@@ -63,21 +64,21 @@ def main():
 
     x = jax.random.normal(jax.random.key(1), (a.tokens, a.d), jnp.float32)
     res = {}
-    for method in ("ragged", "dense"):
+    for method in ("xla", "reference"):
         params, fwd, fwdbwd = layer_fns(a, method)
         res[method] = dict(
             fwd=time_call(fwd, params, x, repeats=a.repeats).median,
             bwd=time_call(fwdbwd, params, x, repeats=a.repeats).median,
             fwd_mem=peak_bytes(fwd, params, x) * MIB,
             bwd_mem=peak_bytes(fwdbwd, params, x) * MIB,
-            flops=routed_flops(a, method == "dense"),
+            flops=routed_flops(a, method == "reference"),
         )
     print(
         f"LatentMoE layer, T={a.tokens} d={a.d} latent={a.latent} E={a.experts} "
         f"top-{a.top_k} expert_dim={a.expert_dim}, no shared expert, float32, "
         f"{environment()}, median of {a.repeats} after warm-up\n"
     )
-    print("| metric | ragged (sorted, grouped matmul) | dense reference | dense / ragged |")
+    print("| metric | xla (sorted, grouped matmul) | reference (dense) | reference / xla |")
     print("|---|---:|---:|---:|")
     rows = [
         ("forward time (ms)", "fwd", 1e3),
@@ -87,7 +88,7 @@ def main():
         ("forward+backward peak memory (MiB)", "bwd_mem", 1.0),
         ("matmul MFLOP per token (forward)", "flops", 1e-6),
     ]
-    r, d = res["ragged"], res["dense"]
+    r, d = res["xla"], res["reference"]
     for label, key, mult in rows:
         if key is None:
             tr, td = a.tokens / r["fwd"], a.tokens / d["fwd"]

@@ -29,8 +29,12 @@ __all__ = ["Block", "LanguageModel", "LMCache"]
 
 
 class LMCache(NamedTuple):
-    """Decode state of a whole LM: one cache per block (each its mixer's own type) and the
-    number of tokens consumed."""
+    """Decode state of a whole LM.
+
+    Attributes:
+      layers: one cache per block, each of its mixer's own type.
+      position: int32 scalar, the number of tokens consumed.
+    """
 
     layers: tuple
     position: jax.Array  # int32 scalar
@@ -43,6 +47,13 @@ class Block(nnx.Module):
     parameter draws follow the block's layout); the parts follow the protocols of
     :mod:`~jaxlib_ext.models.registry`. ``__call__(x, cache=None, *, train=False) ->
     (x, cache, metrics)``; ``train`` lets a mixture-of-experts FFN update its correction bias.
+
+    Args:
+      d_model: the model width ``d``.
+      norm_eps: the epsilon of both RMSNorms.
+      mixer: a factory ``rngs -> module`` of the token mixer, kept as ``attn``.
+      ffn: a factory ``rngs -> module`` of the feed-forward part, kept as ``mlp``.
+      rngs: the parameter initialisation keys.
     """
 
     def __init__(self, d_model: int, norm_eps: float, mixer: Callable, ffn: Callable, *,
@@ -53,6 +64,17 @@ class Block(nnx.Module):
         self.mlp = ffn(rngs)
 
     def __call__(self, x, cache=None, *, train: bool = False):
+        """Applies the mixer and the FFN, each with its residual.
+
+        Args:
+          x: ``[B, T, d]`` inputs.
+          cache: the mixer's decode cache, or ``None`` for a full uncached forward.
+          train: whether the FFN may update its ``nnx.BatchStat`` state (a router's bias).
+
+        Returns:
+          ``(x, cache, metrics)``: ``x [B, T, d]``, the mixer's new cache (``None`` without
+          one) and the FFN's metrics dict.
+        """
         y, cache = self.attn(self.attn_norm(x), cache)
         x = x + y
         y, metrics = self.mlp.forward(self.mlp_norm(x), train=train)
@@ -74,8 +96,11 @@ class LanguageModel(nnx.Module):
       cfg: an :class:`~jaxlib_ext.models.LMConfig` (any config with ``vocab_size, d_model,
         n_layers, max_seq_len, norm_eps`` when ``mixer`` and ``ffn`` are given; a missing
         ``tie_embeddings`` means an untied head); kept as ``cfg``.
-      mixer, ffn: factories ``rngs -> module`` of one block's parts (default: the registry's
-        parts of ``cfg.mixer`` and ``cfg.ffn``).
+      mixer: a factory ``rngs -> module`` of each block's token mixer; ``None`` means the
+        registry's part for ``cfg.mixer``.
+      ffn: a factory ``rngs -> module`` of each block's feed-forward part; ``None`` means the
+        registry's part for ``cfg.ffn``.
+      rngs: the parameter initialisation keys.
     """
 
     def __init__(self, cfg, *, mixer: Callable | None = None, ffn: Callable | None = None,
@@ -94,8 +119,15 @@ class LanguageModel(nnx.Module):
             self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, rngs=rngs)
 
     def logits(self, h: jax.Array) -> jax.Array:
-        """The head on the last block's output ``h [B, T, d]``: final norm, then ``lm_head``
-        or the transposed embedding; float32."""
+        """The head on the last block's output: final norm, then ``lm_head`` or the transposed
+        embedding.
+
+        Args:
+          h: ``[B, T, d]`` output of the last block.
+
+        Returns:
+          ``float32[B, T, vocab]`` logits.
+        """
         h = self.final_norm(h)
         if self.lm_head is None:
             return jnp.einsum("btd,vd->btv", h, self.embed.embedding[...]).astype(jnp.float32)
@@ -116,9 +148,21 @@ class LanguageModel(nnx.Module):
 
     def logits_and_metrics(self, tokens: jax.Array, *, train: bool = False
                            ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """Full-sequence forward: ``(logits float32[B, T, vocab], metrics)``; ``metrics`` maps
-        each name an FFN reports to its mean over the blocks that report it. ``train=True``
-        lets the FFNs update their ``nnx.BatchStat`` state (a router's correction bias)."""
+        """Full-sequence forward with the FFNs' metrics.
+
+        Args:
+          tokens: ``int[B, T]`` token ids, ``T <= max_seq_len``.
+          train: whether the FFNs may update their ``nnx.BatchStat`` state (a router's
+            correction bias).
+
+        Returns:
+          ``(logits, metrics)``: ``logits float32[B, T, vocab]``; ``metrics`` maps each name an
+          FFN reports to its mean over the blocks that report it.
+
+        Raises:
+          ValueError: if ``tokens`` is not an integer ``[B, T]`` array with
+            ``T <= max_seq_len``.
+        """
         self._check_tokens(tokens, "__call__")
         x = self.embed(tokens)
         reported: dict[str, list] = {}
@@ -130,14 +174,38 @@ class LanguageModel(nnx.Module):
         return self.logits(x), metrics
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        """Full-sequence forward: ``int32[B, T] -> float32 logits [B, T, vocab]``."""
+        """Full-sequence forward.
+
+        Args:
+          tokens: ``int[B, T]`` token ids, ``T <= max_seq_len``.
+
+        Returns:
+          ``float32[B, T, vocab]`` logits.
+
+        Raises:
+          ValueError: if ``tokens`` is not an integer ``[B, T]`` array with
+            ``T <= max_seq_len``.
+        """
         return self.logits_and_metrics(tokens)[0]
 
     def mixer_io(self, tokens: jax.Array, *, with_logits: bool = False):
-        """Per block ``(x_in, y_out)``: the mixer's input ``attn_norm(h) [B, T, d]`` and its
-        output ``[B, T, d]`` (before the residual add) in a full uncached forward; the targets
-        of layer-wise alignment (arXiv 2603.15590, stage I). With ``with_logits``, returns
-        ``(list, logits)`` of the same forward."""
+        """Each block's mixer input and output in a full uncached forward.
+
+        These are the targets of layer-wise alignment (arXiv 2603.15590, stage I).
+
+        Args:
+          tokens: ``int[B, T]`` token ids, ``T <= max_seq_len``.
+          with_logits: whether to return the logits of the same forward too.
+
+        Returns:
+          A list with one ``(x_in, y_out)`` per block: the mixer's input ``attn_norm(h)
+          [B, T, d]`` and its output ``[B, T, d]`` (before the residual add); with
+          ``with_logits``, ``(list, logits float32[B, T, vocab])``.
+
+        Raises:
+          ValueError: if ``tokens`` is not an integer ``[B, T]`` array with
+            ``T <= max_seq_len``.
+        """
         self._check_tokens(tokens, "mixer_io")
         x = self.embed(tokens)
         out = []
@@ -150,8 +218,19 @@ class LanguageModel(nnx.Module):
         return (out, self.logits(x)) if with_logits else out
 
     def init_cache(self, batch: int, max_len: int | None = None) -> LMCache:
-        """An empty :class:`LMCache` for ``batch`` sequences of up to ``max_len`` tokens
-        (default ``max_seq_len``; a recurrent mixer's state has one size at any length)."""
+        """An empty :class:`LMCache` for ``batch`` sequences of up to ``max_len`` tokens.
+
+        Args:
+          batch: the number of sequences.
+          max_len: the longest sequence, an int in ``[1, max_seq_len]``; ``None`` means
+            ``max_seq_len`` (a recurrent mixer's state has one size at any length).
+
+        Returns:
+          An :class:`LMCache` of each block's empty mixer cache and ``position = 0``.
+
+        Raises:
+          ValueError: if ``max_len`` is out of range or a block's mixer keeps no decode cache.
+        """
         max_len = self.max_seq_len if max_len is None else max_len
         if isinstance(max_len, bool) or not isinstance(max_len, int) or not (
                 0 < max_len <= self.max_seq_len):
@@ -167,10 +246,21 @@ class LanguageModel(nnx.Module):
         return LMCache(layers, jnp.zeros((), jnp.int32))
 
     def decode_step(self, tokens: jax.Array, cache: LMCache) -> tuple[jax.Array, LMCache]:
-        """Consume ``tokens [B, T']`` after the cached prefix; ``T' = 1`` is one decode step.
+        """Consumes ``tokens`` after the cached prefix; ``T' = 1`` is one decode step.
 
-        Returns ``(logits [B, T', vocab], new_cache)``. Feeding a sequence piece by piece gives
-        the logits of one full forward.
+        Feeding a sequence piece by piece gives the logits of one full forward.
+
+        Args:
+          tokens: ``int[B, T']`` token ids.
+          cache: the :class:`LMCache` of the prefix (:meth:`init_cache`).
+
+        Returns:
+          ``(logits float32[B, T', vocab], new_cache)``.
+
+        Raises:
+          ValueError: if ``tokens`` is not an integer ``[B, T']`` array with
+            ``T' <= max_seq_len``, or ``cache`` is not an :class:`LMCache` of one cache per
+            block.
         """
         self._check_tokens(tokens, "decode_step")
         if not isinstance(cache, LMCache) or len(cache.layers) != len(self.blocks):

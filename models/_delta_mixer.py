@@ -8,8 +8,8 @@ A delta-rule mixer maps hidden states ``x [B, T, d]`` to ``y [B, T, d]``::
 
 with ``act`` the model's output gate (:attr:`DeltaMixer.gate_activation`). Full-sequence calls run
 the op with the configured ``method``; cached calls of at most ``decode_recurrent_max_len`` tokens
-run its ``"recurrent"`` path (as fla switches to ``fused_recurrent`` for ``q_len <= 64``). The
-language models built on these mixers are :mod:`jaxlib_ext.models.lm`'s.
+run its ``"reference"`` path, the step-by-step recurrence (as fla switches to ``fused_recurrent``
+for ``q_len <= 64``). The language models built on these mixers are :mod:`jaxlib_ext.models.lm`'s.
 
 Conventions:
 - L2 norm is ``x * rsqrt(sum x^2 + 1e-6)`` (fla's ``l2norm``).
@@ -53,9 +53,10 @@ class DeltaNetConfig:
     """Configuration of the MDN and GDN language models.
 
     ``tau_factor``, ``min_log_mu`` and ``use_output_correction`` only affect MDN. The value head
-    dim is ``V = expand_v * head_dim``. ``method``/``chunk_size`` select the op path for
-    full-sequence calls; cached calls of at most ``decode_recurrent_max_len`` tokens use the
-    recurrent path.
+    dim is ``V = expand_v * head_dim``. ``method`` (one of
+    :data:`~jaxlib_ext.pallas_kernels.METHODS`: ``"auto" | "reference" | "xla" | "pallas"``)
+    and ``chunk_size`` select the op path for full-sequence calls; cached calls of at most
+    ``decode_recurrent_max_len`` tokens use the ``"reference"`` path (the recurrence).
     """
 
     vocab_size: int = 256
@@ -269,7 +270,7 @@ class DeltaMixer(nnx.Module):
             scale=c.head_dim**-0.5,
             initial_state=cache.state if cached else None,
             output_final_state=cached,
-            method="recurrent" if cached and x.shape[1] <= c.decode_recurrent_max_len else c.method,
+            method="reference" if cached and x.shape[1] <= c.decode_recurrent_max_len else c.method,
             chunk_size=c.chunk_size,
         )
         y = self._output(x, o)

@@ -11,17 +11,19 @@ Router (DeepSeek-V3 style sigmoid router with an aux-loss-free correction bias, 
 Experts: non-gated squared ReLU ``E_e(z) = relu(z W1_e)^2 W2_e`` with ``W1 [E, l, m]``,
 ``W2 [E, m, l]``; the routed output is ``y = sum_{e in sel} w_e E_e(z)``.
 
-Dispatch (dropless; no capacity, no token is dropped):
+Dispatch (dropless; no capacity, no token is dropped), by ``method``, one of
+:data:`jaxlib_ext.pallas_kernels.METHODS`:
 
-* ``"ragged"`` / ``"pallas"``: the ``T * k`` (token, expert) pairs are sorted by expert
-  (a stable ``argsort``), giving the expert group sizes; the token rows are gathered in that
-  order, both expert matmuls are grouped matmuls (:func:`jaxlib_ext.pallas_kernels.moe.gmm`:
-  ``"ragged"`` its XLA path, ``jax.lax.ragged_dot`` on GPU/TPU and a tiled form on CPU;
-  ``"pallas"`` the Pallas kernel), the rows are scaled by their weight, put back
-  in (token, slot) order by the inverse permutation and summed over the ``k`` slots.
-* ``"dense"``: every expert on every token, combined with the ``[T, E]`` matrix holding the
-  weights of the selected experts and zeros elsewhere (the reference of the tests; ``E / k``
-  times the routed FLOPs).
+* ``"xla"`` / ``"pallas"`` / ``"auto"``: the ``T * k`` (token, expert) pairs are sorted by
+  expert (a stable ``argsort``), giving the expert group sizes; the token rows are gathered in
+  that order, both expert matmuls are grouped matmuls
+  (:func:`jaxlib_ext.pallas_kernels.moe.gmm` with the same ``method``: ``"xla"`` its XLA path,
+  ``jax.lax.ragged_dot`` on GPU/TPU and a tiled form on CPU; ``"pallas"`` the Pallas kernel;
+  ``"auto"`` the op's rule), the rows are scaled by their weight, put back in (token, slot)
+  order by the inverse permutation and summed over the ``k`` slots.
+* ``"reference"``: every expert on every token, combined with the ``[T, E]`` matrix holding
+  the weights of the selected experts and zeros elsewhere (the dense masked dispatch, the
+  reference of the tests; ``E / k`` times the routed FLOPs).
 
 Ties in the scores are broken by ``jax.lax.top_k`` (the lower expert index first), so the
 selection is a deterministic function of the scores and every dispatch sees the same one.
@@ -36,7 +38,6 @@ import jax.numpy as jnp
 from jax import lax
 
 __all__ = [
-    "DISPATCH_METHODS",
     "Routing",
     "dispatch",
     "dispatch_dense",
@@ -46,10 +47,6 @@ __all__ = [
     "router_bias_update",
     "sort_by_expert",
 ]
-
-#: Dispatch paths of a mixture-of-experts layer (module docstring).
-DISPATCH_METHODS = ("ragged", "pallas", "dense")
-
 
 class Routing(NamedTuple):
     """The router's decision for ``T`` tokens.
@@ -68,14 +65,21 @@ class Routing(NamedTuple):
 def route(x, router_kernel, bias, *, top_k: int, normalize: bool = True, scaling: float = 1.0):
     """Sigmoid top-k routing with a selection-only correction bias (module docstring).
 
+    The router runs in ``float32`` (``float64`` for float64 inputs).
+
     Args:
       x: ``[T, d]`` tokens (full model width).
       router_kernel: ``[d, E]``.
       bias: ``[E]`` correction bias, added to the scores for the selection only.
-      top_k: experts per token. normalize: divide the selected scores by their sum.
+      top_k: experts per token.
+      normalize: divide the selected scores by their sum.
       scaling: the routed scaling factor multiplying the weights.
 
-    The router runs in ``float32`` (``float64`` for float64 inputs).
+    Returns:
+      The :class:`Routing` of the tokens.
+
+    References:
+      DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv 2412.19437 (Section 2.1.2).
     """
     dtype = jnp.promote_types(x.dtype, jnp.float32)
     logits = jnp.dot(x.astype(dtype), router_kernel.astype(dtype), precision=lax.Precision.HIGHEST)
@@ -88,15 +92,37 @@ def route(x, router_kernel, bias, *, top_k: int, normalize: bool = True, scaling
 
 
 def expert_counts(experts, num_experts: int):
-    """``float32[E]``: how many (token, slot) pairs each expert received."""
+    """How many (token, slot) pairs each expert received.
+
+    Args:
+      experts: ``int[T, k]`` selected experts (any shape; it is flattened).
+      num_experts: the number of experts ``E``; indices outside ``[0, E)`` are dropped.
+
+    Returns:
+      ``float32[E]`` counts.
+    """
     flat = experts.reshape(-1)
     return jnp.zeros((num_experts,), jnp.float32).at[flat].add(1.0, mode="drop")
 
 
 def router_bias_update(bias, counts, rate):
-    """Aux-loss-free balancing step (arXiv 2412.19437 Section 2.1.2): every expert's bias moves
-    by ``rate`` towards balance, ``b_e + rate * sign(mean(c) - c_e)`` (up when the expert got
-    fewer than the average number of tokens, down when more). A pure function of the loads."""
+    """Aux-loss-free balancing step (arXiv 2412.19437 Section 2.1.2).
+
+    Every expert's bias moves by ``rate`` towards balance, ``b_e + rate * sign(mean(c) - c_e)``
+    (up when the expert got fewer than the average number of tokens, down when more). A pure
+    function of the loads.
+
+    Args:
+      bias: ``[E]`` correction bias.
+      counts: ``[E]`` per-expert counts (:func:`expert_counts`).
+      rate: the step size.
+
+    Returns:
+      The updated bias, ``[E]`` in ``bias``'s dtype.
+
+    References:
+      DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv 2412.19437 (Section 2.1.2).
+    """
     counts = counts.astype(jnp.float32)
     return bias + rate * jnp.sign(jnp.mean(counts) - counts).astype(bias.dtype)
 
@@ -108,7 +134,17 @@ def _experts_dense(z, w1, w2):
 
 
 def dispatch_dense(z, routing: Routing, w1, w2):
-    """Every expert on every token, masked by the selection: ``[T, l]`` (the reference)."""
+    """Every expert on every token, masked by the selection (the reference).
+
+    Args:
+      z: ``[T, l]`` expert inputs.
+      routing: the tokens' :class:`Routing`.
+      w1: ``[E, l, m]`` first expert weights.
+      w2: ``[E, m, l]`` second expert weights.
+
+    Returns:
+      ``[T, l]`` routed output.
+    """
     num_experts = w1.shape[0]
     combine = jnp.zeros((z.shape[0], num_experts), routing.weights.dtype)
     combine = combine.at[jnp.arange(z.shape[0])[:, None], routing.experts].add(routing.weights)
@@ -119,8 +155,13 @@ def dispatch_dense(z, routing: Routing, w1, w2):
 def sort_by_expert(experts, num_experts: int):
     """Sort the flattened ``(token, slot)`` pairs by expert.
 
-    Returns ``(order, inverse, group_sizes)``: ``order [T k]`` (pair indices in expert order,
-    stable), its inverse permutation and ``int32[E]`` pairs per expert.
+    Args:
+      experts: ``int[T, k]`` selected experts.
+      num_experts: the number of experts ``E``.
+
+    Returns:
+      ``(order, inverse, group_sizes)``: ``order [T k]`` (pair indices in expert order,
+      stable), its inverse permutation and ``int32[E]`` pairs per expert.
     """
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)
@@ -130,17 +171,43 @@ def sort_by_expert(experts, num_experts: int):
 
 
 def grouped_experts(rows, group_sizes, w1, w2, *, method: str, config=None):
-    """``relu(rows W1_g)^2 W2_g`` for rows grouped by expert; rows past the sum give zeros."""
+    """``relu(rows W1_g)^2 W2_g`` for rows grouped by expert; rows past the sum give zeros.
+
+    Args:
+      rows: ``[N, l]`` rows sorted by expert.
+      group_sizes: ``int32[E]`` rows per expert.
+      w1: ``[E, l, m]`` first expert weights.
+      w2: ``[E, m, l]`` second expert weights.
+      method: the grouped matmul's method, one of
+        :data:`jaxlib_ext.pallas_kernels.moe.METHODS` (``"xla"``, ``"pallas"``, ``"auto"``;
+        ``"reference"`` its loop over groups).
+      config: the Pallas grouped matmul's ``GMMKernelConfig``, or ``None``.
+
+    Returns:
+      ``[N, l]``.
+    """
     from jaxlib_ext.pallas_kernels.moe import gmm
 
-    gmm_method = "xla" if method == "ragged" else "pallas"
-    h = gmm(rows, w1, group_sizes, method=gmm_method, config=config)
+    h = gmm(rows, w1, group_sizes, method=method, config=config)
     h = jnp.square(jax.nn.relu(h))
-    return gmm(h, w2, group_sizes, method=gmm_method, config=config)
+    return gmm(h, w2, group_sizes, method=method, config=config)
 
 
-def dispatch_sorted(z, routing: Routing, w1, w2, *, method: str = "ragged", config=None):
-    """Dropless sorted dispatch with grouped matmuls (module docstring): ``[T, l]``."""
+def dispatch_sorted(z, routing: Routing, w1, w2, *, method: str = "xla", config=None):
+    """Dropless sorted dispatch with grouped matmuls (module docstring).
+
+    Args:
+      z: ``[T, l]`` expert inputs.
+      routing: the tokens' :class:`Routing`.
+      w1: ``[E, l, m]`` first expert weights.
+      w2: ``[E, m, l]`` second expert weights.
+      method: the grouped matmuls' method, ``"xla"`` (default), ``"pallas"`` or ``"auto"``
+        (:func:`grouped_experts`).
+      config: the Pallas grouped matmul's ``GMMKernelConfig``, or ``None``.
+
+    Returns:
+      ``[T, l]`` routed output.
+    """
     t, k = routing.experts.shape
     order, inverse, sizes = sort_by_expert(routing.experts, w1.shape[0])
     rows = jnp.take(z, order // k, axis=0)
@@ -150,7 +217,20 @@ def dispatch_sorted(z, routing: Routing, w1, w2, *, method: str = "ragged", conf
 
 
 def dispatch(z, routing: Routing, w1, w2, *, method: str, config=None):
-    """The routed expert output ``[T, l]`` by ``method`` in :data:`DISPATCH_METHODS`."""
-    if method == "dense":
+    """The routed expert output by a method of :data:`jaxlib_ext.pallas_kernels.METHODS`.
+
+    Args:
+      z: ``[T, l]`` expert inputs.
+      routing: the tokens' :class:`Routing`.
+      w1: ``[E, l, m]`` first expert weights.
+      w2: ``[E, m, l]`` second expert weights.
+      method: ``"reference"`` (:func:`dispatch_dense`), ``"xla"``, ``"pallas"`` or ``"auto"``
+        (:func:`dispatch_sorted`).
+      config: the Pallas grouped matmul's ``GMMKernelConfig``, or ``None``.
+
+    Returns:
+      ``[T, l]`` routed output.
+    """
+    if method == "reference":
         return dispatch_dense(z, routing, w1, w2)
     return dispatch_sorted(z, routing, w1, w2, method=method, config=config)

@@ -40,8 +40,19 @@ _DATA_AXES = ("data", "fsdp")
 
 
 def check_expert_mesh(mesh, num_experts: int, axis: str = "expert") -> int:
-    """The size of ``axis`` in ``mesh`` (1 when absent); ValueError when it does not divide
-    ``num_experts``."""
+    """The size of the expert axis of a mesh, checked against the number of experts.
+
+    Args:
+      mesh: a ``Mesh`` or ``AbstractMesh``, or ``None``.
+      num_experts: the number of experts.
+      axis: the expert axis's name.
+
+    Returns:
+      The size of ``axis`` in ``mesh`` (1 when absent or without a mesh).
+
+    Raises:
+      ValueError: naming ``mesh``, when the size does not divide ``num_experts``.
+    """
     size = dict(mesh.shape).get(axis, 1) if mesh is not None else 1
     if num_experts % size:
         raise ValueError(
@@ -52,7 +63,16 @@ def check_expert_mesh(mesh, num_experts: int, axis: str = "expert") -> int:
 
 
 def token_axes(mesh, axis: str = "expert") -> tuple[str, ...]:
-    """The mesh axes the tokens are split over: the data-parallel axes present and ``axis``."""
+    """The mesh axes the tokens are split over.
+
+    Args:
+      mesh: a ``Mesh`` or ``AbstractMesh``.
+      axis: the expert axis's name.
+
+    Returns:
+      The names, in order, of the data-parallel axes (``data``, ``fsdp``) and ``axis`` whose
+      size is above 1.
+    """
     shape = dict(mesh.shape)
     return tuple(a for a in (*_DATA_AXES, axis) if shape.get(a, 1) > 1)
 
@@ -86,16 +106,24 @@ def _local(z, experts, weights, w1, w2, *, axis, method, config):
 
 
 def dispatch_expert_parallel(
-    z, routing: Routing, w1, w2, *, mesh, axis: str = "expert", method: str = "ragged",
+    z, routing: Routing, w1, w2, *, mesh, axis: str = "expert", method: str = "xla",
     config=None,
 ):  # fmt: skip
     """The routed expert output ``[T, l]`` with experts sharded over ``mesh``'s ``axis``.
 
     Args:
-      z: ``[T, l]`` latent tokens; routing: the router's decision for them.
-      w1, w2: ``[E, l, m]``, ``[E, m, l]`` expert weights (split over ``axis`` inside).
+      z: ``[T, l]`` latent tokens.
+      routing: the router's decision for them.
+      w1: ``[E, l, m]`` first expert weights (split over ``axis`` inside).
+      w2: ``[E, m, l]`` second expert weights (split over ``axis`` inside).
       mesh: a ``Mesh`` or ``AbstractMesh`` with ``axis``.
-      method: ``"ragged"`` or ``"pallas"`` (the local grouped matmuls).
+      axis: the expert axis's name.
+      method: the local grouped matmuls' method, ``"xla"`` (default), ``"pallas"`` or
+        ``"auto"`` (:func:`~jaxlib_ext.models._moe_dispatch.grouped_experts`).
+      config: the Pallas grouped matmul's ``GMMKernelConfig``, or ``None``.
+
+    Returns:
+      ``[T, l]`` routed output, equal to the unsharded dispatch up to summation order.
 
     Raises:
       ValueError: ``axis`` does not divide the number of experts, or the token axes do not

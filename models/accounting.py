@@ -52,7 +52,15 @@ __all__ = [
 
 
 class Cost(NamedTuple):
-    """Parameters, parameters one token touches, forward FLOPs per token."""
+    """Parameters, parameters one token touches, forward FLOPs per token.
+
+    ``+`` adds componentwise and ``* n`` scales every count (``n`` layers).
+
+    Attributes:
+      params: the parameters the component holds.
+      active_params: the parameters one token touches.
+      flops: the forward FLOPs per token (2 per multiply-add).
+    """
 
     params: int
     active_params: int
@@ -77,12 +85,17 @@ def _dense(params: int) -> Cost:
 
 @dataclasses.dataclass(frozen=True)
 class Accounting:
-    """Per-component costs of a whole model (``components[name]`` summed over its layers)."""
+    """Per-component costs of a whole model.
+
+    Attributes:
+      components: the :class:`Cost` of each named component, summed over its layers.
+    """
 
     components: dict[str, Cost]
 
     @property
     def total(self) -> Cost:
+        """The sum of the components' costs."""
         out = ZERO
         for c in self.components.values():
             out = out + c
@@ -90,14 +103,17 @@ class Accounting:
 
     @property
     def params(self) -> int:
+        """The total parameter count."""
         return self.total.params
 
     @property
     def active_params(self) -> int:
+        """The total parameters one token touches."""
         return self.total.active_params
 
     @property
     def flops_per_token(self) -> int:
+        """The total forward FLOPs per token."""
         return self.total.flops
 
     def table(self) -> str:
@@ -117,8 +133,27 @@ class Accounting:
 def moe_cost(d_model: int, *, num_experts: int, top_k: int, expert_dim: int,
              latent_dim: int | None = None, shared_expert_dim: int | None = None
              ) -> dict[str, Cost]:
-    """Costs of one (Latent)MoE layer: ``routed``, ``latent`` (with ``latent_dim``),
-    ``shared`` (with ``shared_expert_dim``) and ``router`` (module docstring's formulas)."""
+    """Costs of one (Latent)MoE layer (module docstring's formulas).
+
+    Args:
+      d_model: the model width ``d``.
+      num_experts: the routed experts ``N``.
+      top_k: experts per token ``K``, at most ``num_experts``.
+      expert_dim: the hidden width ``m`` of each routed expert.
+      latent_dim: the latent width ``l``; ``None`` means no latent projections (``l = d``).
+      shared_expert_dim: the shared expert's width ``m_s``; ``None`` (or 0) means none.
+
+    Returns:
+      A dict of :class:`Cost`: ``routed``, ``latent`` (with ``latent_dim``), ``shared`` (with
+      ``shared_expert_dim``) and ``router``.
+
+    Raises:
+      ValueError: if ``top_k > num_experts``.
+
+    References:
+      Elango et al., LatentMoE: Toward Optimal Accuracy per FLOP and Parameter in Mixture of
+      Experts, arXiv 2601.18089.
+    """
     if top_k > num_experts:
         raise ValueError(f"moe_cost: top_k {top_k} exceeds num_experts {num_experts}")
     width = latent_dim or d_model
@@ -133,13 +168,32 @@ def moe_cost(d_model: int, *, num_experts: int, top_k: int, expert_dim: int,
 
 
 def swiglu_cost(d_model: int, hidden: int) -> Cost:
-    """SwiGLU: gate, up and down projections."""
+    """SwiGLU: gate, up and down projections.
+
+    Args:
+      d_model: the model width.
+      hidden: the hidden width.
+
+    Returns:
+      The :class:`Cost` of one layer.
+    """
     return _dense(3 * d_model * hidden)
 
 
 def attention_cost(d_model: int, n_heads: int, head_dim: int, *, n_kv_heads: int | None = None,
                    seq_len: int = 0) -> Cost:
-    """Causal attention: projections plus ``4 H D (T + 1) / 2`` for scores and values."""
+    """Causal attention: projections plus ``4 H D (T + 1) / 2`` for scores and values.
+
+    Args:
+      d_model: the model width.
+      n_heads: the query heads ``H``.
+      head_dim: the head width ``D``.
+      n_kv_heads: the key/value heads; ``None`` means ``n_heads``.
+      seq_len: the sequence length ``T`` that sets the mean causal context.
+
+    Returns:
+      The :class:`Cost` of one layer.
+    """
     kv = n_kv_heads or n_heads
     proj = 2 * d_model * n_heads * head_dim + 2 * d_model * kv * head_dim
     scores = 4 * n_heads * head_dim * (seq_len + 1) // 2
@@ -148,8 +202,27 @@ def attention_cost(d_model: int, n_heads: int, head_dim: int, *, n_kv_heads: int
 
 def delta_mixer_cost(kind: str, d_model: int, n_heads: int, head_dim: int, value_dim: int, *,
                      conv_size: int = 4, use_output_correction: bool = True) -> Cost:
-    """An MDN (``kind="mdn"``) or GDN (``"gdn"``) mixer: q/k/v/g/o projections, short convs,
-    the per-head gate projections and vectors, the head norm, and the recurrence."""
+    """An MDN (``kind="mdn"``) or GDN (``"gdn"``) mixer.
+
+    It counts the q/k/v/g/o projections, short convs, the per-head gate projections and
+    vectors, the head norm, and the recurrence (module docstring).
+
+    Args:
+      kind: ``"mdn"`` or ``"gdn"``.
+      d_model: the model width.
+      n_heads: the heads ``H``.
+      head_dim: the key width ``K``.
+      value_dim: the value width ``V``.
+      conv_size: the short convolutions' width.
+      use_output_correction: whether an MDN has its output-correction vector (unused for
+        GDN).
+
+    Returns:
+      The :class:`Cost` of one layer.
+
+    Raises:
+      ValueError: if ``kind`` is neither ``"mdn"`` nor ``"gdn"``.
+    """
     if kind not in ("mdn", "gdn"):
         raise ValueError(f"delta_mixer_cost: kind must be 'mdn' or 'gdn', got {kind!r}")
     h, k, v = n_heads, head_dim, value_dim
@@ -164,10 +237,25 @@ def delta_mixer_cost(kind: str, d_model: int, n_heads: int, head_dim: int, value
 
 def mlstm_cost(d_model: int, n_heads: int, head_dim: int, value_dim: int, *,
                conv_size: int = 4) -> Cost:
-    """An mLSTM mixer (:class:`~jaxlib_ext.models.MLSTMLayer`, arXiv 2405.04517): up, output-gate
-    and down projections, the conv, per-head q/k/v, the gate projections with biases, the head
-    norm and skip, and ``4 K V`` per head for the recurrence (the normaliser's ``O(K)`` is not
-    counted)."""
+    """An mLSTM mixer (:class:`~jaxlib_ext.models.MLSTMLayer`, arXiv 2405.04517).
+
+    It counts the up, output-gate and down projections, the conv, per-head q/k/v, the gate
+    projections with biases, the head norm and skip, and ``4 K V`` per head for the
+    recurrence (the normaliser's ``O(K)`` is not counted).
+
+    Args:
+      d_model: the model width.
+      n_heads: the heads ``H``.
+      head_dim: the key width ``K``.
+      value_dim: the value width ``V``.
+      conv_size: the convolution's width.
+
+    Returns:
+      The :class:`Cost` of one layer.
+
+    References:
+      Beck et al., xLSTM: Extended Long Short-Term Memory, arXiv 2405.04517.
+    """
     h, k, v = n_heads, head_dim, value_dim
     inner = h * v
     matmuls = 3 * d_model * inner + h * v * (2 * k + v) + 2 * d_model * h
@@ -178,9 +266,26 @@ def mlstm_cost(d_model: int, n_heads: int, head_dim: int, value_dim: int, *,
 
 def mamba2_cost(d_model: int, *, n_heads: int, head_dim: int, state_dim: int, n_groups: int,
                 conv_size: int = 4) -> Cost:
-    """A Mamba-2 mixer (``mamba_ssm``'s ``Mamba2``): in_proj to ``z, x, B, C, dt``, the
-    depthwise conv (with bias) over ``x, B, C``, ``dt_bias, A_log, D``, the gated norm,
-    out_proj, and ``6 P N`` per head for the scan."""
+    """A Mamba-2 mixer (``mamba_ssm``'s ``Mamba2``).
+
+    It counts in_proj to ``z, x, B, C, dt``, the depthwise conv (with bias) over ``x, B, C``,
+    ``dt_bias, A_log, D``, the gated norm, out_proj, and ``6 P N`` per head for the scan.
+
+    Args:
+      d_model: the model width.
+      n_heads: the heads.
+      head_dim: the head width ``P``.
+      state_dim: the state size ``N``.
+      n_groups: the groups sharing ``B`` and ``C``.
+      conv_size: the convolution's width.
+
+    Returns:
+      The :class:`Cost` of one layer.
+
+    References:
+      Dao & Gu, Transformers are SSMs: Generalized Models and Efficient Algorithms Through
+      Structured State Space Duality, arXiv 2405.21060.
+    """
     inner = n_heads * head_dim
     conv_ch = inner + 2 * n_groups * state_dim
     in_proj = d_model * (2 * inner + 2 * n_groups * state_dim + n_heads)
@@ -192,9 +297,21 @@ def mamba2_cost(d_model: int, *, n_heads: int, head_dim: int, state_dim: int, n_
 
 
 def lm_cost(cfg, *, seq_len: int | None = None) -> Accounting:
-    """The accounting of a :class:`~jaxlib_ext.models.LMConfig` (any mixer and FFN), its
-    parameter count equal to the built model's. ``seq_len`` (default ``cfg.max_seq_len``) sets
-    attention's mean causal context."""
+    """The accounting of a :class:`~jaxlib_ext.models.LMConfig` (any mixer and FFN).
+
+    Its parameter count equals the built model's.
+
+    Args:
+      cfg: the language model's config.
+      seq_len: the sequence length that sets attention's mean causal context; ``None`` means
+        ``cfg.max_seq_len``.
+
+    Returns:
+      The :class:`Accounting` by component (embedding, mixer, FFN parts, norms, head).
+
+    Raises:
+      TypeError: if ``cfg`` is not an ``LMConfig``.
+    """
     from jaxlib_ext.models.lm import LMConfig
 
     if not isinstance(cfg, LMConfig):
@@ -232,9 +349,30 @@ def lm_cost(cfg, *, seq_len: int | None = None) -> Accounting:
 
 @dataclasses.dataclass(frozen=True)
 class HybridConfig:
-    """A hybrid stack in Nemotron-H's layout: every layer is one pre-normed mixer or FFN
-    (``pattern`` of ``"M"`` Mamba-2, ``"*"`` attention, ``"E"`` (Latent)MoE, ``"-"`` dense MLP).
-    Accounting only."""
+    """A hybrid stack in Nemotron-H's layout, for accounting only.
+
+    Every layer is one pre-normed mixer or FFN.
+
+    Attributes:
+      d_model: the model width.
+      vocab_size: the vocabulary size.
+      pattern: one letter per layer, ``"M"`` Mamba-2, ``"*"`` attention, ``"E"`` (Latent)MoE
+        (Nemotron-H also writes ``"-"`` for a dense MLP, which :func:`hybrid_cost` rejects).
+      mamba_heads: the Mamba-2 heads.
+      mamba_head_dim: the Mamba-2 head width.
+      mamba_state: the Mamba-2 state size.
+      mamba_groups: the Mamba-2 groups.
+      mamba_conv: the Mamba-2 convolution width.
+      n_heads: the attention query heads.
+      n_kv_heads: the attention key/value heads.
+      head_dim: the attention head width.
+      num_experts: the routed experts.
+      top_k: experts per token.
+      expert_dim: the routed experts' width.
+      latent_dim: the latent width, or ``None``.
+      shared_expert_dim: the shared expert's width, or ``None``.
+      tie_embeddings: whether the head is the transposed embedding (no parameters of its own).
+    """
 
     d_model: int
     vocab_size: int
@@ -271,7 +409,21 @@ NEMOTRON_3_SUPER = HybridConfig(
 
 
 def hybrid_cost(cfg: HybridConfig, *, seq_len: int = 4096) -> Accounting:
-    """The accounting of a :class:`HybridConfig` (``seq_len`` sets attention's context)."""
+    """The accounting of a :class:`HybridConfig`.
+
+    Args:
+      cfg: the hybrid stack.
+      seq_len: the sequence length that sets attention's mean causal context.
+
+    Returns:
+      The :class:`Accounting` by component.
+
+    Raises:
+      ValueError: if ``cfg.pattern`` has a letter other than ``M``, ``*`` and ``E``.
+
+    References:
+      Nemotron 3 Super and Ultra (NVIDIA), arXiv 2512.20856.
+    """
     bad = set(cfg.pattern) - set("M*E")
     if bad:
         raise ValueError(f"hybrid_cost: pattern has unknown layer kinds {sorted(bad)}")

@@ -43,13 +43,23 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
 
     Args:
       q: ``[B, T, H, D]`` queries (RoPE applied).
-      k, v: ``[B, S, Hkv, D]`` keys and ``[B, S, Hkv, Dv]`` values, ``H`` a multiple of
-        ``Hkv``: query head ``h`` reads key/value head ``h // (H // Hkv)``.
+      k: ``[B, S, Hkv, D]`` keys, ``H`` a multiple of ``Hkv``: query head ``h`` reads
+        key/value head ``h // (H // Hkv)``.
+      v: ``[B, S, Hkv, Dv]`` values.
       mask: bool ``[T, S]`` or ``[B, T, S]``, True where query ``t`` may read key ``s``.
-      scale: defaults to ``D ** -0.5``.
+      scale: the score scale; ``None`` means ``D ** -0.5``.
 
     Returns:
       ``[B, T, H, Dv]`` in ``v``'s dtype; scores and the softmax in float32.
+
+    Raises:
+      ValueError: if ``H`` is not a multiple of ``Hkv``.
+
+    References:
+      Vaswani et al., Attention Is All You Need, arXiv 1706.03762.
+
+      Ainslie et al., GQA: Training Generalized Multi-Query Transformer Models from
+      Multi-Head Checkpoints, arXiv 2305.13245.
     """
     b, t, h, d = q.shape
     hkv = k.shape[2]
@@ -68,11 +78,17 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float |
     """Causal softmax attention: :func:`attention` with ``Hkv = H`` and a lower-triangular mask.
 
     Args:
-      q, k, v: ``[B, T, H, D]``.
-      scale: defaults to ``D ** -0.5``.
+      q: ``[B, T, H, D]`` queries (RoPE applied).
+      k: ``[B, T, H, D]`` keys.
+      v: ``[B, T, H, Dv]`` values.
+      scale: the score scale; ``None`` means ``D ** -0.5``.
 
     Returns:
-      ``[B, T, H, D]`` in ``v``'s dtype; the softmax is computed in float32.
+      ``[B, T, H, Dv]`` in ``v``'s dtype; the softmax is computed in float32.
+
+    Raises:
+      ValueError: if ``q`` is not 4-D, ``k`` does not have ``q``'s shape, or ``v`` does not
+        share its first three axes.
     """
     if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
         raise ValueError(
@@ -87,10 +103,19 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float |
 class AttentionConfig:
     """The attention token mixer of a language-model block.
 
-    ``n_heads`` query heads of width ``head_dim``; ``n_kv_heads`` key/value heads (``None``:
-    ``n_heads``, multi-head attention; fewer: grouped-query attention, arXiv 2305.13245);
-    RoPE with base ``rope_theta`` and pair layout ``rope_convention``
-    (:data:`~jaxlib_ext.models.layers.ROPE_CONVENTIONS`).
+    Attributes:
+      kind: the registry name, ``"attention"``.
+      n_heads: query heads, a positive int (default 4).
+      head_dim: width ``D`` of each head, a positive even int (RoPE rotates pairs; default 32).
+      n_kv_heads: key/value heads, a positive divisor of ``n_heads``; ``None`` means
+        ``n_heads`` (multi-head attention), fewer is grouped-query attention (arXiv
+        2305.13245).
+      rope_theta: the RoPE base, positive (default 10 000).
+      rope_convention: the RoPE pair layout, one of
+        :data:`~jaxlib_ext.models.layers.ROPE_CONVENTIONS` (default ``"half"``).
+
+    Raises:
+      ValueError: if a field is out of range.
     """
 
     kind: ClassVar[str] = "attention"
@@ -125,8 +150,16 @@ class AttentionConfig:
 
 
 class KVCache(NamedTuple):
-    """Decode cache of one :class:`Attention`: keys (RoPE applied) and values of the first
-    ``length`` tokens in slots ``0 .. length-1`` of fixed buffers ``[B, max_len, Hkv, D]``."""
+    """Decode cache of one :class:`Attention`.
+
+    The keys and values of the first ``length`` tokens lie in slots ``0 .. length-1`` of fixed
+    buffers.
+
+    Attributes:
+      k: ``[B, max_len, Hkv, D]`` keys, RoPE applied.
+      v: ``[B, max_len, Hkv, D]`` values.
+      length: int32 scalar, the number of cached tokens.
+    """
 
     k: jax.Array
     v: jax.Array
@@ -146,6 +179,12 @@ class Attention(nnx.Module):
     ``None``; with a :class:`KVCache` of ``length`` tokens (:meth:`init_cache`), the new tokens
     are positions ``length .. length+T-1``, their keys and values go into those slots, query
     ``t`` reads slots ``0 .. length+t`` and the cache comes back with ``length + T``.
+
+    Args:
+      cfg: the heads, head width and RoPE settings.
+      d_model: the model width ``d``.
+      n_layers: the number of blocks of the model, which sets the scaled init of ``out``.
+      rngs: the parameter initialisation keys.
     """
 
     def __init__(self, cfg: AttentionConfig, *, d_model: int, n_layers: int, rngs: nnx.Rngs):
@@ -163,7 +202,19 @@ class Attention(nnx.Module):
         self.out = lin(cfg.n_heads * d, d_model, ("heads", "embed"), 0.02 / math.sqrt(2 * n_layers))
 
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
-        """An empty :class:`KVCache` for ``batch`` sequences of up to ``max_len`` tokens."""
+        """An empty :class:`KVCache` for ``batch`` sequences of up to ``max_len`` tokens.
+
+        Args:
+          batch: the number of sequences, a positive int.
+          max_len: the number of cache slots, a positive int.
+          dtype: the dtype of the key and value buffers.
+
+        Returns:
+          A :class:`KVCache` of zero buffers ``[batch, max_len, Hkv, D]`` and ``length = 0``.
+
+        Raises:
+          ValueError: if ``batch`` or ``max_len`` is not a positive int.
+        """
         for name, value in (("batch", batch), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"Attention.init_cache: {name} must be a positive int, got "
@@ -173,7 +224,14 @@ class Attention(nnx.Module):
         return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
 
     def q_k_v(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """The projections before RoPE: ``q [B, T, H, D]``, ``k, v [B, T, Hkv, D]``."""
+        """The projections before RoPE.
+
+        Args:
+          x: ``[B, T, d]`` inputs.
+
+        Returns:
+          ``(q, k, v)``: ``q [B, T, H, D]``, ``k, v [B, T, Hkv, D]``.
+        """
         b, t, _ = x.shape
         c = self.cfg
         hq, hkv, d = c.n_heads * c.head_dim, c.kv_heads * c.head_dim, c.head_dim
@@ -184,6 +242,19 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, cache: KVCache | None = None
                  ) -> tuple[jax.Array, KVCache | None]:
+        """Attends causally over the tokens of ``x``, after the cached ones if any.
+
+        Args:
+          x: ``[B, T, d]`` inputs.
+          cache: a :class:`KVCache` of earlier tokens (:meth:`init_cache`), or ``None``.
+
+        Returns:
+          ``(y, cache)``: ``y [B, T, d]`` and the cache with ``length + T`` tokens, or ``None``
+          without one.
+
+        Raises:
+          ValueError: if ``cache`` is neither ``None`` nor a :class:`KVCache`.
+        """
         if cache is not None and not isinstance(cache, KVCache):
             raise ValueError(f"Attention: cache must be a KVCache (init_cache) or None, got "
                              f"{type(cache).__name__}")
@@ -210,7 +281,23 @@ class Attention(nnx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """A size of the Transformer baseline (the ``attention + swiglu`` language model)."""
+    """A size of the Transformer baseline (the ``attention + swiglu`` language model).
+
+    Attributes:
+      vocab_size: the vocabulary size (default 256).
+      d_model: the model width (default 128).
+      n_layers: the number of blocks (default 2).
+      n_heads: the attention heads (default 4).
+      head_dim: the width of each head, even (RoPE; default 32).
+      mlp_hidden: the SwiGLU hidden width; ``None`` means the LLaMA width for ``d_model``
+        (:func:`~jaxlib_ext.models.layers.swiglu_hidden_size`, a multiple of 32).
+      max_seq_len: the longest sequence (default 256).
+      rope_theta: the RoPE base (default 10 000).
+      norm_eps: the RMSNorm epsilon (default 1e-6).
+
+    Raises:
+      ValueError: if a size is not positive or ``head_dim`` is odd.
+    """
 
     vocab_size: int = 256
     d_model: int = 128
@@ -232,6 +319,7 @@ class TransformerConfig:
 
     @property
     def hidden(self) -> int:
+        """The SwiGLU hidden width: ``mlp_hidden``, or the LLaMA width for ``d_model``."""
         return self.mlp_hidden or swiglu_hidden_size(self.d_model, multiple_of=32)
 
 

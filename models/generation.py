@@ -27,12 +27,26 @@ def _sample(logits, key, temperature):
 
 def generate(model: LanguageModel, prompt, max_new_tokens: int, *, key: jax.Array | None = None,
              temperature: float = 1.0) -> np.ndarray:
-    """Continues ``prompt`` (token ids ``[T]`` or ``[B, T]``) by ``max_new_tokens`` tokens with
-    the model's decode cache: greedy when ``key`` is None, else sampled at ``temperature``.
+    """Continues ``prompt`` by ``max_new_tokens`` tokens with the model's decode cache.
 
     The prompt is consumed in one cached call (prefill), then one token per step inside one
-    compiled ``lax.scan``. Returns the new ids ``int32[B, max_new_tokens]`` (``[N]`` for a 1-D
-    prompt).
+    compiled ``lax.scan``.
+
+    Args:
+      model: a language model whose mixers keep a decode cache.
+      prompt: non-empty integer token ids ``[T]`` or ``[B, T]`` (array-like).
+      max_new_tokens: the number ``N`` of tokens to generate, a positive int;
+        ``T + N <= model.max_seq_len``.
+      key: a PRNG key for sampling; ``None`` means greedy decoding.
+      temperature: the sampling temperature, positive; unused when ``key`` is ``None``.
+
+    Returns:
+      The new ids, a NumPy ``int32[B, N]`` (``[N]`` for a 1-D prompt).
+
+    Raises:
+      ValueError: if ``prompt`` is empty, not integer or not 1-D/2-D, ``max_new_tokens`` is
+        not a positive int, ``temperature`` is not positive while sampling, or
+        ``T + N > model.max_seq_len``.
     """
     ids = np.asarray(prompt)
     if ids.ndim not in (1, 2) or ids.shape[-1] == 0 or not np.issubdtype(ids.dtype, np.integer):
@@ -76,8 +90,25 @@ def _generate(graphdef, state, prompt, n_new, key, temperature, max_len):
 def generate_text(model: LanguageModel, tokenizer, prompt: str, max_new_tokens: int, *,
                   key: jax.Array | None = None, temperature: float = 1.0,
                   stop_at_eos: bool = True) -> str:
-    """The decoded continuation of the string ``prompt`` (:func:`generate`), cut at the first
-    end-of-sequence token when ``stop_at_eos``."""
+    """The decoded continuation of the string ``prompt`` (:func:`generate`).
+
+    Args:
+      model: a language model whose mixers keep a decode cache.
+      tokenizer: an object with ``encode(str) -> ids`` and ``decode(ids) -> str``, and an
+        optional ``eos_id``.
+      prompt: the text to continue.
+      max_new_tokens: the number of tokens to generate, a positive int.
+      key: a PRNG key for sampling; ``None`` means greedy decoding.
+      temperature: the sampling temperature, positive.
+      stop_at_eos: whether to cut the continuation at the first ``tokenizer.eos_id``.
+
+    Returns:
+      The decoded new tokens, a str.
+
+    Raises:
+      TypeError: if ``prompt`` is not a str.
+      ValueError: as :func:`generate`.
+    """
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
     ids = tokenizer.encode(prompt)

@@ -25,6 +25,13 @@ class GGUFTokenizer:
     str`` (special tokens skipped unless ``skip_special=False``); ``vocab_size``, ``bos_id``,
     ``eos_id``; ``tokenizer`` is the underlying ``tokenizers.Tokenizer``. Same interface as
     :class:`jaxlib_ext.core.data.ByteTokenizer`, so corpora tokenise with either.
+
+    Args:
+      tokenizer: the underlying ``tokenizers.Tokenizer``.
+      vocab_size: the number of token ids.
+      bos_id: the beginning-of-sequence id, or ``None``.
+      eos_id: the end-of-sequence id, or ``None``.
+      add_bos: whether :meth:`encode` puts ``bos_id`` first.
     """
 
     def __init__(self, tokenizer, *, vocab_size: int, bos_id: int | None, eos_id: int | None,
@@ -34,12 +41,22 @@ class GGUFTokenizer:
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
 
     def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text``, ``int32[N]`` (``bos_id`` first when ``add_bos``)."""
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return np.asarray(ids, np.int32)
 
     def decode(self, ids, *, skip_special: bool = True) -> str:
+        """The text of token ``ids`` (any shape, flattened).
+
+        Args:
+          ids: integer token ids.
+          skip_special: whether to leave out special tokens.
+
+        Returns:
+          The decoded str.
+        """
         return self.tokenizer.decode([int(i) for i in np.asarray(ids).ravel()],
                                      skip_special_tokens=skip_special)
 
@@ -60,6 +77,19 @@ _GPT2_PRE = ("gpt2", "default", "gpt-2")
 
 
 def field(reader, name, default=Any):
+    """The value of a metadata key of an open ``gguf.GGUFReader``.
+
+    Args:
+      reader: the open ``gguf.GGUFReader``.
+      name: the metadata key, e.g. ``"general.architecture"``.
+      default: returned when the key is absent; without it an absent key raises.
+
+    Returns:
+      The key's contents.
+
+    Raises:
+      ValueError: if the key is absent and no ``default`` is given.
+    """
     field = reader.fields.get(name)
     if field is None:
         if default is Any:
@@ -69,10 +99,22 @@ def field(reader, name, default=Any):
 
 
 def gguf_tokenizer(reader) -> GGUFTokenizer:
-    """The :class:`GGUFTokenizer` of an open ``gguf.GGUFReader``: BPE vocabulary and merges
-    (``tokenizer.ggml.tokens``, ``.merges``), the byte-level pre-tokeniser chosen by
-    ``tokenizer.ggml.pre``, control and user-defined tokens (``token_type`` 3, 4) as special
-    tokens. Only byte-level BPE (``tokenizer.ggml.model == "gpt2"``) is supported."""
+    """The :class:`GGUFTokenizer` of an open ``gguf.GGUFReader``.
+
+    It has the BPE vocabulary and merges (``tokenizer.ggml.tokens``, ``.merges``), the
+    byte-level pre-tokeniser chosen by ``tokenizer.ggml.pre``, and control and user-defined
+    tokens (``token_type`` 3, 4) as special tokens. Only byte-level BPE
+    (``tokenizer.ggml.model == "gpt2"``) is supported.
+
+    Args:
+      reader: the open ``gguf.GGUFReader``.
+
+    Returns:
+      The :class:`GGUFTokenizer`.
+
+    Raises:
+      ValueError: for another tokenizer model, an unknown pre-tokeniser or a missing key.
+    """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     kind = field(reader, "tokenizer.ggml.model")
@@ -110,11 +152,30 @@ def gguf_tokenizer(reader) -> GGUFTokenizer:
 
 
 def f32_value(value) -> float:
-    """The shortest decimal of a float32 metadata value (``1e-05``, not ``9.9999997e-06``)."""
+    """The shortest decimal of a float32 metadata value (``1e-05``, not ``9.9999997e-06``).
+
+    Args:
+      value: a float32 metadata value.
+
+    Returns:
+      The Python float of its shortest decimal.
+    """
     return float(str(np.float32(value)))
 
 
 def open_gguf(path):
+    """Opens a GGUF file for reading.
+
+    Args:
+      path: the file's path.
+
+    Returns:
+      A ``gguf.GGUFReader``.
+
+    Raises:
+      FileNotFoundError: if the file does not exist.
+      ValueError: if it is not a valid GGUF file.
+    """
     import gguf
 
     path = pathlib.Path(path)
@@ -127,7 +188,17 @@ def open_gguf(path):
 
 
 def read_tensors(reader) -> dict[str, np.ndarray]:
-    """Every tensor as float32 in row-major ``[rows, cols]`` (``[out, in]`` for weights)."""
+    """Every tensor as float32 in row-major ``[rows, cols]`` (``[out, in]`` for weights).
+
+    Args:
+      reader: the open ``gguf.GGUFReader``.
+
+    Returns:
+      A dict from tensor names to dequantised NumPy float32 arrays.
+
+    Raises:
+      ValueError: for a tensor type that ``gguf.quants.dequantize`` does not support.
+    """
     import gguf
 
     out = {}

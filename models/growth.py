@@ -57,15 +57,34 @@ __all__ = [
 
 
 def interposition_order(n_layers: int) -> list[int]:
-    """Parent block of each grown block under interposition: ``[0, 0, 1, 1, ...]`` (layer ``i``
-    at ``2i`` and ``2i + 1``)."""
+    """Parent block of each grown block under interposition (arXiv 2510.08008).
+
+    Args:
+      n_layers: the parent's blocks, a positive int.
+
+    Returns:
+      ``[0, 0, 1, 1, ...]`` of length ``2 n_layers`` (layer ``i`` at ``2i`` and ``2i + 1``).
+
+    Raises:
+      ValueError: if ``n_layers`` is not a positive int.
+    """
     if not isinstance(n_layers, int) or n_layers <= 0:
         raise ValueError(f"interposition_order: n_layers must be a positive int, got {n_layers!r}")
     return [j // 2 for j in range(2 * n_layers)]
 
 
 def stacking_order(n_layers: int) -> list[int]:
-    """Parent block of each grown block under stacking: ``[0, ..., n-1, 0, ..., n-1]``."""
+    """Parent block of each grown block under stacking, the paper's contrast.
+
+    Args:
+      n_layers: the parent's blocks ``n``, a positive int.
+
+    Returns:
+      ``[0, ..., n-1, 0, ..., n-1]``.
+
+    Raises:
+      ValueError: if ``n_layers`` is not a positive int.
+    """
     if not isinstance(n_layers, int) or n_layers <= 0:
         raise ValueError(f"stacking_order: n_layers must be a positive int, got {n_layers!r}")
     return list(range(n_layers)) * 2
@@ -73,8 +92,21 @@ def stacking_order(n_layers: int) -> list[int]:
 
 def grow_config(cfg: LMConfig, *, depth: bool = True, width: bool = True,
                 double_top_k: bool = True) -> LMConfig:
-    """The grown model's config: ``2 n_layers`` (depth), ``2 num_experts`` and, with
-    ``double_top_k``, ``2 top_k`` (width; only for a mixture-of-experts FFN)."""
+    """The grown model's config.
+
+    Args:
+      cfg: the parent's :class:`LMConfig`.
+      depth: whether to double ``n_layers``.
+      width: whether to double ``num_experts`` (only for a mixture-of-experts FFN).
+      double_top_k: with ``width``, whether to double ``top_k`` too.
+
+    Returns:
+      The grown :class:`LMConfig`.
+
+    Raises:
+      TypeError: if ``cfg`` is not an :class:`LMConfig`.
+      ValueError: if ``width`` is asked of a model without a mixture-of-experts FFN.
+    """
     if not isinstance(cfg, LMConfig):
         raise TypeError(f"grow_config: cfg must be an LMConfig, got {type(cfg).__name__}")
     if width and not cfg.is_moe:
@@ -131,12 +163,29 @@ def grow_state(cfg: LMConfig, params: nnx.State, model_state: nnx.State | None =
 
     Args:
       cfg: the parent's :class:`LMConfig`.
-      params, model_state: the parent's ``nnx.Param`` and ``nnx.BatchStat`` states (the latter
-        ``None`` when it has none).
-      depth, width, double_top_k: which growths (see the module docstring).
-      noise_scale: the copies' noise, relative to each expert matrix's standard deviation.
+      params: the parent's ``nnx.Param`` state.
+      model_state: the parent's ``nnx.BatchStat`` state, ``None`` when it has none.
+      depth: whether to grow the depth by interposition (module docstring).
+      width: whether to grow the width by expert duplication (module docstring).
+      noise_scale: the copies' noise, relative to each expert matrix's standard deviation,
+        ``>= 0``.
+      double_top_k: with ``width``, whether to double ``top_k`` too.
       key: PRNG key of the noise (required when ``width`` and ``noise_scale > 0``).
-      order: parent block of each grown block (default :func:`interposition_order`).
+      order: parent block of each grown block (default :func:`interposition_order`, or the
+        identity without ``depth``).
+
+    Returns:
+      ``(config, params, model_state)`` of the grown model (``model_state`` ``None`` when the
+      parent has none).
+
+    Raises:
+      ValueError: if ``noise_scale < 0``, ``key`` is missing for noise, ``order`` does not
+        give a parent block for each grown block, a grown leaf has the wrong shape, or as
+        :func:`grow_config`.
+
+    References:
+      Wang et al., Recycling Pretrained Checkpoints: Orthogonal Growth of Mixture-of-Experts
+      for Efficient Large Language Model Pre-Training, arXiv 2510.08008.
     """
     new_cfg = grow_config(cfg, depth=depth, width=width, double_top_k=double_top_k)
     if noise_scale < 0:
@@ -170,8 +219,19 @@ def grow_state(cfg: LMConfig, params: nnx.State, model_state: nnx.State | None =
 
 
 def grow_model(model: LanguageModel, **options) -> LanguageModel:
-    """A grown copy of a :class:`LanguageModel` built from an :class:`LMConfig`; ``options``
-    are those of :func:`grow_state`."""
+    """A grown copy of a :class:`LanguageModel` built from an :class:`LMConfig`.
+
+    Args:
+      model: the parent model (of :func:`~jaxlib_ext.models.build_lm`).
+      **options: the keyword arguments of :func:`grow_state`.
+
+    Returns:
+      The grown :class:`LanguageModel`; the parent is not changed.
+
+    Raises:
+      TypeError: if ``model.cfg`` is not an :class:`LMConfig`.
+      ValueError: as :func:`grow_state`.
+    """
     if not isinstance(getattr(model, "cfg", None), LMConfig):
         raise TypeError("grow_model: model must be a LanguageModel of an LMConfig (build_lm)")
     _, params, state, _ = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
@@ -204,9 +264,22 @@ def _fill(abstract: nnx.State, raw) -> nnx.State:
 
 
 def read_checkpoint(directory, step: int | None = None):
-    """``(cfg, params, model_state, meta)`` of a training checkpoint (default: the newest in
-    ``directory``): the composed :class:`LMConfig` recorded in its metadata and the
-    parameters and ``nnx.BatchStat`` state (``None`` if none) as ``nnx.State``s."""
+    """Reads a training checkpoint of a composable language model.
+
+    Args:
+      directory: the run's checkpoint folder.
+      step: the step to read; ``None`` means the newest.
+
+    Returns:
+      ``(cfg, params, model_state, meta)``: the composed :class:`LMConfig` recorded in its
+      metadata, the parameters and ``nnx.BatchStat`` state (``None`` if none) as
+      ``nnx.State``s, and the metadata dict.
+
+    Raises:
+      FileNotFoundError: if ``directory`` is not a folder or holds no checkpoint.
+      ValueError: if the checkpoint records no composed model config, or a leaf's shape
+        differs from the recorded model's.
+    """
     import orbax.checkpoint as ocp
 
     directory = pathlib.Path(directory).absolute()
@@ -235,8 +308,21 @@ def read_checkpoint(directory, step: int | None = None):
 
 
 def load_model(directory, step: int | None = None, *, seed: int = 0):
-    """``(model, cfg)``: the :class:`LanguageModel` of a checkpoint (see
-    :func:`read_checkpoint`) with its parameters and state."""
+    """The :class:`LanguageModel` of a checkpoint with its parameters and state.
+
+    Args:
+      directory: the run's checkpoint folder.
+      step: the step to read; ``None`` means the newest.
+      seed: the seed of the ``nnx.Rngs`` the model is built with, before the checkpoint's
+        parameters and state replace the initial ones.
+
+    Returns:
+      ``(model, cfg)``.
+
+    Raises:
+      FileNotFoundError: as :func:`read_checkpoint`.
+      ValueError: as :func:`read_checkpoint`.
+    """
     cfg, params, state, _ = read_checkpoint(directory, step)
     model = build_lm(cfg, rngs=nnx.Rngs(seed))
     nnx.update(model, params, *(() if state is None else (state,)))
@@ -246,9 +332,28 @@ def load_model(directory, step: int | None = None, *, seed: int = 0):
 def grow_checkpoint(src, dst, *, step: int | None = None, depth: bool = True,
                     width: bool = True, noise_scale: float = 0.01, double_top_k: bool = True,
                     seed: int = 0) -> LMConfig:
-    """Grows the checkpoint at ``step`` (default: newest) in ``src`` and writes it to ``dst``
-    as step 0 with the grown config recorded; returns that config. A new run starts from it
-    with ``python -m jaxlib_ext train --init-from dst``."""
+    """Grows a checkpoint and writes it as step 0 of a new folder, with the grown config.
+
+    A new run starts from it with ``python -m jaxlib_ext train --init-from dst``.
+
+    Args:
+      src: the parent run's checkpoint folder.
+      dst: the folder to write, which must hold no checkpoint.
+      step: the step to grow; ``None`` means the newest.
+      depth: whether to grow the depth (:func:`grow_state`).
+      width: whether to grow the width (:func:`grow_state`).
+      noise_scale: the copies' relative noise (:func:`grow_state`).
+      double_top_k: whether to double ``top_k`` with the width.
+      seed: the seed of the noise key and of the written state's PRNG key.
+
+    Returns:
+      The grown :class:`LMConfig`.
+
+    Raises:
+      FileNotFoundError: as :func:`read_checkpoint`.
+      ValueError: if ``dst`` already holds checkpoints, or as :func:`read_checkpoint` and
+        :func:`grow_state`.
+    """
     from jaxlib_ext.core.checkpoint import Checkpointer
     from jaxlib_ext.core.train import TrainState
 

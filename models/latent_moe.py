@@ -19,7 +19,7 @@ and in which dtype it runs)::
 
     LatentMoE(d_model, LatentMoEConfig(num_experts=8, top_k=2, expert_dim=128, latent_dim=None,
               shared_expert_dim=None, routed_scaling=1.0, normalize_weights=True,
-              bias_update_rate=1e-3, method="ragged"),
+              bias_update_rate=1e-3, method="xla"),
               *, gmm_config=None, mesh=None, dtype=None, param_dtype=jnp.float32, rngs)
 
 Call (``forward`` is the FFN protocol of a language-model block, ``train`` the bias update)::
@@ -45,12 +45,14 @@ parameter: it gets no gradient) changes only which experts are selected. With
 and ``bias_update_rate`` (a training step does; evaluation does not). The output of that call
 uses the bias from before the update.
 
-Dispatch (``method``, arXiv 2601.18089 Section 3 and the sorted grouped-matmul scheme of
-MaxText's ``RoutedMoE``): ``"ragged"`` (dropless, sorted by expert, grouped matmuls by
-``moe.gmm``'s XLA path: ``jax.lax.ragged_dot`` on GPU/TPU, its tiled form on CPU),
-``"pallas"`` (the same with the Pallas grouped-matmul kernel of
-:mod:`jaxlib_ext.pallas_kernels.moe`, configured by ``gmm_config``; interpreted on CPU),
-``"dense"`` (every expert on every token, masked: the reference). See :mod:`_moe_dispatch`.
+Dispatch (``method``, one of :data:`jaxlib_ext.pallas_kernels.METHODS`; arXiv 2601.18089
+Section 3 and the sorted grouped-matmul scheme of MaxText's ``RoutedMoE``): ``"xla"`` (the
+default: dropless, sorted by expert, grouped matmuls by ``moe.gmm``'s XLA path:
+``jax.lax.ragged_dot`` on GPU/TPU, its tiled form on CPU), ``"pallas"`` (the same with the
+Pallas grouped-matmul kernel of :mod:`jaxlib_ext.pallas_kernels.moe`, configured by
+``gmm_config``; interpreted on CPU), ``"auto"`` (the same with ``moe.gmm``'s ``"auto"``: the
+kernel on a GPU, else XLA), ``"reference"`` (every expert on every token, masked: the dense
+reference). See :mod:`_moe_dispatch`.
 
 Expert parallelism: under a mesh with an ``expert`` axis of size ``P > 1`` (the ``mesh``
 argument, or the mesh set by ``jax.set_mesh``), the experts are split over that axis and the
@@ -77,7 +79,6 @@ import jax.numpy as jnp
 from flax import errors, nnx
 
 from jaxlib_ext.models._moe_dispatch import (
-    DISPATCH_METHODS,
     Routing,
     dispatch,
     expert_counts,
@@ -86,9 +87,9 @@ from jaxlib_ext.models._moe_dispatch import (
 )
 from jaxlib_ext.models._moe_expert_parallel import check_expert_mesh, dispatch_expert_parallel
 from jaxlib_ext.models.layers import dense_init
+from jaxlib_ext.pallas_kernels import METHODS
 
 __all__ = [
-    "DISPATCH_METHODS",
     "ExpertLoad",
     "LatentMoE",
     "LatentMoEConfig",
@@ -103,16 +104,27 @@ EXPERT_AXIS = "expert"
 
 
 class RouterBias(nnx.BatchStat):
-    """The router's selection-only correction bias ``[E]`` (updated by balancing, no gradient)."""
+    """The router's selection-only correction bias ``float32[E]``.
+
+    Balancing updates it (:func:`router_bias_update`); it gets no gradient.
+    """
 
 
 class ExpertLoad(nnx.BatchStat):
-    """Per-expert (token, slot) counts ``[E]`` of the last call."""
+    """Per-expert (token, slot) counts ``float32[E]`` of the last call."""
 
 
 def load_metrics(counts) -> dict[str, jax.Array]:
-    """Scalar load statistics of per-expert counts, 1 meaning perfect balance (module
-    docstring): ``moe_load_max``, ``moe_load_min``, ``moe_load_cv``."""
+    """Scalar load statistics of per-expert counts, 1 meaning perfect balance.
+
+    Args:
+      counts: ``[E]`` per-expert (token, slot) counts.
+
+    Returns:
+      A dict of float32 scalars: ``moe_load_max`` and ``moe_load_min`` (the most and least
+      loaded expert's count over the mean count) and ``moe_load_cv`` (the coefficient of
+      variation of the counts).
+    """
     counts = counts.astype(jnp.float32)
     mean = jnp.maximum(jnp.mean(counts), 1e-20)
     return {
@@ -132,18 +144,27 @@ class LatentMoEConfig:
     """Sizes and rules of a :class:`LatentMoE` layer (module docstring).
 
     Attributes:
-      num_experts: routed experts ``E``.
-      top_k: experts per token ``k`` (``<= num_experts``).
-      expert_dim: hidden width ``m`` of each routed expert.
-      latent_dim: latent width ``l`` or ``None`` (the standard mixture of experts, ``l = d``).
-      shared_expert_dim: hidden width ``m_s`` of the full-width shared expert, ``None``: none.
-      routed_scaling: factor on the routing weights (Nemotron 3 Super: 5.0).
-      normalize_weights: divide the selected scores by their sum before scaling.
-      bias_update_rate: step of the balancing update (``update_bias=True`` calls; 0: none).
-      method: dispatch, one of :data:`DISPATCH_METHODS`.
+      num_experts: routed experts ``E``, a positive int (default 8).
+      top_k: experts per token ``k``, a positive int ``<= num_experts`` (default 2).
+      expert_dim: hidden width ``m`` of each routed expert, a positive int (default 128).
+      latent_dim: latent width ``l``, a positive int, or ``None`` (the standard mixture of
+        experts, ``l = d``).
+      shared_expert_dim: hidden width ``m_s`` of the full-width shared expert, a positive int;
+        ``None``: none.
+      routed_scaling: factor on the routing weights (default 1.0; Nemotron 3 Super: 5.0).
+      normalize_weights: divide the selected scores by their sum before scaling (default
+        True).
+      bias_update_rate: step of the balancing update (``update_bias=True`` calls; 0: none;
+        default 1e-3).
+      method: dispatch, one of :data:`jaxlib_ext.pallas_kernels.METHODS`,
+        ``"auto" | "reference" | "xla" | "pallas"`` (default ``"xla"``; module docstring).
 
     :attr:`kind` is the FFN's name in the composable LM: ``"latent_moe"``, or ``"moe"`` when
     ``latent_dim`` is ``None``.
+
+    Raises:
+      ValueError: if a size is not a positive int, ``top_k > num_experts``, or ``method`` is
+        unknown.
     """
 
     num_experts: int = 8
@@ -154,7 +175,7 @@ class LatentMoEConfig:
     routed_scaling: float = 1.0
     normalize_weights: bool = True
     bias_update_rate: float = 1e-3
-    method: str = "ragged"
+    method: str = "xla"
 
     def __post_init__(self):
         for name in ("num_experts", "top_k", "expert_dim"):
@@ -165,12 +186,13 @@ class LatentMoEConfig:
         for name in ("latent_dim", "shared_expert_dim"):
             if getattr(self, name) is not None:
                 _positive_int(f"LatentMoEConfig.{name}", getattr(self, name))
-        if self.method not in DISPATCH_METHODS:
-            raise ValueError(f"LatentMoEConfig.method must be one of {DISPATCH_METHODS}, got "
+        if self.method not in METHODS:
+            raise ValueError(f"LatentMoEConfig.method must be one of {METHODS}, got "
                              f"{self.method!r}")
 
     @property
     def kind(self) -> str:
+        """The FFN's registry name: ``"moe"`` without a latent width, else ``"latent_moe"``."""
         return "moe" if self.latent_dim is None else "latent_moe"
 
 
@@ -180,15 +202,25 @@ class LatentMoE(nnx.Module):
     Args:
       d_model: model width ``d``.
       config: a :class:`LatentMoEConfig` (sizes, routing and balancing rules, dispatch).
-      gmm_config: ``GMMKernelConfig`` of the Pallas grouped matmul (``method="pallas"``).
+      gmm_config: ``GMMKernelConfig`` of the Pallas grouped matmul (``method="pallas"``);
+        ``None``: the kernel's default.
       mesh: mesh for expert parallelism (else the one set by ``jax.set_mesh``, if any).
-      dtype: compute dtype (``None``: the input's). param_dtype: parameter dtype.
+      dtype: compute dtype (``None``: the input's).
+      param_dtype: parameter dtype (default float32).
       rngs: ``nnx.Rngs`` with a ``params`` stream.
 
     Raises:
+      TypeError: if ``config`` is not a :class:`LatentMoEConfig`.
       ValueError: a non-positive ``d_model``, ``config.latent_dim > d_model``, or a ``mesh``
         whose ``expert`` axis does not divide ``config.num_experts`` (the config checks the
         rest).
+
+    References:
+      Elango et al., LatentMoE: Toward Optimal Accuracy per FLOP and Parameter in Mixture of
+      Experts, arXiv 2601.18089.
+
+      DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv 2412.19437 (Section 2.1.2, the
+      aux-loss-free balancing).
     """
 
     def __init__(
@@ -249,7 +281,14 @@ class LatentMoE(nnx.Module):
     # ------------------------------------------------------------------------------ parts
 
     def routing(self, x) -> Routing:
-        """The router's decision for tokens ``x [T, d]``."""
+        """The router's decision for a flat batch of tokens.
+
+        Args:
+          x: ``[T, d]`` tokens.
+
+        Returns:
+          The :class:`Routing` (selected experts and their weights) of each token.
+        """
         return route(
             x, self.router[...], self.router_bias[...], top_k=self.top_k,
             normalize=self.normalize_weights, scaling=self.routed_scaling,
@@ -263,6 +302,23 @@ class LatentMoE(nnx.Module):
         return mesh
 
     def __call__(self, x, *, update_bias: bool = False):
+        """Routes each token to its experts and combines their outputs.
+
+        Every call stores this call's per-expert counts in ``expert_load``.
+
+        Args:
+          x: ``[..., d_model]`` floating inputs (e.g. ``[B, T, d]``).
+          update_bias: whether to apply :func:`router_bias_update` to ``router_bias`` with
+            this call's counts; the output uses the bias from before the update.
+
+        Returns:
+          ``(y, metrics)``: ``y`` of ``x``'s shape and dtype, and :func:`load_metrics` of
+          this call's counts.
+
+        Raises:
+          ValueError: if ``x`` is not a floating ``[..., d_model]`` array, or
+            ``method="reference"`` is asked of an expert-parallel mesh.
+        """
         if not hasattr(x, "shape") or x.ndim < 1 or x.shape[-1] != self.d_model:
             shape = getattr(x, "shape", type(x).__name__)
             raise ValueError(f"x must have shape [..., d_model={self.d_model}], got {shape}")
@@ -284,8 +340,8 @@ class LatentMoE(nnx.Module):
                 config=self.gmm_config,
             )  # fmt: skip
         else:
-            if self.method == "dense":
-                raise ValueError("method 'dense' has no expert-parallel form; use 'ragged'")
+            if self.method == "reference":
+                raise ValueError("method 'reference' has no expert-parallel form; use 'xla'")
             y = dispatch_expert_parallel(
                 z, routing, cast(self.w1), cast(self.w2), mesh=mesh, axis=EXPERT_AXIS,
                 method=self.method, config=self.gmm_config,
@@ -309,6 +365,13 @@ class LatentMoE(nnx.Module):
         return y.astype(x.dtype).reshape(*lead, self.d_model), load_metrics(counts)
 
     def forward(self, x, *, train: bool = False):
-        """The FFN protocol of a language-model block: ``(y, metrics)``; ``train`` updates the
-        correction bias."""
+        """The FFN protocol of a language-model block.
+
+        Args:
+          x: ``[..., d_model]`` floating inputs.
+          train: whether to update the correction bias (``update_bias`` of ``__call__``).
+
+        Returns:
+          ``(y, metrics)`` as ``__call__``.
+        """
         return self(x, update_bias=train)

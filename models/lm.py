@@ -35,6 +35,7 @@ from flax import nnx
 
 from jaxlib_ext.models._backbone import Block, LanguageModel
 from jaxlib_ext.models._delta_mixer import DELTANET_PRESETS
+from jaxlib_ext.models._saved_methods import read_saved_methods
 from jaxlib_ext.models.attention import TRANSFORMER_PRESETS, AttentionConfig, TransformerConfig
 from jaxlib_ext.models.layers import SwiGLUConfig
 from jaxlib_ext.models.registry import (
@@ -109,9 +110,10 @@ def _route(mixer: str, ffn: str, values: Mapping, *, strict: bool):
     return backbone, m, f
 
 
-def _part_config(cls, fields: Mapping):
+def _part_config(cls, fields: Mapping, flat_names: Mapping[str, str] | None = None):
     """``cls(**fields)`` whose errors name the flat ``LMConfig`` fields (the names that
-    :meth:`LMConfig.from_flat` and ``--arch`` take) rather than the part's class."""
+    :meth:`LMConfig.from_flat` and ``--arch`` take, ``flat_names`` mapping a part's field to
+    its flat name) rather than the part's class."""
     for name in ("n_heads", "head_dim"):  # every mixer's sizes, named as flat fields
         value = fields.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -119,7 +121,10 @@ def _part_config(cls, fields: Mapping):
     try:
         return cls(**fields)
     except ValueError as e:
-        raise ValueError(str(e).replace(f"{cls.__name__}.", "LMConfig.")) from e
+        message = str(e)
+        for field, flat in (flat_names or {}).items():
+            message = message.replace(f"{cls.__name__}.{field} ", f"{cls.__name__}.{flat} ")
+        raise ValueError(message.replace(f"{cls.__name__}.", "LMConfig.")) from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +132,13 @@ class LMConfig:
     """A composed language model: backbone sizes, the token mixer's and the FFN's configs.
 
     Attributes:
-      vocab_size, d_model, n_layers, max_seq_len, norm_eps: the backbone.
+      vocab_size: the vocabulary size, a positive int (default 256).
+      d_model: the model width, a positive int (default 128).
+      n_layers: the number of blocks, a positive int (default 2).
+      max_seq_len: the longest sequence, a positive int (default 256).
+      norm_eps: the RMSNorm epsilon, positive (default 1e-6).
       tie_embeddings: the output head is the transposed embedding (Llama presets) instead of
-        its own ``[d_model, vocab]`` matrix.
+        its own ``[d_model, vocab]`` matrix (default False).
       mixer: the mixer's config, a ``config`` class of :data:`~jaxlib_ext.models.registry.
         MIXER_REGISTRY` (its ``kind`` is the mixer's name).
       ffn: the FFN's config, a ``config`` class of :data:`~jaxlib_ext.models.registry.
@@ -139,6 +148,11 @@ class LMConfig:
     ``cfg.ffn.num_experts``); :meth:`replace` takes flat keys. :meth:`to_dict` is JSON-ready
     (each part a dict with its ``kind``); :meth:`from_dict` reads it back, and the flat records
     of the one-level config as well.
+
+    Raises:
+      ValueError: if a part is not the config of a registered mixer or FFN, a backbone field
+        is out of range, ``ffn.latent_dim > d_model``, or the mixer's layer rejects its config
+        at this width.
     """
 
     vocab_size: int = 256
@@ -188,14 +202,17 @@ class LMConfig:
 
     @property
     def mixer_name(self) -> str:
+        """The mixer's registry name (its config's ``kind``)."""
         return self.mixer.kind
 
     @property
     def ffn_name(self) -> str:
+        """The FFN's registry name (its config's ``kind``)."""
         return self.ffn.kind
 
     @property
     def is_moe(self) -> bool:
+        """Whether the FFN is a mixture of experts (``"moe"`` or ``"latent_moe"``)."""
         return self.ffn.kind in ("moe", "latent_moe")
 
     @property
@@ -205,8 +222,21 @@ class LMConfig:
 
     @classmethod
     def from_flat(cls, mixer: str = "attention", ffn: str = "swiglu", **fields) -> LMConfig:
-        """The config of ``mixer + ffn`` with flat field values (module docstring); a key that
-        belongs to neither the backbone nor the chosen parts raises."""
+        """The config of ``mixer + ffn`` with flat field values (module docstring).
+
+        Args:
+          mixer: a name of :data:`MIXERS`.
+          ffn: a name of :data:`FFNS`.
+          **fields: flat field values of the backbone and the chosen parts (the FFN's by the
+            names of :data:`FLAT_ALIASES` or their own).
+
+        Returns:
+          The :class:`LMConfig`.
+
+        Raises:
+          ValueError: if a name is unknown, a key belongs to neither the backbone nor the
+            chosen parts, or a value is out of range.
+        """
         return cls._compose(mixer, ffn, {}, fields)
 
     @classmethod
@@ -221,11 +251,16 @@ class LMConfig:
             raise ValueError("LMConfig.latent_dim must be an int in (0, d_model] for ffn "
                              f"'latent_moe', got {f.get('latent_dim')!r}")
         return cls(**{**b0, **b1}, mixer=_part_config(mixer_part(mixer).config, {**m0, **m1}),
-                   ffn=_part_config(ffn_part(ffn).config, f))
+                   ffn=_part_config(ffn_part(ffn).config, f,
+                                    {v: k for k, v in FLAT_ALIASES.items()}))
 
     def flat(self) -> dict:
-        """Every field flat: the backbone's, the mixer's, then the FFN's (with the flat names
-        of :data:`FLAT_ALIASES`)."""
+        """Every field flat.
+
+        Returns:
+          A dict of the backbone's fields, the mixer's, then the FFN's (with the flat names of
+          :data:`FLAT_ALIASES`).
+        """
         out = {k: getattr(self, k) for k in _BACKBONE}
         out.update(dataclasses.asdict(self.mixer))
         inverse = {v: k for k, v in FLAT_ALIASES.items()}
@@ -233,20 +268,45 @@ class LMConfig:
         return out
 
     def replace(self, **fields) -> LMConfig:
-        """A copy with flat field values replaced (keys as for :meth:`from_flat`)."""
+        """A copy with flat field values replaced.
+
+        Args:
+          **fields: flat field values (keys as for :meth:`from_flat`).
+
+        Returns:
+          The new :class:`LMConfig` of the same mixer and FFN.
+
+        Raises:
+          ValueError: as :meth:`from_flat`.
+        """
         return LMConfig._compose(self.mixer_name, self.ffn_name, self.flat(), fields)
 
     @classmethod
     def from_config(cls, cfg, mixer: str, ffn: str = "swiglu", **overrides) -> LMConfig:
-        """The composed config of a size config (:class:`TransformerConfig` for
-        ``mixer="attention"``, :class:`DeltaNetConfig` for the others) with ``ffn`` and flat
-        field ``overrides``; the size config's fields the parts do not have are dropped."""
+        """The composed config of a size config.
+
+        Args:
+          cfg: a size config, :class:`TransformerConfig` for ``mixer="attention"``,
+            :class:`DeltaNetConfig` for the others; its fields the parts do not have are
+            dropped.
+          mixer: a name of :data:`MIXERS`.
+          ffn: a name of :data:`FFNS`.
+          **overrides: flat field values that replace the size config's.
+
+        Returns:
+          The :class:`LMConfig`.
+
+        Raises:
+          ValueError: as :meth:`from_flat`.
+        """
         values = dataclasses.asdict(cfg)
         if isinstance(cfg, TransformerConfig):
             values["mlp_hidden"] = cfg.hidden
         return cls._compose(mixer, ffn, values, overrides)
 
     def to_dict(self) -> dict:
+        """The config as a JSON-ready dict: the backbone's fields, and ``mixer`` and ``ffn``
+        each as a dict of its fields with its ``kind``."""
         out = {k: getattr(self, k) for k in _BACKBONE}
         out["mixer"] = {"kind": self.mixer_name, **dataclasses.asdict(self.mixer)}
         out["ffn"] = {"kind": self.ffn_name, **dataclasses.asdict(self.ffn)}
@@ -254,10 +314,23 @@ class LMConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> LMConfig:
+        """Reads back a config.
+
+        Args:
+          d: a dict of :meth:`to_dict`, or a flat record (``mixer`` and ``ffn`` as names, the
+            other fields flat). A saved dict may name a method by the per-op names
+            (``"recurrent"``, ``"chunk"``, ``"parallel"``; the FFN's ``"ragged"``,
+            ``"dense"``); they are read as the library's
+            (:func:`~jaxlib_ext.models._saved_methods.read_saved_methods`).
+
+        Returns:
+          The :class:`LMConfig`.
+        """
         d = dict(d)
         if isinstance(d.get("mixer", "attention"), str):  # a flat record
+            d = read_saved_methods(d, ("method", "moe_method"))
             return cls._compose(d.pop("mixer", "attention"), d.pop("ffn", "swiglu"), d, {})
-        mixer, ffn = dict(d.pop("mixer")), dict(d.pop("ffn"))
+        mixer, ffn = read_saved_methods(d.pop("mixer")), read_saved_methods(d.pop("ffn"))
         m_kind, f_kind = mixer.pop("kind"), ffn.pop("kind")
         return cls(**d, mixer=mixer_part(m_kind).config(**mixer),
                    ffn=ffn_part(f_kind).config(**ffn))
@@ -331,6 +404,22 @@ def lm_config(mixer: str | None, ffn: str | None = "swiglu", preset: str = "tiny
     :data:`~jaxlib_ext.models.DELTANET_PRESETS` for mdn, gdn and mlstm) whose FFN fields come from
     :data:`MOE_SIZES` for a mixture of experts (``latent_dim = d_model // 4`` for latent_moe,
     with the experts and top-k multiplied by 4, arXiv 2601.18089's reinvestment of the saving).
+
+    Args:
+      mixer: a name of :data:`MIXERS`; ``None`` means the preset's mixer, or ``"attention"``
+        for a size preset.
+      ffn: a name of :data:`FFNS`; ``None`` means the preset's FFN, or ``"swiglu"`` for a size
+        preset.
+      preset: a name of :data:`LM_PRESETS` or a size of the mixer's table.
+      vocab_size: the vocabulary size; ``None`` means the preset's.
+      **overrides: flat field values (keys as for :meth:`LMConfig.from_flat`).
+
+    Returns:
+      The :class:`LMConfig`.
+
+    Raises:
+      ValueError: if ``mixer`` or ``ffn`` disagrees with a named preset, a name or preset is
+        unknown, or an override does not apply or is out of range.
     """
     if vocab_size is not None:
         overrides["vocab_size"] = vocab_size
@@ -364,8 +453,23 @@ def lm_config(mixer: str | None, ffn: str | None = "swiglu", preset: str = "tiny
 
 def build_lm(preset: str | LMConfig = "tiny", *, mixer: str | None = None, ffn: str | None = None,
              vocab_size: int | None = None, rngs: nnx.Rngs, **overrides) -> LanguageModel:
-    """A :class:`LanguageModel` of ``mixer + ffn`` (see :func:`lm_config`), or of an
-    :class:`LMConfig` given as ``preset`` (with flat ``overrides``)."""
+    """A :class:`LanguageModel` of ``mixer + ffn`` at a preset, or of a given config.
+
+    Args:
+      preset: a preset name as for :func:`lm_config`, or an :class:`LMConfig`.
+      mixer: a name of :data:`MIXERS` (see :func:`lm_config`); unused with an
+        :class:`LMConfig`.
+      ffn: a name of :data:`FFNS` (see :func:`lm_config`); unused with an :class:`LMConfig`.
+      vocab_size: the vocabulary size; ``None`` means the preset's or the config's.
+      rngs: the parameter initialisation keys.
+      **overrides: flat field values (keys as for :meth:`LMConfig.from_flat`).
+
+    Returns:
+      The :class:`LanguageModel`.
+
+    Raises:
+      ValueError: as :func:`lm_config` and :meth:`LMConfig.replace`.
+    """
     if isinstance(preset, LMConfig):
         if vocab_size is not None:
             overrides["vocab_size"] = vocab_size
@@ -387,11 +491,20 @@ def _named_builder(model: str):
                         **overrides)
 
     build.__name__ = build.__qualname__ = f"build_{model}"
+    table_name = "TRANSFORMER_PRESETS" if mixer == "attention" else "DELTANET_PRESETS"
     build.__doc__ = (
-        f"The ``{mixer} + swiglu`` :class:`LanguageModel` at a size of "
-        f"{'TRANSFORMER_PRESETS' if mixer == 'attention' else 'DELTANET_PRESETS'} "
-        f"(:func:`build_lm` with ``mixer={mixer!r}``), ``vocab_size`` (``None``: the "
-        "preset's) and flat field overrides."
+        f"The ``{mixer} + swiglu`` :class:`LanguageModel` at a size of {table_name}.\n\n"
+        f"    :func:`build_lm` with ``mixer={mixer!r}`` and ``ffn='swiglu'``.\n\n"
+        "    Args:\n"
+        f"      preset: a size name of {table_name}.\n"
+        "      vocab_size: the vocabulary size; ``None`` means the preset's.\n"
+        "      rngs: the parameter initialisation keys.\n"
+        "      **overrides: flat field values (keys as for :meth:`LMConfig.from_flat`).\n\n"
+        "    Returns:\n"
+        "      The :class:`LanguageModel`.\n\n"
+        "    Raises:\n"
+        f"      ValueError: if ``preset`` is not a size of {table_name}, or as\n"
+        "        :func:`build_lm`.\n"
     )
     return build
 
@@ -405,8 +518,12 @@ build_gdn = _named_builder("gdn")
 
 
 def arch_keys() -> list[str]:
-    """The flat keys an override may name (``--arch key=value``): the backbone's fields but
-    ``vocab_size`` (the corpus sets it), every registered part's and :data:`FLAT_ALIASES`."""
+    """The flat keys an override may name (``--arch key=value``).
+
+    Returns:
+      The sorted list of the backbone's fields but ``vocab_size`` (the corpus sets it), every
+      registered part's fields and the names of :data:`FLAT_ALIASES`.
+    """
     keys = set(_BACKBONE) - {"vocab_size"}
     for part in MIXER_REGISTRY.values():
         keys |= _fields(part.config)
@@ -417,9 +534,25 @@ def arch_keys() -> list[str]:
 
 def compose(*, model: str | None = None, mixer: str | None = None, ffn: str | None = None,
             preset: str = "tiny", vocab_size: int, overrides: Mapping | None = None) -> LMConfig:
-    """The :class:`LMConfig` a training run asks for: a named ``model`` (:data:`MODEL_MIXERS`,
-    its mixer unless ``mixer`` is given), or ``mixer + ffn``, at ``preset``, with flat
-    ``overrides``. Errors name the argument (``model``, ``mixer``, ``ffn``, ``preset``)."""
+    """The :class:`LMConfig` a training run asks for.
+
+    Args:
+      model: a name of :data:`MODEL_MIXERS` whose mixer is used unless ``mixer`` is given,
+        or ``None``.
+      mixer: a name of :data:`MIXERS`, or ``None`` (the model's, the preset's or
+        ``"attention"``).
+      ffn: a name of :data:`FFNS`, or ``None`` (the preset's, or ``"swiglu"``).
+      preset: a name of :data:`LM_PRESETS` or a size of the mixer's table.
+      vocab_size: the vocabulary size.
+      overrides: flat field values (keys as for :meth:`LMConfig.from_flat`), or ``None``.
+
+    Returns:
+      The :class:`LMConfig` (:func:`lm_config`).
+
+    Raises:
+      ValueError: naming the argument (``model``, ``mixer``, ``ffn``, ``preset``) that is
+        unknown or disagrees.
+    """
     if model is not None and model not in MODEL_MIXERS:
         raise ValueError(f"model: unknown model {model!r}; choose from {sorted(MODEL_MIXERS)}")
     mixer = mixer or (MODEL_MIXERS[model] if model else None)
@@ -429,8 +562,19 @@ def compose(*, model: str | None = None, mixer: str | None = None, ffn: str | No
 
 
 def check_expert_mesh(cfg: LMConfig, mesh_shape: Mapping[str, int]) -> None:
-    """A mesh with an ``expert`` axis of size ``P > 1`` needs a mixture-of-experts FFN whose
-    ``num_experts`` ``P`` divides (ValueError naming ``mesh`` otherwise)."""
+    """Checks that a mesh's ``expert`` axis fits the model.
+
+    A mesh with an ``expert`` axis of size ``P > 1`` needs a mixture-of-experts FFN whose
+    ``num_experts`` ``P`` divides.
+
+    Args:
+      cfg: the model's config.
+      mesh_shape: the mesh's axis sizes by name.
+
+    Raises:
+      ValueError: naming ``mesh``, if the expert axis is larger than 1 and the FFN is not a
+        mixture of experts or its ``num_experts`` is not a multiple of the axis size.
+    """
     experts = dict(mesh_shape).get("expert", 1)
     if experts <= 1:
         return

@@ -15,8 +15,9 @@ input), ``H`` heads, key width ``K = head_dim`` and value width
 
 (4) is the paper's stabilised mLSTM cell (``C_t = f_t C_{t-1} + i_t v_t k_t^T``,
 ``n_t = f_t n_{t-1} + i_t k_t``, ``h_t = C_t q_t / max(|n_t^T q_t|, 1)``, the running max
-state ``m`` keeping ``exp(i~)`` finite); full sequences run the op's ``method``, cached
-calls of at most ``decode_recurrent_max_len`` tokens its recurrent path. Decoding keeps
+state ``m`` keeping ``exp(i~)`` finite); full sequences run the op's ``method`` (and
+``xla_form``), cached calls of at most ``decode_recurrent_max_len`` tokens its ``"reference"``
+path (the recurrence). Decoding keeps
 constant memory: an :class:`MLSTMCache` holds the cell state ``(C, n, m)`` and the conv's last
 ``W - 1`` inputs.
 
@@ -53,6 +54,7 @@ from jaxlib_ext.models.layers import RMSNorm, dense_init, rms_norm
 from jaxlib_ext.models.short_conv import ShortConvolution
 from jaxlib_ext.pallas_kernels import SUPPORTED_CHUNK_SIZES
 from jaxlib_ext.pallas_kernels.mlstm import METHODS as MLSTM_METHODS
+from jaxlib_ext.pallas_kernels.mlstm import XLA_FORMS as MLSTM_XLA_FORMS
 from jaxlib_ext.pallas_kernels.mlstm import MLSTMState, mlstm, zero_state
 
 __all__ = ["MLSTMConfig", "MLSTMMixerConfig", "MLSTMCache", "MLSTMLayer"]
@@ -67,9 +69,11 @@ class MLSTMConfig:
 
     ``n_heads`` heads of key width ``head_dim`` and value width ``expand_v * head_dim``;
     ``conv_size``: width of the causal conv; ``norm_eps``: the head norm's epsilon. ``method``,
-    ``chunk_size``: the mLSTM op's path on full sequences (:data:`MLSTM_METHODS`; chunk size
+    ``xla_form``, ``chunk_size``: the mLSTM op's path on full sequences (``method`` one of
+    :data:`MLSTM_METHODS`, ``"auto" | "reference" | "xla"``; ``xla_form`` one of
+    :data:`MLSTM_XLA_FORMS`, ``"chunk" | "parallel"``, the form of ``"xla"``; chunk size
     ``None`` is the op's default, 64); cached calls of at most ``decode_recurrent_max_len``
-    tokens run its recurrent path.
+    tokens run its ``"reference"`` path (the recurrence).
     """
 
     d_model: int = 128
@@ -79,6 +83,7 @@ class MLSTMConfig:
     conv_size: int = 4
     norm_eps: float = 1e-6
     method: str = "auto"
+    xla_form: str = "chunk"
     chunk_size: int | None = None
     decode_recurrent_max_len: int = 64
 
@@ -96,6 +101,10 @@ class MLSTMConfig:
             raise ValueError(
                 f"MLSTMConfig.method must be one of {MLSTM_METHODS} for mixer 'mlstm', got "
                 f"{self.method!r}"
+            )
+        if self.xla_form not in MLSTM_XLA_FORMS:
+            raise ValueError(
+                f"MLSTMConfig.xla_form must be one of {MLSTM_XLA_FORMS}, got {self.xla_form!r}"
             )
         if self.chunk_size is not None and self.chunk_size not in SUPPORTED_CHUNK_SIZES:
             raise ValueError(
@@ -126,6 +135,7 @@ class MLSTMMixerConfig:
     expand_v: int = 2
     conv_size: int = 4
     method: str = "auto"
+    xla_form: str = "chunk"
     chunk_size: int | None = None
     decode_recurrent_max_len: int = 64
 
@@ -228,11 +238,11 @@ class MLSTMLayer(nnx.Module):
         cached = cache is not None
         method = c.method
         if cached and t <= c.decode_recurrent_max_len:
-            method = "recurrent"
+            method = "reference"
         out, state = mlstm(  # (4)
             q, k, v, i_gate, f_gate, scale=c.head_dim**-0.5,
             initial_state=cache.state if cached else None, output_final_state=cached,
-            method=method, chunk_size=c.chunk_size,
+            method=method, xla_form=c.xla_form, chunk_size=c.chunk_size,
         )
         out = rms_norm(out, self.o_norm.scale[...], c.norm_eps).astype(jnp.float32)  # (5)
         out = out + self.skip[...] * x_c.astype(jnp.float32)

@@ -17,7 +17,15 @@ __all__ = ["mqar_batch", "mqar_length"]
 
 
 def mqar_length(n_pairs: int, n_queries: int) -> int:
-    """Tokens per MQAR sequence: ``2 n_pairs`` for the pairs, ``2 n_queries`` for the queries."""
+    """Tokens per MQAR sequence: ``2 n_pairs`` for the pairs, ``2 n_queries`` for the queries.
+
+    Args:
+      n_pairs: key-value pairs per sequence.
+      n_queries: queries per sequence.
+
+    Returns:
+      The sequence length ``L``, an int.
+    """
     return 2 * n_pairs + 2 * n_queries
 
 
@@ -36,6 +44,17 @@ def mqar_batch(key: jax.Array, *, batch: int, n_keys: int = 32, n_pairs: int = 1
       n_keys: size of the key alphabet (the vocabulary is ``2 n_keys``).
       n_pairs: key-value pairs per sequence, at most ``n_keys``.
       n_queries: queries per sequence, at most ``n_pairs`` (``None``: ``n_pairs``).
+
+    Returns:
+      ``(tokens, mask)``: ``tokens int32[batch, L]`` and ``mask bool[batch, L - 1]``.
+
+    Raises:
+      ValueError: if a count is not a positive int, ``n_pairs > n_keys`` or
+        ``n_queries > n_pairs``.
+
+    References:
+      Arora et al., Zoology: Measuring and Improving Recall in Efficient Language Models,
+      arXiv 2312.04927.
     """
     n_queries = n_pairs if n_queries is None else n_queries
     for name, value in (("batch", batch), ("n_keys", n_keys), ("n_pairs", n_pairs),

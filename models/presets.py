@@ -21,6 +21,16 @@ __all__ = ["config_from_preset", "param_count", "preset_param_count"]
 def config_from_preset(presets: Mapping, preset: str, *, model: str, vocab_size=None, **overrides):
     """``presets[preset]`` with ``vocab_size`` (unless ``None``) and ``overrides`` replaced.
 
+    Args:
+      presets: a mapping from size names to frozen dataclass configs.
+      preset: a key of ``presets``.
+      model: the model's name, for the error message.
+      vocab_size: the vocabulary size; ``None`` keeps the preset's.
+      **overrides: config fields to replace.
+
+    Returns:
+      The config, a ``dataclasses.replace`` copy of ``presets[preset]``.
+
     Raises:
       ValueError: ``preset`` is not a key of ``presets`` (the message lists the names), or an
         override is rejected by the config's own validation.
@@ -33,7 +43,14 @@ def config_from_preset(presets: Mapping, preset: str, *, model: str, vocab_size=
 
 
 def param_count(module: nnx.Module) -> int:
-    """Number of scalars in the module's ``nnx.Param`` leaves (works on abstract modules)."""
+    """Number of scalars in the module's ``nnx.Param`` leaves.
+
+    Args:
+      module: an NNX module, concrete or abstract (``nnx.eval_shape``).
+
+    Returns:
+      The parameter count, an int.
+    """
     return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
@@ -41,8 +58,18 @@ def preset_param_count(build: Callable, preset: str = "tiny", *, vocab_size: int
                        **overrides) -> int:
     """Parameter count of ``build(preset, ...)`` without allocating it (``nnx.eval_shape``).
 
-    ``build`` is a model builder such as :func:`jaxlib_ext.models.build_mdn`; ``vocab_size=None``
-    keeps the preset's vocabulary (50257 for the paper sizes, 256 for ``"tiny"``).
+    Args:
+      build: a model builder such as :func:`jaxlib_ext.models.build_mdn`.
+      preset: a size name of the builder's table.
+      vocab_size: the vocabulary size; ``None`` keeps the preset's (50257 for the paper
+        sizes, 256 for ``"tiny"``).
+      **overrides: config fields to replace.
+
+    Returns:
+      The parameter count, an int.
+
+    Raises:
+      TypeError: if ``build`` is not callable.
     """
     if not callable(build):
         raise TypeError(

@@ -41,9 +41,14 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """One registered part: its ``config`` class, its ``module`` class and
-    ``build(config, backbone, rngs) -> module`` (``backbone`` has ``d_model``, ``n_layers``,
-    ``norm_eps``)."""
+    """One registered part of a language-model block.
+
+    Attributes:
+      config: the part's config class (with a ``kind`` name).
+      module: the part's module class.
+      build: ``build(config, backbone, rngs) -> module``; ``backbone`` has ``d_model``,
+        ``n_layers`` and ``norm_eps``.
+    """
 
     config: type
     module: type
@@ -84,20 +89,58 @@ def _part(registry: dict, names: tuple, kind: str, name: str) -> Part:
 
 
 def mixer_part(name: str) -> Part:
-    """The :class:`Part` of mixer ``name`` (ValueError naming ``LMConfig.mixer`` if unknown)."""
+    """The registered mixer of a name.
+
+    Args:
+      name: a name of :data:`MIXERS`.
+
+    Returns:
+      Its :class:`Part`.
+
+    Raises:
+      ValueError: naming ``LMConfig.mixer``, if ``name`` is unknown.
+    """
     return _part(MIXER_REGISTRY, MIXERS, "mixer", name)
 
 
 def ffn_part(name: str) -> Part:
-    """The :class:`Part` of FFN ``name`` (ValueError naming ``LMConfig.ffn`` if unknown)."""
+    """The registered FFN of a name.
+
+    Args:
+      name: a name of :data:`FFNS`.
+
+    Returns:
+      Its :class:`Part`.
+
+    Raises:
+      ValueError: naming ``LMConfig.ffn``, if ``name`` is unknown.
+    """
     return _part(FFN_REGISTRY, FFNS, "ffn", name)
 
 
 def make_mixer(cfg, rngs: nnx.Rngs) -> nnx.Module:
-    """The token mixer of one block of the LM config ``cfg``."""
+    """The token mixer of one block.
+
+    Args:
+      cfg: the LM config (``mixer`` and the backbone's ``d_model``, ``n_layers``,
+        ``norm_eps``).
+      rngs: the parameter initialisation keys.
+
+    Returns:
+      The mixer module.
+    """
     return mixer_part(cfg.mixer.kind).build(cfg.mixer, cfg, rngs)
 
 
 def make_ffn(cfg, rngs: nnx.Rngs) -> nnx.Module:
-    """The feed-forward part of one block of the LM config ``cfg``."""
+    """The feed-forward part of one block.
+
+    Args:
+      cfg: the LM config (``ffn`` and the backbone's ``d_model``, ``n_layers``,
+        ``norm_eps``).
+      rngs: the parameter initialisation keys.
+
+    Returns:
+      The FFN module.
+    """
     return ffn_part(cfg.ffn.kind).build(cfg.ffn, cfg, rngs)

@@ -43,6 +43,10 @@ def causal_depthwise_conv(
     Returns:
       ``(y, new_state)``: ``y`` ``[B, T, C]`` in ``x``'s dtype and ``new_state`` ``[B, W-1, C]``
       the last ``W-1`` inputs of ``concat(state, x)``.
+
+    Raises:
+      ValueError: if ``x`` is not ``[B, T, C]``, ``weight`` is not ``[W, C]``, ``state`` is
+        not ``[B, W-1, C]``, or ``activation`` is unknown.
     """
     if x.ndim != 3:
         raise ValueError(f"causal_depthwise_conv: x must be [B, T, C], got shape {x.shape}")
@@ -73,7 +77,18 @@ def causal_depthwise_conv(
 
 
 class ShortConvolution(nnx.Module):
-    """Depthwise causal conv (no bias) + activation; weights ``N(0, 0.02)`` as in fla's init."""
+    """Depthwise causal conv (no bias) + activation; weights ``N(0, 0.02)`` as in fla's init.
+
+    Args:
+      channels: the channels ``C``, a positive int.
+      kernel_size: the width ``W``, a positive int.
+      activation: ``"silu"`` (default), ``"identity"`` or ``None``.
+      logical_axis: the channel axis's logical name for sharding.
+      rngs: the parameter initialisation keys.
+
+    Raises:
+      ValueError: if ``channels`` or ``kernel_size`` is not positive.
+    """
 
     def __init__(
         self,
@@ -98,9 +113,25 @@ class ShortConvolution(nnx.Module):
         )
 
     def init_state(self, batch: int, dtype=jnp.float32) -> jax.Array:
-        """Zero decode state ``[batch, kernel_size - 1, channels]``."""
+        """A zero decode state.
+
+        Args:
+          batch: the number of sequences.
+          dtype: the state's dtype.
+
+        Returns:
+          Zeros ``[batch, kernel_size - 1, channels]``.
+        """
         return jnp.zeros((batch, self.kernel_size - 1, self.channels), dtype)
 
     def __call__(self, x: jax.Array, state: jax.Array | None = None):
-        """``(y [B, T, C], new_state [B, W-1, C])``; see :func:`causal_depthwise_conv`."""
+        """Convolves ``x`` after the inputs in ``state`` (:func:`causal_depthwise_conv`).
+
+        Args:
+          x: ``[B, T, C]`` inputs.
+          state: ``[B, W-1, C]`` the previous inputs, or ``None`` for zeros.
+
+        Returns:
+          ``(y [B, T, C], new_state [B, W-1, C])``.
+        """
         return causal_depthwise_conv(x, self.weight[...], state, activation=self.activation)

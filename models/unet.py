@@ -33,7 +33,19 @@ __all__ = ["UNet", "sinusoidal_embedding"]
 def sinusoidal_embedding(t: jax.Array, dim: int, *, max_period: float = 10000.0) -> jax.Array:
     """``[sin(t f_k), cos(t f_k)]_{k < dim/2}`` with ``f_k = max_period^{-k/(dim/2 - 1)}``.
 
-    ``t [B]`` (any real values) -> ``float32 [B, dim]``; ``dim`` must be even and >= 4.
+    Args:
+      t: ``[B]`` any real values.
+      dim: the embedding width, an even int ``>= 4``.
+      max_period: the base of the frequencies.
+
+    Returns:
+      ``float32[B, dim]``, the sines first.
+
+    Raises:
+      ValueError: if ``dim`` is odd or below 4.
+
+    References:
+      Vaswani et al., Attention Is All You Need, arXiv 1706.03762 (Sec. 3.5).
     """
     if dim < 4 or dim % 2:
         raise ValueError(f"dim: expected an even int >= 4, got {dim}")
@@ -78,7 +90,8 @@ class UNet(nnx.Module):
     [B, H, W, out_channels]``.
 
     Args:
-      in_channels, out_channels: channels of the input image and of the output.
+      in_channels: channels of the input image.
+      out_channels: channels of the output.
       base_channels: width of the first level; level ``i`` has ``base_channels *
         channel_mults[i]`` channels, and ``len(channel_mults)`` levels (``len - 1``
         downsamplings).
@@ -88,6 +101,13 @@ class UNet(nnx.Module):
       time_embedding: whether the network takes ``t`` (required then, forbidden otherwise).
       time_scale: ``t`` is multiplied by it before the sinusoidal embedding.
       rngs: parameter initialisation.
+
+    Raises:
+      ValueError: if a channel count or ``num_res_blocks`` is not an int in range, or
+        ``channel_mults`` is empty or not positive ints.
+
+    References:
+      Ho et al., Denoising Diffusion Probabilistic Models, arXiv 2006.11239 (App. B).
     """
 
     def __init__(self, in_channels: int, out_channels: int, *, base_channels: int = 32,
@@ -168,6 +188,22 @@ class UNet(nnx.Module):
 
     def __call__(self, x: jax.Array, t: jax.Array | None = None,
                  cond: jax.Array | None = None) -> jax.Array:
+        """Applies the network.
+
+        Args:
+          x: ``[B, H, W, in_channels]`` images, any ``H`` and ``W``.
+          t: ``[B]`` or a scalar, the per-image step or noise level; required with a time
+            embedding, ``None`` without.
+          cond: ``[B, H, W, cond_channels]`` the conditioning image; required when
+            ``cond_channels > 0``, ``None`` otherwise.
+
+        Returns:
+          ``[B, H, W, out_channels]``.
+
+        Raises:
+          ValueError: if a shape is wrong, or ``t`` or ``cond`` is missing or given where the
+            network takes none.
+        """
         x = jnp.asarray(x)
         t = self._check(x, t, cond)
         temb = None

@@ -49,10 +49,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlib_ext.models._saved_methods import read_saved_methods
 from jaxlib_ext.models.attention import Attention, AttentionConfig, attention
 from jaxlib_ext.models.layers import apply_rope, dense_init
 from jaxlib_ext.pallas_kernels import SUPPORTED_CHUNK_SIZES
 from jaxlib_ext.pallas_kernels.mlstm import METHODS as MLSTM_METHODS
+from jaxlib_ext.pallas_kernels.mlstm import XLA_FORMS as MLSTM_XLA_FORMS
 from jaxlib_ext.pallas_kernels.mlstm import MLSTMState, mlstm, zero_state
 
 __all__ = [
@@ -77,18 +79,40 @@ class XLSTMConfig:
     """The student's own settings (the attention geometry is the teacher's
     :class:`~jaxlib_ext.models.attention.AttentionConfig`).
 
-    ``mode``: ``"hybrid"`` or ``"mlstm"``. ``window``: SWA window in tokens (query ``t`` reads
-    ``t - window < s <= t``). ``n_sinks``: the first tokens every query reads (0 for none).
-    ``gate``: a form of :data:`GATES`; ``gate_bias_init``: its initial pre-activation bias
-    (``0``: ``g = 1/2``). ``mlstm_rope``: the mLSTM reads rotated q, k. ``gate_soft_cap``:
-    ``c`` of ``c tanh(x / c)`` on the mLSTM gate pre-activations (``None``: uncapped).
-    ``input_gate_bias_init``; ``forget_gate_bias_init``: ``(first, last)`` of a linspace over
-    heads. ``method``, ``chunk_size``: the mLSTM op's path on full sequences; cached calls of at
-    most ``decode_recurrent_max_len`` tokens run its recurrent path.
-
     On sequences of at most ``window`` tokens the SWA branch alone is the teacher's attention,
     so a hybrid can match the teacher there by closing its gate; distillation has to see
     sequences longer than the window for the mLSTM to learn anything.
+
+    Attributes:
+      mode: a kind of :data:`MODES`, ``"hybrid"`` (default) or ``"mlstm"``.
+      window: SWA window in tokens, an int ``>= 1`` (query ``t`` reads ``t - window < s <= t``;
+        default 512).
+      n_sinks: the first tokens every query reads, an int ``>= 0`` (0 for none; default 4).
+      gate: a form of :data:`GATES` (default ``"head"``).
+      gate_bias_init: the gate's initial pre-activation bias (``0``: ``g = 1/2``).
+      mlstm_rope: whether the mLSTM reads rotated q, k (default True).
+      gate_soft_cap: ``c`` of ``c tanh(x / c)`` on the mLSTM gate pre-activations, positive
+        (``None``: uncapped; default 15).
+      input_gate_bias_init: the initial input-gate bias of every head (default 0).
+      forget_gate_bias_init: ``(first, last)`` of a linspace of forget-gate biases over heads
+        (default ``(3, 6)``); stored as a tuple of floats.
+      method: the mLSTM op's path on full sequences, one of
+        :data:`jaxlib_ext.pallas_kernels.mlstm.METHODS`, ``"auto" | "reference" | "xla"``
+        (default ``"auto"``).
+      xla_form: the form of the ``"xla"`` method, one of
+        :data:`jaxlib_ext.pallas_kernels.mlstm.XLA_FORMS`, ``"chunk" | "parallel"`` (default
+        ``"chunk"``).
+      chunk_size: the mLSTM op's chunk size, one of
+        :data:`jaxlib_ext.pallas_kernels.SUPPORTED_CHUNK_SIZES` (default 64).
+      decode_recurrent_max_len: cached calls of at most this many tokens run the mLSTM's
+        ``"reference"`` path (the recurrence), an int ``>= 0`` (default 64).
+
+    Raises:
+      ValueError: if a field is out of range or not one of its choices.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
     """
 
     mode: str = "hybrid"
@@ -101,6 +125,7 @@ class XLSTMConfig:
     input_gate_bias_init: float = 0.0
     forget_gate_bias_init: tuple[float, float] = (3.0, 6.0)
     method: str = "auto"
+    xla_form: str = "chunk"
     chunk_size: int = 64
     decode_recurrent_max_len: int = 64
 
@@ -121,6 +146,10 @@ class XLSTMConfig:
             raise ValueError(
                 f"XLSTMConfig.method must be one of {MLSTM_METHODS}, got {self.method!r}"
             )
+        if self.xla_form not in MLSTM_XLA_FORMS:
+            raise ValueError(
+                f"XLSTMConfig.xla_form must be one of {MLSTM_XLA_FORMS}, got {self.xla_form!r}"
+            )
         if self.chunk_size not in SUPPORTED_CHUNK_SIZES:
             raise ValueError(
                 f"XLSTMConfig.chunk_size must be one of {SUPPORTED_CHUNK_SIZES}, "
@@ -136,21 +165,33 @@ class XLSTMConfig:
         object.__setattr__(self, "forget_gate_bias_init", bias)
 
     def to_dict(self) -> dict:
+        """The fields as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d) -> XLSTMConfig:
-        return cls(**d)
+        """The config of a :meth:`to_dict` dict (``d``: field names to values).
+
+        A saved dict may carry the mLSTM op's per-op method names (``"recurrent" |
+        "parallel" | "chunk"``); they are read as ``"reference"``, or ``"xla"`` in that
+        ``xla_form`` (:func:`~jaxlib_ext.models._saved_methods.read_saved_methods`).
+        """
+        return cls(**read_saved_methods(d))
 
 
 class XLSTMCache(NamedTuple):
     """Decode state of one :class:`XLSTMMixer`, of a size that does not grow with position.
 
-    ``mlstm``: the mLSTM state ``(C [B, H, D, D], n [B, H, D], m [B, H])``. ``sink_k``,
-    ``sink_v``: ``[B, n_sinks, Hkv, D]`` keys (rotated) and values of the first tokens.
-    ``window_k``, ``window_v``: ``[B, window, Hkv, D]``, a ring buffer (token ``s`` in slot
-    ``s mod window``). The four are ``None`` for a pure-mLSTM student. ``length``: tokens
-    consumed (int32 scalar).
+    The four key/value buffers are ``None`` for a pure-mLSTM student.
+
+    Attributes:
+      mlstm: the mLSTM state ``(C [B, H, D, D], n [B, H, D], m [B, H])``.
+      sink_k: ``[B, n_sinks, Hkv, D]`` keys (rotated) of the first tokens.
+      sink_v: ``[B, n_sinks, Hkv, D]`` values of the first tokens.
+      window_k: ``[B, window, Hkv, D]`` keys (rotated), a ring buffer (token ``s`` in slot
+        ``s mod window``).
+      window_v: ``[B, window, Hkv, D]`` values, the same ring buffer.
+      length: tokens consumed (int32 scalar).
     """
 
     mlstm: MLSTMState
@@ -162,9 +203,21 @@ class XLSTMCache(NamedTuple):
 
 
 def sliding_window_mask(query_index, key_index, key_valid, *, window: int, n_sinks: int):
-    """``[T, S]`` bool: query token ``t`` reads key token ``s`` when the key is valid,
-    ``s <= t`` and ``s`` is a sink (``s < n_sinks``) or in the window (``s > t - window``).
-    ``query_index [T]``, ``key_index [S]`` are token indices, ``key_valid [S]`` bool."""
+    """The sliding-window mask with sink tokens.
+
+    Query token ``t`` reads key token ``s`` when the key is valid, ``s <= t`` and ``s`` is a
+    sink (``s < n_sinks``) or in the window (``s > t - window``).
+
+    Args:
+      query_index: ``[T]`` token indices of the queries.
+      key_index: ``[S]`` token indices of the keys.
+      key_valid: ``bool[S]``, False for key slots that hold no token.
+      window: the window in tokens.
+      n_sinks: the number of first tokens every query reads.
+
+    Returns:
+      ``bool[T, S]``, True where query ``t`` may read key ``s``.
+    """
     t = query_index[:, None]
     s = key_index[None, :]
     return key_valid[None, :] & (s <= t) & ((s < n_sinks) | (s > t - window))
@@ -195,6 +248,21 @@ class XLSTMMixer(nnx.Module):
     ``__call__(x [B, T, dim], cache=None) -> (y [B, T, dim], cache)``: without a cache the full
     sequence, returning ``None``; with an :class:`XLSTMCache` (from :meth:`init_cache`) the
     tokens after the cached ones, returning the updated cache.
+
+    Args:
+      cfg: the teacher's attention geometry (heads, head width, RoPE).
+      d_model: the model width ``dim``, a positive int.
+      config: the student's own settings; ``None`` means ``XLSTMConfig()``.
+      rngs: the parameter initialisation keys.
+
+    Raises:
+      TypeError: if ``cfg`` is not an :class:`~jaxlib_ext.models.attention.AttentionConfig`
+        or ``config`` not an :class:`XLSTMConfig`.
+      ValueError: if ``d_model`` is not a positive int.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
     """
 
     def __init__(self, cfg: AttentionConfig, d_model: int, config: XLSTMConfig | None = None, *,
@@ -235,8 +303,20 @@ class XLSTMMixer(nnx.Module):
     # -- cache
     def init_cache(self, batch_size: int, max_len: int | None = None,
                    dtype=jnp.float32) -> XLSTMCache:
-        """An empty :class:`XLSTMCache` for ``batch_size`` sequences. ``max_len`` is accepted
-        for the teacher's interface and ignored: the cache has the same size at any length."""
+        """An empty :class:`XLSTMCache` for ``batch_size`` sequences.
+
+        Args:
+          batch_size: the number of sequences, a positive int.
+          max_len: accepted for the teacher's interface and ignored: the cache has the same
+            size at any length.
+          dtype: the dtype of the key/value buffers (the mLSTM state is float32).
+
+        Returns:
+          An :class:`XLSTMCache` of zeros and ``length = 0``.
+
+        Raises:
+          ValueError: if ``batch_size`` is not a positive int.
+        """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
                 or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -254,6 +334,20 @@ class XLSTMMixer(nnx.Module):
 
     # -- forward
     def __call__(self, x: jax.Array, cache: XLSTMCache | None = None):
+        """Mixes the tokens of ``x``, after the cached ones if any.
+
+        Args:
+          x: ``[B, T, dim]`` floating inputs.
+          cache: an :class:`XLSTMCache` of earlier tokens (:meth:`init_cache`), or ``None``
+            for a fresh sequence.
+
+        Returns:
+          ``(y [B, T, dim], cache)``: the updated cache, or ``None`` without one.
+
+        Raises:
+          ValueError: if ``x`` is not a floating ``[B, T, dim]`` array, or ``cache`` is not an
+            :class:`XLSTMCache` of this batch, window, sinks and mode.
+        """
         self._check(x, cache)
         c, cfg = self.config, self.cfg
         b, t, _ = x.shape
@@ -288,11 +382,11 @@ class XLSTMMixer(nnx.Module):
         cached = cache is not None
         method = c.method
         if cached and x.shape[1] <= c.decode_recurrent_max_len:
-            method = "recurrent"
+            method = "reference"
         y, state = mlstm(
             q, k, v, i_gate, f_gate,
             initial_state=cache.mlstm if cached else None, output_final_state=cached,
-            method=method, chunk_size=c.chunk_size,
+            method=method, xla_form=c.xla_form, chunk_size=c.chunk_size,
         )
         return y, state
 
@@ -379,10 +473,26 @@ class XLSTMMixer(nnx.Module):
 
 def from_teacher(attention: Attention, config: XLSTMConfig | None = None,
                  rngs: nnx.Rngs | None = None) -> XLSTMMixer:
-    """A student mixer initialised from a teacher attention layer (arXiv 2603.15590): copies of
-    its ``qkv`` and ``out`` projections, fresh mLSTM and mixing-gate parameters drawn from
-    ``rngs``. ``attention`` is an :class:`~jaxlib_ext.models.attention.Attention`; it is not
-    changed.
+    """A student mixer initialised from a teacher attention layer (arXiv 2603.15590).
+
+    The student has copies of the teacher's ``qkv`` and ``out`` projections and fresh mLSTM
+    and mixing-gate parameters.
+
+    Args:
+      attention: the teacher's :class:`~jaxlib_ext.models.attention.Attention`; it is not
+        changed.
+      config: the student's settings; ``None`` means ``XLSTMConfig()``.
+      rngs: the keys of the fresh parameters (required).
+
+    Returns:
+      The :class:`XLSTMMixer`.
+
+    Raises:
+      ValueError: if ``rngs`` is ``None`` or ``attention`` is not an ``Attention``.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
     """
     if rngs is None:
         raise ValueError("rngs: from_teacher draws the new gate parameters and needs an nnx.Rngs")
@@ -396,10 +506,27 @@ def from_teacher(attention: Attention, config: XLSTMConfig | None = None,
 
 def student_from_teacher(teacher, config: XLSTMConfig | None = None, *, rngs: nnx.Rngs,
                          layers=None):
-    """A copy of ``teacher`` (a Llama :class:`~jaxlib_ext.models.LanguageModel`) whose blocks
-    ``layers`` (default all) have :func:`from_teacher` students in place of their attention;
-    embeddings, norms, MLPs and the remaining layers are copies of the teacher's. The teacher is
-    not changed."""
+    """A copy of a teacher LM with :func:`from_teacher` students in place of its attention.
+
+    Embeddings, norms, MLPs and the remaining layers are copies of the teacher's. The teacher
+    is not changed.
+
+    Args:
+      teacher: a Llama :class:`~jaxlib_ext.models.LanguageModel`.
+      config: the students' settings; ``None`` means ``XLSTMConfig()``.
+      rngs: the keys of the students' fresh parameters.
+      layers: the block indices to replace, ints in ``[0, n_layers)``; ``None`` means all.
+
+    Returns:
+      The student :class:`~jaxlib_ext.models.LanguageModel`.
+
+    Raises:
+      ValueError: if an index of ``layers`` is out of range, or as :func:`from_teacher`.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
+    """
     n = len(teacher.blocks)
     chosen = range(n) if layers is None else list(layers)
     for i in chosen:

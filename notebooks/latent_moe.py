@@ -172,19 +172,19 @@ print(f"after {STEPS} more steps: grown {grown_run.eval_losses[-1][1]:.3f}, "
 # %% [markdown]
 # ## 4. Check: the sorted grouped-matmul dispatch equals the dense reference
 #
-# The dropless `"ragged"` dispatch (tokens sorted by expert, `jax.lax.ragged_dot`) against
-# `"dense"` (every expert on every token, masked), same parameters, float32.
+# The dropless `method="xla"` dispatch (tokens sorted by expert, `jax.lax.ragged_dot`) against
+# `method="reference"` (every expert on every token, masked), same parameters, float32.
 
 # %%
 layer = LatentMoE(64, LatentMoEConfig(num_experts=8, top_k=3, expert_dim=32, latent_dim=16,
                                       shared_expert_dim=32, routed_scaling=2.5),
                   rngs=nnx.Rngs(0))
 x = jax.random.normal(jax.random.key(1), (4, 33, 64))
-y_ragged, _ = layer(x)
-layer.method = "dense"
-y_dense, _ = layer(x)
-err = float(jnp.linalg.norm(y_ragged - y_dense) / jnp.linalg.norm(y_dense))
-print(f"ragged vs dense: relative error {err:.1e}")
+y_xla, _ = layer(x)
+layer.method = "reference"
+y_reference, _ = layer(x)
+err = float(jnp.linalg.norm(y_xla - y_reference) / jnp.linalg.norm(y_reference))
+print(f"xla vs reference: relative error {err:.1e}")
 assert err < 1e-5
 assert all(np.isfinite(r.losses).all() for r in (parent_run, grown_run, scratch_run))
 print("OK")

@@ -9,23 +9,33 @@ fast paths and, where written, its Pallas kernels, behind one ``method=`` argume
   kernels;
 * :mod:`~jaxlib_ext.pallas_kernels.moe`: grouped matrix multiplication for mixture-of-experts
   dispatch, :func:`gmm` (the ``jax.lax.ragged_dot`` contract) and its weight gradient
-  :func:`tgmm`, in XLA or a Pallas kernel tiled over group boundaries (tuned by
-  ``moe.GMMKernelConfig``);
+  :func:`tgmm`, as a loop over groups, in XLA or a Pallas kernel tiled over group boundaries
+  (tuned by ``moe.GMMKernelConfig``);
 * :mod:`~jaxlib_ext.pallas_kernels.poet`: the POET-X layer ``x @ (R_in W R_out)`` with
   block-diagonal Cayley–Neumann rotations applied to the activations (arXiv 2506.08001,
-  2603.05500), :func:`poet_linear`, in a dense reference, XLA or Pallas kernels
-  (``method="auto" | "reference" | "xla" | "pallas"``, ``poet.METHODS``);
+  2603.05500), :func:`poet_linear`, in a dense reference, XLA or Pallas kernels;
 * :mod:`~jaxlib_ext.pallas_kernels.mlstm`: the stabilised mLSTM cell (xLSTM, arXiv 2405.04517),
-  ``mlstm.mlstm``, recurrent, quadratic parallel or chunkwise (``method="auto" | "recurrent" |
-  "parallel" | "chunk"``, ``mlstm.METHODS``; no Pallas path).
+  ``mlstm.mlstm``, recurrent or in XLA, quadratic parallel or chunkwise (``xla_form``; no
+  Pallas path).
 
-Each linear-recurrence op takes ``method="auto" | "recurrent" | "chunk" | "pallas"``
-(:data:`METHODS`); the grouped matmuls take ``method="auto" | "xla" | "pallas"``
-(``moe.METHODS``). ``"auto"`` follows one rule for every op (``_common.resolve_auto``): the
-Pallas kernels on a GPU backend where they import and take the operands, otherwise the op's
-XLA fast path. The Pallas tunables (``MDNKernelConfig``, ``moe.GMMKernelConfig``,
-``poet.PoetKernelConfig``) follow one protocol (``_common.KernelConfig``). Every op and method
-composes with ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``jax.shard_map`` (``check_vma=True``).
+Every op takes ``method`` from one vocabulary, :data:`METHODS` =
+``("auto", "reference", "xla", "pallas")``:
+
+* ``"reference"``: the plain readable path that follows the paper's equations (the ``lax.scan``
+  recurrence of the linear-recurrence ops, the loop over groups of the grouped matmuls, POET's
+  dense ``W_eff``);
+* ``"xla"``: the op's XLA fast path (the chunkwise forms, ``ragged_dot``, the input-centric
+  rotations); an op with several XLA forms takes the form as its own argument (``mlstm``'s
+  ``xla_form="chunk" | "parallel"``);
+* ``"pallas"``: the Pallas kernels (every op but ``mlstm``);
+* ``"auto"``: one rule for every op (``_common.resolve_auto``): the Pallas kernels on a GPU
+  backend where they import and take the operands, otherwise ``"xla"``.
+
+Each op's own ``METHODS`` lists the subset it offers (all four, ``mlstm``'s without
+``"pallas"``); any other value raises a ``ValueError`` naming ``method``. The Pallas tunables
+(``MDNKernelConfig``, ``moe.GMMKernelConfig``, ``poet.PoetKernelConfig``) follow one protocol
+(``_common.KernelConfig``). Every op and method composes with ``jax.jit``, ``jax.grad``,
+``jax.vmap`` and ``jax.shard_map`` (``check_vma=True``).
 """
 
 from jaxlib_ext.pallas_kernels import gated_delta, mdn, mlstm, moe, poet

@@ -19,7 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 
 SUPPORTED_CHUNK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
-METHODS: tuple[str, ...] = ("auto", "recurrent", "chunk", "pallas")
+
+#: The ``method=`` vocabulary of every op (and of LatentMoE's dispatch): ``"reference"``, the
+#: plain readable path that follows the paper's equations (a ``lax.scan`` recurrence, a loop over
+#: groups, a dense matrix); ``"xla"``, the op's XLA fast path (an op with several XLA forms takes
+#: the form as its own argument); ``"pallas"``, the Pallas kernels; ``"auto"``,
+#: :func:`resolve_auto`. An op may offer a subset (its own ``METHODS``, checked by
+#: :func:`check_method`).
+METHODS: tuple[str, ...] = ("auto", "reference", "xla", "pallas")
 
 
 # --------------------------------------------------------------------------- validation
@@ -116,10 +123,35 @@ def default_chunk_size(method: str, dtype, head_dim: int) -> int:
     return 64
 
 
-def check_method(method) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+def check_method(method, offered: Sequence[str] = METHODS, *, op: str = "this op") -> str:
+    """Require ``method`` to be one of ``offered``, a subset of :data:`METHODS`.
+
+    Args:
+      method: the op's ``method`` argument.
+      offered: the methods the op offers, in the order of :data:`METHODS`.
+      op: the op's name, for the message about a method of :data:`METHODS` it lacks.
+
+    Returns:
+      ``method``.
+
+    Raises:
+      ValueError: naming ``method``: a value outside :data:`METHODS`, or one the op lacks.
+    """
+    if isinstance(method, str) and method in METHODS and method not in offered:
+        raise ValueError(
+            f"method {method!r} is not offered by {op}; method must be one of {tuple(offered)}"
+        )
+    if not isinstance(method, str) or method not in offered:
+        raise ValueError(f"method must be one of {tuple(offered)}, got {method!r}")
     return method
+
+
+def check_form(name: str, form, forms: Sequence[str]) -> str:
+    """Require the XLA form ``form`` (the argument ``name``, e.g. ``xla_form``) to be one of
+    ``forms``; raises ValueError naming ``name`` otherwise."""
+    if not isinstance(form, str) or form not in forms:
+        raise ValueError(f"{name} must be one of {tuple(forms)}, got {form!r}")
+    return form
 
 
 def resolve_scale(scale, head_dim: int):
@@ -389,23 +421,22 @@ def lazy_attributes(package: str, table: dict[str, str]):
 
 
 def resolve_auto(
-    method: str, *, fallback: str, kernel: tuple[str, str] | None = None, supported: bool = True
+    method: str, *, kernel: tuple[str, str] | None = None, supported: bool = True
 ) -> str:
     """The path ``method="auto"`` takes, one rule for every op.
 
     ``"pallas"`` on a GPU backend when the op has Pallas kernels, ``kernel = (module, name)``
     imports, and the compiled kernels take these operands (``supported``, the op's own
-    condition, e.g. no float64 on Triton); otherwise the op's XLA fast path ``fallback``.
+    condition, e.g. no float64 on Triton); otherwise ``"xla"``, the op's XLA fast path.
 
     Args:
       method: the op's ``method`` argument; anything but ``"auto"`` comes back unchanged.
-      fallback: the op's XLA fast path (``"chunk"``, ``"xla"``).
       kernel: ``(module, attribute)`` of the op's Pallas entry point; ``None`` for an op
         without Pallas kernels.
       supported: whether the compiled kernels run these operands.
 
     Returns:
-      The method to run.
+      The method to run: ``method``, or for ``"auto"`` one of ``"pallas"`` and ``"xla"``.
     """
     if method != "auto":
         return method
@@ -416,4 +447,4 @@ def resolve_auto(
         and load_kernel(*kernel) is not None
     ):
         return "pallas"
-    return fallback
+    return "xla"

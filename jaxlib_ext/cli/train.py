@@ -170,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxlib_ext.models import FFNS, MIXERS
     from jaxlib_ext.models.lm import MODEL_MIXERS
     from jaxlib_ext.optim import OPTIMIZER_NAMES
+    from jaxlib_ext.pallas_kernels import METHODS, mlstm
 
     t = argparse.ArgumentParser(prog="python -m jaxlib_ext train",
                                 description="train a language model on a text corpus")
@@ -183,7 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="feed-forward part of every block (composable model)")
     t.add_argument("--arch", action="append", default=[], metavar="KEY=VALUE",
                    help="set a field of the composed model's LMConfig, e.g. --arch "
-                        "num_experts=16 --arch latent_dim=32 (repeatable)")
+                        "num_experts=16 --arch latent_dim=32 (repeatable); method= (the "
+                        "mixer's op) and moe_method= (the MoE dispatch) take one of "
+                        f"{', '.join(METHODS)} (mlstm: {', '.join(mlstm.METHODS)}, with "
+                        f"xla_form= one of {', '.join(mlstm.XLA_FORMS)})")
     t.add_argument("--preset", default="tiny",
                    help="model size preset (default: tiny), or a named composed model: "
                         "moe-tiny, latent-moe-tiny, mdn-latent-moe-tiny")
@@ -405,8 +409,15 @@ def _check_recorded_model(args, ckpt_dir, lm_cfg) -> None:
     recorded = _recorded_run(ckpt_dir)
     if not recorded or "model" not in recorded or lm_cfg is None:
         return
-    if recorded["model"] != lm_cfg.to_dict():
-        diff = sorted(k for k, v in lm_cfg.to_dict().items() if recorded["model"].get(k) != v)
+    model = recorded["model"]
+    try:  # the recorded config as the library reads it (saved method names included)
+        from jaxlib_ext.models import LMConfig
+
+        model = LMConfig.from_dict(model).to_dict()
+    except (TypeError, ValueError):
+        pass  # not a config this library builds: compared as recorded
+    if model != lm_cfg.to_dict():
+        diff = sorted(k for k, v in lm_cfg.to_dict().items() if model.get(k) != v)
         raise ValueError(
             f"--resume: the model flags differ from the run being resumed in {diff} "
             f"(recorded in {ckpt_dir}); pass the flags of that run (a grown checkpoint starts "

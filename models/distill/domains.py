@@ -74,7 +74,15 @@ def _folder_text(path: pathlib.Path, max_chars: int) -> str:
 
 
 def check_domain(domain: str) -> None:
-    """Raises ``ValueError`` unless ``domain`` is one of :data:`DOMAINS` or an existing path."""
+    """Checks that ``domain`` is one of :data:`DOMAINS` or an existing path.
+
+    Args:
+      domain: the domain's name or path.
+
+    Raises:
+      TypeError: if ``domain`` is not a str.
+      ValueError: if it is neither a known domain nor an existing path.
+    """
     if not isinstance(domain, str):
         raise TypeError(f"domain must be a str, got {type(domain).__name__}")
     if domain not in DOMAINS and not pathlib.Path(domain).expanduser().exists():
@@ -85,15 +93,34 @@ def check_domain(domain: str) -> None:
 
 
 def domain_name(domain: str) -> str:
-    """A short name for ``domain`` (the folder's name for a path), usable as a folder name."""
+    """A short name for ``domain``, usable as a folder name.
+
+    Args:
+      domain: one of :data:`DOMAINS` or a path.
+
+    Returns:
+      The domain itself, or the last component of the path (``"text"`` when empty).
+    """
     if domain in DOMAINS:
         return domain
     return pathlib.Path(domain).name or "text"
 
 
 def domain_text(domain: str, *, max_chars: int = 2_000_000) -> str:
-    """The first ``max_chars`` characters of ``domain`` (``"docs"``, ``"python"`` or a path;
-    module docstring)."""
+    """The first ``max_chars`` characters of a domain's text (module docstring).
+
+    Args:
+      domain: ``"docs"``, ``"python"`` or a path.
+      max_chars: the most characters to read, positive.
+
+    Returns:
+      The text, a str.
+
+    Raises:
+      TypeError: if ``domain`` is not a str.
+      ValueError: if ``domain`` is unknown, a folder holds no text files, or ``max_chars`` is
+        not positive.
+    """
     check_domain(domain)
     if max_chars < 1:
         raise ValueError(f"max_chars must be positive, got {max_chars}")
@@ -105,9 +132,23 @@ def domain_text(domain: str, *, max_chars: int = 2_000_000) -> str:
 
 
 def held_out_text(domain: str, *, max_chars: int = 2_000_000, eval_fraction: float = 0.1) -> str:
-    """The last ``eval_fraction`` of :func:`domain_text`'s characters: the text of the tokens
-    that :func:`domain_corpus` holds out (split by characters rather than tokens, so the two
-    boundaries agree to within a token), for tasks that need text (the cloze task)."""
+    """The last ``eval_fraction`` of :func:`domain_text`'s characters.
+
+    This is the text of the tokens that :func:`domain_corpus` holds out (split by characters
+    rather than tokens, so the two boundaries agree to within a token), for tasks that need
+    text (the cloze task).
+
+    Args:
+      domain: ``"docs"``, ``"python"`` or a path.
+      max_chars: the most characters of the whole text, positive.
+      eval_fraction: the held-out fraction, in ``(0, 1)``.
+
+    Returns:
+      The held-out text, a str.
+
+    Raises:
+      ValueError: if ``eval_fraction`` is not in ``(0, 1)``, or as :func:`domain_text`.
+    """
     if not 0.0 < eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
     text = domain_text(domain, max_chars=max_chars)
@@ -116,8 +157,21 @@ def held_out_text(domain: str, *, max_chars: int = 2_000_000, eval_fraction: flo
 
 def domain_corpus(domain: str, tokenizer, *, max_chars: int = 2_000_000,
                   eval_fraction: float = 0.1) -> Corpus:
-    """``domain``'s text tokenised by ``tokenizer`` (anything with ``encode`` and
-    ``vocab_size``), its last ``eval_fraction`` of tokens held out as ``Corpus.eval``."""
+    """A domain's text tokenised, its last tokens held out.
+
+    Args:
+      domain: ``"docs"``, ``"python"`` or a path.
+      tokenizer: anything with ``encode`` and ``vocab_size``.
+      max_chars: the most characters to read, positive.
+      eval_fraction: the fraction of tokens held out as ``Corpus.eval``, in ``(0, 1)``.
+
+    Returns:
+      The :class:`~jaxlib_ext.core.data.Corpus` (``train``, ``eval``, ``vocab_size``, name
+      ``"domain:<domain>"``).
+
+    Raises:
+      ValueError: if ``eval_fraction`` is not in ``(0, 1)``, or as :func:`domain_text`.
+    """
     if not 0.0 < eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
     tokens = tokenizer.encode(domain_text(domain, max_chars=max_chars))

@@ -83,9 +83,17 @@ def _logits(model: Callable, tokens) -> jax.Array:
 
 
 def logits_fn(model) -> Callable[[jax.Array], jax.Array]:
-    """A compiled ``tokens -> logits`` of an NNX model whose call returns logits or a tuple
-    ``(logits, ...)``. The parameters are an argument of the compiled function (not constants
-    folded into it), so compiling a 100M-parameter model stays cheap."""
+    """A compiled ``tokens -> logits`` of an NNX model.
+
+    The parameters are an argument of the compiled function (not constants folded into it),
+    so compiling a 100M-parameter model stays cheap.
+
+    Args:
+      model: an NNX model whose call returns logits or a tuple ``(logits, ...)``.
+
+    Returns:
+      A function ``tokens int[B, T] -> logits [B, T, V]`` over the model's current state.
+    """
     from flax import nnx
 
     graphdef, state = nnx.split(model)
@@ -113,8 +121,21 @@ def _batches(rows: np.ndarray, batch_size: int):
 
 
 def next_token_metrics(model: Callable, windows, *, batch_size: int = 8) -> dict[str, float]:
-    """Next-token ``accuracy``, mean ``nll`` (nats) and ``perplexity = exp(nll)`` of ``model``
-    over ``windows int[N, T]`` (targets: tokens ``1 .. T-1`` of each window)."""
+    """Next-token accuracy, mean negative log-likelihood and perplexity of a model.
+
+    Args:
+      model: a callable ``tokens [B, T] -> logits [B, T, V]`` (or a tuple of them first).
+      windows: ``int[N, T]`` token windows, ``T >= 2``; the targets are tokens ``1 .. T-1``
+        of each window.
+      batch_size: windows per call (the last batch padded).
+
+    Returns:
+      ``{"accuracy", "nll", "perplexity"}`` as floats (``nll`` in nats, ``perplexity =
+      exp(nll)``).
+
+    Raises:
+      ValueError: if ``windows`` is not integer ``[N, T]`` with ``T >= 2``.
+    """
     windows = _check_tokens("windows", windows, min_len=2)
     correct = nll = count = 0.0
     for batch, n in _batches(windows, batch_size):
@@ -131,8 +152,12 @@ def next_token_metrics(model: Callable, windows, *, batch_size: int = 8) -> dict
 
 @dataclasses.dataclass(frozen=True)
 class ClozeItems:
-    """Last-word cloze items, right-padded: ``tokens int32[N, L]`` (passage then last word,
-    zeros after) and ``target bool[N, L]`` (True at the last word's tokens)."""
+    """Last-word cloze items, right-padded; ``len(items)`` is ``N``.
+
+    Attributes:
+      tokens: ``int32[N, L]``, the passage then the last word, zeros after.
+      target: ``bool[N, L]``, True at the last word's tokens.
+    """
 
     tokens: np.ndarray
     target: np.ndarray
@@ -153,8 +178,20 @@ def cloze_items(text: str, tokenizer, *, n_items: int = 32, context_chars: int =
     spaced through the text. The target is the space and the word (byte-level BPE tokenisers
     attach a word's leading space to it); an item is kept when the tokenisation of the passage
     starts with the tokenisation of the passage without them (so the target's tokens are well
-    defined); the context is cut from the left to fit ``max_tokens``. ``tokenizer`` has
-    ``encode(str) -> ids``. Raises ValueError when no item can be made.
+    defined); the context is cut from the left to fit ``max_tokens``.
+
+    Args:
+      text: the held-out text.
+      tokenizer: anything with ``encode(str) -> ids``.
+      n_items: the most items, ``>= 1``.
+      context_chars: characters of text before each last word, ``>= 1``.
+      max_tokens: the most tokens per item, ``>= 2``.
+
+    Returns:
+      The :class:`ClozeItems`.
+
+    Raises:
+      ValueError: if a size is out of range or no item can be made.
     """
     if n_items < 1 or max_tokens < 2 or context_chars < 1:
         raise ValueError(
@@ -193,9 +230,19 @@ def cloze_items(text: str, tokenizer, *, n_items: int = 32, context_chars: int =
 
 def cloze_texts(texts: Mapping[str, str], tokenizer, config: SuiteConfig | None = None
                 ) -> dict[str, str]:
-    """The entries of ``texts`` (domain -> held-out text) that yield at least one cloze item
-    under ``config``'s sizes (:func:`cloze_items`): what :func:`evaluate_suite` takes as
-    ``held_out_text``. Code and other text without such items is left out, not an error."""
+    """The entries of ``texts`` that yield at least one cloze item (:func:`cloze_items`).
+
+    This is what :func:`evaluate_suite` takes as ``held_out_text``. Code and other text
+    without such items is left out, not an error.
+
+    Args:
+      texts: domain name -> held-out text.
+      tokenizer: anything with ``encode(str) -> ids``.
+      config: the suite's sizes; ``None`` means ``SuiteConfig()``.
+
+    Returns:
+      The kept entries, domain name -> text.
+    """
     c = SuiteConfig() if config is None else config
     kept = {}
     for name, text in texts.items():
@@ -210,7 +257,16 @@ def cloze_texts(texts: Mapping[str, str], tokenizer, config: SuiteConfig | None 
 
 def cloze_accuracy(model: Callable, items: ClozeItems, *, batch_size: int = 8) -> float:
     """Fraction of :class:`ClozeItems` whose every last-word token is the argmax prediction
-    from the tokens before it (teacher forcing)."""
+    from the tokens before it (teacher forcing).
+
+    Args:
+      model: a callable ``tokens [B, T] -> logits [B, T, V]``.
+      items: the cloze items.
+      batch_size: items per call.
+
+    Returns:
+      The accuracy, a float in ``[0, 1]``.
+    """
     solved = 0
     both = np.concatenate([items.tokens, items.target.astype(np.int32)], axis=1)
     length = items.tokens.shape[1]
@@ -224,8 +280,22 @@ def cloze_accuracy(model: Callable, items: ClozeItems, *, batch_size: int = 8) -
 
 def greedy_continuations(model: Callable, prompts, n_new: int, *, batch_size: int = 8
                          ) -> np.ndarray:
-    """Greedy continuations ``int32[N, n_new]`` of ``prompts int[N, P]``: one full forward of
-    a fixed-size buffer per new token (any causal callable works; no decode cache needed)."""
+    """Greedy continuations of prompts, one full forward of a fixed-size buffer per new token.
+
+    Any causal callable works; no decode cache is needed.
+
+    Args:
+      model: a causal callable ``tokens [B, T] -> logits [B, T, V]``.
+      prompts: ``int[N, P]`` prompts, ``P >= 1``.
+      n_new: the new tokens per prompt, a positive int.
+      batch_size: prompts per call.
+
+    Returns:
+      ``int32[N, n_new]``.
+
+    Raises:
+      ValueError: if ``prompts`` is not integer ``[N, P]`` or ``n_new`` is not a positive int.
+    """
     prompts = _check_tokens("prompts", prompts, min_len=1)
     if not isinstance(n_new, int) or n_new < 1:
         raise ValueError(f"n_new must be a positive int, got {n_new!r}")
@@ -240,7 +310,18 @@ def greedy_continuations(model: Callable, prompts, n_new: int, *, batch_size: in
 
 
 def continuation_agreement(continuations, reference) -> float:
-    """Mean over rows of (length of the common prefix of the two continuations) / length."""
+    """Mean over rows of (length of the common prefix of the two continuations) / length.
+
+    Args:
+      continuations: ``[N, n]`` token ids.
+      reference: ``[N, n]`` token ids.
+
+    Returns:
+      The agreement, a float in ``[0, 1]``.
+
+    Raises:
+      ValueError: if the two are not equal-shaped ``[N, n]`` arrays.
+    """
     a, b = np.asarray(continuations), np.asarray(reference)
     if a.shape != b.shape or a.ndim != 2:
         raise ValueError(f"continuations {a.shape} and reference {b.shape} must be equal [N, n]")
@@ -253,9 +334,21 @@ def continuation_agreement(continuations, reference) -> float:
 
 
 def tolerance_gaps(student, teacher, *, relative: bool = False) -> np.ndarray:
-    """Per-task gaps ``d_i = max(0, t_i - s_i)`` (relative: divided by ``|t_i|``; a zero teacher
-    score gives 0 when the student ties or wins, ``inf`` otherwise). ``C_alpha = #{d_i <=
-    alpha} / n`` (module docstring)."""
+    """Per-task gaps ``d_i = max(0, t_i - s_i)``; ``C_alpha = #{d_i <= alpha} / n`` (module
+    docstring).
+
+    Args:
+      student: ``[n]`` finite student scores, higher is better.
+      teacher: ``[n]`` finite teacher scores.
+      relative: divide the gaps by ``|t_i|`` (a zero teacher score gives 0 when the student
+        ties or wins, ``inf`` otherwise).
+
+    Returns:
+      ``float64[n]`` gaps.
+
+    Raises:
+      ValueError: if the scores are not finite non-empty vectors of one length.
+    """
     s, t = _scores(student, teacher)
     deficit = np.maximum(t - s, 0.0)
     if not relative:
@@ -266,9 +359,24 @@ def tolerance_gaps(student, teacher, *, relative: bool = False) -> np.ndarray:
 
 
 def win_and_tie_rate(student, teacher, alpha: float, *, relative: bool = False) -> float:
-    """``C_alpha``: the fraction of tasks with ``s_i >= t_i - alpha`` (``relative``: ``s_i >=
-    t_i - alpha |t_i|``); module docstring. ``student``, ``teacher``: scores ``[n]``, higher is
-    better."""
+    """``C_alpha``: the fraction of tasks with ``s_i >= t_i - alpha`` (module docstring).
+
+    Args:
+      student: ``[n]`` student scores, higher is better.
+      teacher: ``[n]`` teacher scores.
+      alpha: the tolerance, finite and ``>= 0``.
+      relative: use ``s_i >= t_i - alpha |t_i|``.
+
+    Returns:
+      ``C_alpha``, a float in ``[0, 1]``.
+
+    Raises:
+      ValueError: if ``alpha`` is out of range, or as :func:`tolerance_gaps`.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
+    """
     if not np.isfinite(alpha) or alpha < 0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     return float(np.mean(tolerance_gaps(student, teacher, relative=relative) <= alpha))
@@ -277,7 +385,24 @@ def win_and_tie_rate(student, teacher, alpha: float, *, relative: bool = False) 
 def critical_tolerance(student, teacher, *, relative: bool = False, target: float = 1.0
                        ) -> float:
     """``alpha*``: the smallest ``alpha >= 0`` with ``C_alpha >= target``, i.e. the
-    ``ceil(target n)``-th smallest per-task gap (module docstring); ``target`` in ``(0, 1]``."""
+    ``ceil(target n)``-th smallest per-task gap (module docstring).
+
+    Args:
+      student: ``[n]`` student scores, higher is better.
+      teacher: ``[n]`` teacher scores.
+      relative: use relative gaps (:func:`tolerance_gaps`).
+      target: the required ``C_alpha``, in ``(0, 1]``.
+
+    Returns:
+      ``alpha*``, a float (``inf`` possible with relative gaps).
+
+    Raises:
+      ValueError: if ``target`` is out of range, or as :func:`tolerance_gaps`.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
+    """
     if not 0.0 < target <= 1.0:
         raise ValueError(f"target must be in (0, 1], got {target}")
     gaps = np.sort(tolerance_gaps(student, teacher, relative=relative))
@@ -303,11 +428,26 @@ def _scores(student, teacher):
 
 @dataclasses.dataclass(frozen=True)
 class SuiteConfig:
-    """Sizes of the suite. Next-token tasks: ``n_windows`` windows of ``seq_len`` tokens evenly
-    spaced through each domain's held-out tokens. Cloze: ``cloze_items`` items with
-    ``cloze_context_chars`` characters of context, at most ``cloze_max_tokens`` tokens.
-    Greedy: ``n_prompts`` prompts of ``prompt_len`` tokens, ``n_new`` new tokens. Win-and-Tie:
-    ``C_alpha`` at each of ``alphas`` (absolute and relative), ``alpha*`` for ``target``."""
+    """Sizes of the suite.
+
+    Attributes:
+      seq_len: tokens per next-token window, ``>= 2``.
+      n_windows: next-token windows evenly spaced through each domain's held-out tokens.
+      batch_size: rows per model call.
+      cloze_items: the most cloze items per domain.
+      cloze_context_chars: characters of context before each cloze word.
+      cloze_max_tokens: the most tokens per cloze item.
+      n_prompts: greedy prompts per domain.
+      prompt_len: tokens per greedy prompt.
+      n_new: new tokens per greedy continuation.
+      alphas: the tolerances at which ``C_alpha`` is reported (absolute and relative), finite
+        and ``>= 0``.
+      target: the ``C_alpha`` that ``alpha*`` must reach, in ``(0, 1]``.
+
+    Raises:
+      ValueError: if a size is not a positive int (``seq_len >= 2``), or ``alphas`` or
+        ``target`` is out of range.
+    """
 
     seq_len: int = 128
     n_windows: int = 16
@@ -337,8 +477,15 @@ class SuiteConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskScore:
-    """One row of the suite: ``domain``, ``task`` (of :data:`TASKS`), both models' scores and
-    whether higher is better."""
+    """One row of the suite.
+
+    Attributes:
+      domain: the domain's name.
+      task: a task of :data:`TASKS`.
+      teacher: the teacher's score.
+      student: the student's score.
+      higher_is_better: whether a higher score is better (False for perplexity).
+    """
 
     domain: str
     task: str
@@ -348,14 +495,20 @@ class TaskScore:
 
     @property
     def difference(self) -> float:
+        """``student - teacher``."""
         return self.student - self.teacher
 
 
 @dataclasses.dataclass(frozen=True)
 class SuiteReport:
-    """The suite's rows and the Win-and-Tie summary over the rows of
-    :data:`WIN_AND_TIE_TASKS`: ``c_alpha[kind][alpha]`` and ``alpha_star[kind]`` with ``kind``
-    ``"absolute"`` or ``"relative"``."""
+    """The suite's rows and the Win-and-Tie summary over the rows of :data:`WIN_AND_TIE_TASKS`.
+
+    Attributes:
+      rows: the :class:`TaskScore` rows.
+      c_alpha: ``c_alpha[kind][alpha]``, ``kind`` ``"absolute"`` or ``"relative"``.
+      alpha_star: ``alpha_star[kind]``.
+      target: the ``C_alpha`` that ``alpha*`` reaches.
+    """
 
     rows: tuple[TaskScore, ...]
     c_alpha: dict
@@ -363,6 +516,7 @@ class SuiteReport:
     target: float
 
     def to_dict(self) -> dict:
+        """The report as a JSON-ready dict (rows with their difference, the summary)."""
         return {
             "rows": [dict(dataclasses.asdict(r), difference=r.difference) for r in self.rows],
             "c_alpha": {k: {str(a): c for a, c in v.items()} for k, v in self.c_alpha.items()},
@@ -372,12 +526,14 @@ class SuiteReport:
         }
 
     def save_json(self, path) -> pathlib.Path:
+        """Writes :meth:`to_dict` as JSON to ``path`` (parents created); returns the path."""
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
     def to_markdown(self) -> str:
+        """The rows and the ``C_alpha`` / ``alpha*`` summary as markdown tables."""
         lines = [
             "| domain | task | teacher | student | student - teacher |",
             "|---|---|---:|---:|---:|",
@@ -412,16 +568,23 @@ def _windows(tokens: np.ndarray, length: int, n: int) -> np.ndarray:
 def evaluate_suite(teacher: Callable, student: Callable, held_out: Mapping[str, Sequence[int]],
                    *, held_out_text: Mapping[str, str] | None = None, tokenizer=None,
                    config: SuiteConfig | None = None) -> SuiteReport:
-    """Runs the suite (module docstring) on ``teacher`` and ``student``, two callables
-    ``tokens [B, T] -> logits [B, T, V]`` over one vocabulary.
+    """Runs the suite (module docstring) on a teacher and a student over one vocabulary.
 
     Args:
+      teacher: a callable ``tokens [B, T] -> logits [B, T, V]``.
+      student: a callable ``tokens [B, T] -> logits [B, T, V]``.
       held_out: domain name -> held-out token ids ``[N]`` (next-token and greedy tasks).
-      held_out_text: domain name -> held-out text; with ``tokenizer`` (``encode(str) -> ids``)
-        the domain gets the cloze task (domains without text have none).
+      held_out_text: domain name -> held-out text; with ``tokenizer`` the domain gets the
+        cloze task (domains without text have none).
+      tokenizer: anything with ``encode(str) -> ids``; needed with ``held_out_text``.
       config: a :class:`SuiteConfig` (default sizes).
 
-    Returns a :class:`SuiteReport` (``to_markdown()``, ``save_json(path)``).
+    Returns:
+      A :class:`SuiteReport` (``to_markdown()``, ``save_json(path)``).
+
+    Raises:
+      ValueError: if ``held_out`` is empty or not integer ``[N]`` ids, its text is shorter
+        than a window, or ``held_out_text`` comes without a ``tokenizer``.
     """
     config = SuiteConfig() if config is None else config
     if not held_out:
@@ -457,8 +620,20 @@ def evaluate_suite(teacher: Callable, student: Callable, held_out: Mapping[str, 
 
 def summarize(rows: Sequence[TaskScore], *, alphas=SuiteConfig.alphas, target: float = 1.0
               ) -> SuiteReport:
-    """The :class:`SuiteReport` of ``rows``: ``C_alpha`` and ``alpha*`` over the rows of
-    :data:`WIN_AND_TIE_TASKS`."""
+    """The :class:`SuiteReport` of ``rows``.
+
+    Args:
+      rows: the :class:`TaskScore` rows.
+      alphas: the tolerances at which ``C_alpha`` is reported.
+      target: the ``C_alpha`` that ``alpha*`` must reach.
+
+    Returns:
+      The :class:`SuiteReport`, ``C_alpha`` and ``alpha*`` over the rows of
+      :data:`WIN_AND_TIE_TASKS`.
+
+    Raises:
+      ValueError: if no row is of :data:`WIN_AND_TIE_TASKS`.
+    """
     counted = [r for r in rows if r.task in WIN_AND_TIE_TASKS]
     if not counted:
         raise ValueError(f"rows: no task of {WIN_AND_TIE_TASKS} to compute C_alpha over")

@@ -20,7 +20,23 @@ class LoRAParam(nnx.Param):
 
 
 class LoRALinear(nnx.Module):
-    """``base(x) + (alpha / rank) * (x @ lora_a) @ lora_b``; ``base`` is kept as given."""
+    """``base(x) + (alpha / rank) * (x @ lora_a) @ lora_b``; ``base`` is kept as given.
+
+    ``lora_a [in, rank]`` is drawn from ``N(0, 1/in)`` and ``lora_b [rank, out]`` starts at
+    zero, so the wrapped layer starts equal to ``base``.
+
+    Args:
+      base: the frozen ``nnx.Linear``.
+      rank: the adapter's rank ``r``, a positive int.
+      alpha: the scale numerator; ``None`` means ``rank`` (scale 1).
+      rngs: the keys of ``lora_a``.
+
+    Raises:
+      ValueError: if ``rank`` is not a positive int.
+
+    References:
+      Hu et al., LoRA: Low-Rank Adaptation of Large Language Models, arXiv 2106.09685.
+    """
 
     def __init__(self, base: nnx.Linear, rank: int, *, alpha: float | None = None,
                  rngs: nnx.Rngs):
@@ -33,6 +49,7 @@ class LoRALinear(nnx.Module):
         self.lora_b = LoRAParam(jnp.zeros((rank, d_out), jnp.float32))
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """Applies the adapted layer to ``x [..., in]``; returns ``[..., out]``."""
         return self.base(x) + self.scale * ((x @ self.lora_a[...]) @ self.lora_b[...])
 
     def merged(self) -> nnx.Linear:
@@ -47,8 +64,16 @@ _MLP_LINEARS = ("gate", "up", "down")
 
 
 def add_lora_to_mlps(model, rank: int, *, alpha: float | None = None, rngs: nnx.Rngs) -> None:
-    """Wraps ``gate``, ``up``, ``down`` of every ``block.mlp`` of ``model`` (a
-    Llama :class:`~jaxlib_ext.models.LanguageModel`) in :class:`LoRALinear`, in place."""
+    """Wraps ``gate``, ``up``, ``down`` of every ``block.mlp`` in :class:`LoRALinear`, in place.
+
+    Layers already wrapped are left as they are.
+
+    Args:
+      model: a Llama :class:`~jaxlib_ext.models.LanguageModel` (SwiGLU MLPs).
+      rank: the adapters' rank, a positive int.
+      alpha: the scale numerator; ``None`` means ``rank``.
+      rngs: the keys of the adapters' ``lora_a``.
+    """
     for block in model.blocks:
         for name in _MLP_LINEARS:
             lin = getattr(block.mlp, name)
@@ -58,7 +83,11 @@ def add_lora_to_mlps(model, rank: int, *, alpha: float | None = None, rngs: nnx.
 
 def merge_lora(model) -> None:
     """Replaces every :class:`LoRALinear` in the blocks' MLPs by its merged ``nnx.Linear``, in
-    place."""
+    place.
+
+    Args:
+      model: a :class:`~jaxlib_ext.models.LanguageModel` of :func:`add_lora_to_mlps`.
+    """
     for block in model.blocks:
         for name in _MLP_LINEARS:
             lin = getattr(block.mlp, name)

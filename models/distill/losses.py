@@ -28,8 +28,18 @@ _TAIL_FLOOR = 1e-6
 
 
 def top_k_log_probs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-    """The teacher's ``k`` largest log-probabilities and their token ids over the last axis:
-    ``(log_probs float32[..., k], ids int32[..., k])``, in decreasing order."""
+    """The teacher's ``k`` largest log-probabilities and their token ids over the last axis.
+
+    Args:
+      logits: ``[..., V]`` logits.
+      k: the number kept, in ``[1, V]``.
+
+    Returns:
+      ``(log_probs float32[..., k], ids int32[..., k])``, in decreasing order.
+
+    Raises:
+      ValueError: if ``k`` is not in ``[1, V]``.
+    """
     if not 1 <= k <= logits.shape[-1]:
         raise ValueError(f"k must be in [1, vocab_size={logits.shape[-1]}], got {k}")
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -53,6 +63,17 @@ def sparse_kd_loss(student_logits: jax.Array, teacher_log_probs: jax.Array,
       teacher_log_probs: ``[..., k]`` teacher log-probabilities of its top-k tokens.
       teacher_ids: ``[..., k]`` their token ids (distinct per position).
       mask: optional ``[...]`` weights (1 = position counts).
+
+    Returns:
+      The float32 scalar loss (the mask-weighted mean with ``mask``).
+
+    Raises:
+      ValueError: if ``teacher_log_probs`` and ``teacher_ids`` differ in shape, or their
+        leading axes differ from ``student_logits``'s.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590 (stage II).
     """
     if teacher_log_probs.shape != teacher_ids.shape:
         raise ValueError(
@@ -83,7 +104,15 @@ def sparse_kd_loss(student_logits: jax.Array, teacher_log_probs: jax.Array,
 
 def full_kl(student_logits: jax.Array, teacher_logits: jax.Array) -> jax.Array:
     """Mean over positions of ``KL(softmax(teacher) || softmax(student))`` over the whole
-    vocabulary, in nats (the dense reference of :func:`sparse_kd_loss`)."""
+    vocabulary, in nats (the dense reference of :func:`sparse_kd_loss`).
+
+    Args:
+      student_logits: ``[..., V]``.
+      teacher_logits: ``[..., V]``.
+
+    Returns:
+      The float32 scalar loss.
+    """
     logp = jax.nn.log_softmax(teacher_logits.astype(jnp.float32), axis=-1)
     logq = jax.nn.log_softmax(student_logits.astype(jnp.float32), axis=-1)
     return jnp.mean(jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1))
@@ -93,7 +122,19 @@ def alignment_loss(student_out: jax.Array, teacher_out: jax.Array) -> jax.Array:
     """Stage I layer alignment (arXiv 2603.15590): the MSE between the student mixer's and the
     teacher attention's outputs, divided by the teacher output's mean square
     (``||y_s - y_t||^2 / ||y_t||^2``) so that every layer trains at one learning rate whatever
-    its output scale; the divisor carries no gradient."""
+    its output scale; the divisor carries no gradient.
+
+    Args:
+      student_out: the student mixer's outputs, any shape.
+      teacher_out: the teacher attention's outputs, the same shape.
+
+    Returns:
+      The float32 scalar loss.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590 (stage I).
+    """
     ys, yt = student_out.astype(jnp.float32), teacher_out.astype(jnp.float32)
     power = jax.lax.stop_gradient(jnp.mean(yt * yt))
     return jnp.mean((ys - yt) ** 2) / jnp.maximum(power, 1e-12)

@@ -50,9 +50,23 @@ def _check_trees(trees):
 
 
 def weighted_average(trees: Sequence, weights: Sequence[float] | None = None):
-    """``sum_d w_d theta_d`` over pytrees ``trees`` (weights normalised to sum 1; default
-    uniform), each leaf in its own dtype. Computed as ``theta_1 + sum_d w_d (theta_d -
-    theta_1)``, so merging identical trees returns them bit for bit."""
+    """``sum_d w_d theta_d`` over pytrees, each leaf in its own dtype.
+
+    Computed as ``theta_1 + sum_d w_d (theta_d - theta_1)``, so merging identical trees returns
+    them bit for bit.
+
+    Args:
+      trees: the pytrees ``theta_d``, one structure and shape.
+      weights: one finite non-negative weight per tree, not all zero, normalised to sum 1;
+        ``None`` means uniform.
+
+    Returns:
+      The merged pytree.
+
+    Raises:
+      ValueError: if ``trees`` is empty or of mixed structure or shapes, or ``weights`` is
+        invalid.
+    """
     trees = list(trees)
     _check_trees(trees)
     return _offset_sum(trees[0], trees, _weights(weights, len(trees)), 1.0)
@@ -69,8 +83,24 @@ def _offset_sum(base, trees, w, scale):
 
 def task_arithmetic(base, trees: Sequence, weights: Sequence[float] | None = None,
                     scale: float = 1.0):
-    """``theta_0 + scale * sum_d w_d (theta_d - theta_0)`` with ``base = theta_0`` (weights
-    normalised to sum 1; default uniform)."""
+    """``theta_0 + scale * sum_d w_d (theta_d - theta_0)`` (Ilharco et al., arXiv 2212.04089).
+
+    Args:
+      base: the shared initial pytree ``theta_0``.
+      trees: the pytrees ``theta_d``, of ``base``'s structure and shapes.
+      weights: one finite non-negative weight per tree, not all zero, normalised to sum 1;
+        ``None`` means uniform.
+      scale: ``lambda``; 1 with normalised weights is the weighted average.
+
+    Returns:
+      The merged pytree.
+
+    Raises:
+      ValueError: if the trees differ in structure or shapes, or ``weights`` is invalid.
+
+    References:
+      Ilharco et al., Editing Models with Task Arithmetic, arXiv 2212.04089.
+    """
     trees = list(trees)
     _check_trees([base, *trees])
     return _offset_sum(base, trees, _weights(weights, len(trees)), scale)
@@ -79,9 +109,24 @@ def task_arithmetic(base, trees: Sequence, weights: Sequence[float] | None = Non
 def merge_models(models: Sequence[nnx.Module], *, method: str = "average",
                  weights: Sequence[float] | None = None, base: nnx.Module | None = None,
                  scale: float = 1.0) -> nnx.Module:
-    """A new module with the merged ``nnx.Param`` values of ``models`` (one architecture); its
-    other state is the first model's. ``method`` is ``"average"`` or ``"task_arithmetic"``
-    (which needs ``base``, the shared initial model)."""
+    """A new module with the merged ``nnx.Param`` values of ``models``.
+
+    Its other state is the first model's.
+
+    Args:
+      models: the modules to merge, of one architecture.
+      method: ``"average"`` or ``"task_arithmetic"``.
+      weights: one weight per model (see :func:`weighted_average`); ``None`` means uniform.
+      base: the shared initial model, required by ``"task_arithmetic"``.
+      scale: ``lambda`` of task arithmetic.
+
+    Returns:
+      The merged module.
+
+    Raises:
+      ValueError: if ``method`` is unknown, ``models`` is empty, ``base`` is missing for task
+        arithmetic, or as :func:`weighted_average`.
+    """
     if method not in MERGE_METHODS:
         raise ValueError(f"method must be one of {MERGE_METHODS}, got {method!r}")
     models = list(models)

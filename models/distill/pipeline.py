@@ -38,6 +38,7 @@ from flax import nnx
 from jaxlib_ext.core.checkpoint import Checkpointer
 from jaxlib_ext.core.data import ByteTokenizer
 from jaxlib_ext.models._backbone import LanguageModel
+from jaxlib_ext.models._saved_methods import read_saved_methods
 from jaxlib_ext.models.distill.domains import check_domain, domain_corpus, domain_name
 from jaxlib_ext.models.distill.losses import sparse_kd_loss
 from jaxlib_ext.models.distill.merging import MERGE_METHODS, merge_models
@@ -64,8 +65,13 @@ __all__ = [
 
 
 class Teacher(NamedTuple):
-    """A teacher: its model, its tokenizer (``encode``, ``decode``, ``vocab_size``) and config
-    (:func:`~jaxlib_ext.models.llama.load_gguf` returns one)."""
+    """A teacher (:func:`~jaxlib_ext.models.llama.load_gguf` returns one).
+
+    Attributes:
+      model: the teacher :class:`~jaxlib_ext.models.LanguageModel`.
+      tokenizer: its tokenizer (``encode``, ``decode``, ``vocab_size``).
+      config: its :class:`~jaxlib_ext.models.LMConfig`.
+    """
 
     model: LanguageModel
     tokenizer: object
@@ -74,7 +80,20 @@ class Teacher(NamedTuple):
 
 def tiny_teacher(seed: int = 0, *, n_layers: int = 2, dim: int = 64) -> Teacher:
     """A small randomly initialised Llama over UTF-8 bytes (:class:`~jaxlib_ext.core.data.
-    ByteTokenizer`): a stand-in teacher for tests and quick runs where the real one is absent."""
+    ByteTokenizer`): a stand-in teacher for tests and quick runs where the real one is absent.
+
+    Its matrices are scaled by 8 from the initialisation, for sharper next-token
+    distributions.
+
+    Args:
+      seed: the seed of the initialisation.
+      n_layers: the number of blocks.
+      dim: the model width (4 heads of ``dim // 4``, SwiGLU width ``2 dim``).
+
+    Returns:
+      The :class:`Teacher` of the ``"llama-tiny"`` preset at these sizes, vocabulary 256 and
+      ``max_seq_len`` 1024.
+    """
     cfg = lm_config(None, None, "llama-tiny", vocab_size=256, d_model=dim, n_layers=n_layers,
                     head_dim=dim // 4, mlp_hidden=2 * dim, max_seq_len=1024)
     model = LanguageModel(cfg, rngs=nnx.Rngs(seed))
@@ -87,9 +106,20 @@ def tiny_teacher(seed: int = 0, *, n_layers: int = 2, dim: int = 64) -> Teacher:
 
 def check_vocabularies(teacher_tokenizer, student_tokenizer, *, teacher_vocab: int | None = None,
                        student_vocab: int | None = None) -> None:
-    """Raises ``ValueError`` unless teacher and student share one vocabulary: the same size and,
-    when the tokenizers list their tokens, the same token strings (the first difference is
-    named). KD compares distributions token by token, so nothing else can be distilled."""
+    """Checks that teacher and student share one vocabulary.
+
+    They must have the same size and, when the tokenizers list their tokens, the same token
+    strings. KD compares distributions token by token, so nothing else can be distilled.
+
+    Args:
+      teacher_tokenizer: the teacher's tokenizer.
+      student_tokenizer: the student's tokenizer.
+      teacher_vocab: the teacher's vocabulary size; ``None`` means the tokenizer's.
+      student_vocab: the student's vocabulary size; ``None`` means the tokenizer's.
+
+    Raises:
+      ValueError: if the sizes or the token strings differ (the first difference is named).
+    """
     sizes = (teacher_vocab or teacher_tokenizer.vocab_size,
              student_vocab or student_tokenizer.vocab_size)
     if sizes[0] != sizes[1]:
@@ -112,15 +142,35 @@ def check_vocabularies(teacher_tokenizer, student_tokenizer, *, teacher_vocab: i
 class DistillConfig:
     """A distillation run (module docstring).
 
-    Data: ``domains`` (``"docs"``, ``"python"`` or paths), ``max_chars`` read per domain, the
-    last ``eval_fraction`` held out; ``n_sequences`` cached windows of ``seq_len`` tokens per
-    domain; the teacher's ``top_k`` log-probabilities per position; activations stored in
-    ``cache_dtype``. Student: ``layers`` (default all) get a student mixer built with
-    :data:`STUDENT_DEFAULTS` updated by ``student`` (:class:`~jaxlib_ext.models.xlstm.XLSTMConfig`
-    fields). Stages: ``stage1``,
-    ``stage2`` (:class:`~jaxlib_ext.models.distill.stages.StageConfig`), ``lora_rank`` (0: no
-    LoRA on the MLPs); stage III ``merge`` (``"average"`` or ``"task_arithmetic"``),
-    ``merge_weights`` (one per domain, default uniform), ``merge_scale`` (task arithmetic).
+    Attributes:
+      out_dir: the run's folder.
+      domains: the domains, ``"docs"``, ``"python"`` or paths, with distinct names.
+      max_chars: characters read per domain, positive.
+      eval_fraction: the last fraction of each domain's text held out.
+      seq_len: tokens per cached window, positive.
+      n_sequences: cached windows per domain, positive.
+      top_k: the teacher's log-probabilities kept per position, positive.
+      cache_dtype: the dtype the teacher activations are stored in.
+      layers: the blocks that get a student mixer; ``None`` means all.
+      student: :class:`~jaxlib_ext.models.xlstm.XLSTMConfig` fields that update
+        :data:`STUDENT_DEFAULTS`.
+      stage1: stage I's :class:`~jaxlib_ext.models.distill.stages.StageConfig`.
+      stage2: stage II's :class:`~jaxlib_ext.models.distill.stages.StageConfig`.
+      lora_rank: the rank of the LoRA adapters on the MLPs in stage II (0: none).
+      merge: stage III's method, ``"average"`` or ``"task_arithmetic"``.
+      merge_weights: one weight per domain; ``None`` means uniform.
+      merge_scale: the scale of task arithmetic.
+      seed: the seed of the initial student's fresh parameters.
+      shard_layers: whether stage I splits the layer axis over the devices.
+
+    Raises:
+      ValueError: if ``domains`` is empty, unknown or has two of one name, ``merge`` is
+        unknown, ``merge_weights`` does not have one weight per domain, or a count is not
+        positive.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
     """
 
     out_dir: str = "runs/distill"
@@ -163,6 +213,7 @@ class DistillConfig:
                 raise ValueError(f"DistillConfig.{name} must be positive")
 
     def to_json(self) -> dict:
+        """The fields as a dict for ``config.json`` (``domains`` as a list)."""
         d = dataclasses.asdict(self)
         d["domains"] = list(self.domains)
         return d
@@ -173,9 +224,16 @@ _REMERGE_FIELDS = ("merge", "merge_weights", "merge_scale", "out_dir")
 
 
 class DistillResult(NamedTuple):
-    """A finished run: the initial student, the per-domain students (after stage II), the merged
-    student, each stage's metrics rows by domain (``{"stage1": rows, "stage2": rows}``), the
-    per-domain teacher caches and the per-domain students after stage I alone (``aligned``)."""
+    """A finished run.
+
+    Attributes:
+      initial: the initial student.
+      students: the per-domain students after stage II, by domain name.
+      merged: the merged student (stage III).
+      metrics: each stage's metrics rows by domain (``{"stage1": rows, "stage2": rows}``).
+      caches: the per-domain teacher caches.
+      aligned: the per-domain students after stage I alone.
+    """
 
     initial: LanguageModel
     students: dict
@@ -194,9 +252,22 @@ STUDENT_DEFAULTS = {"gate_bias_init": -3.0}
 
 def initial_student(teacher: LanguageModel, layers=None, *, student: dict | None = None,
                     seed: int = 0, student_mixer: Callable | None = None) -> LanguageModel:
-    """The teacher with the attention of blocks ``layers`` (default all) replaced by student
-    mixers: ``student_mixer(attention, rngs)`` or the xLSTM hybrid mixer with the settings
-    :data:`STUDENT_DEFAULTS` updated by ``student``; everything else copied."""
+    """The teacher with the attention of some blocks replaced by student mixers.
+
+    Everything else is copied; the teacher is not changed.
+
+    Args:
+      teacher: the teacher language model.
+      layers: the blocks to replace; ``None`` means all.
+      student: :class:`~jaxlib_ext.models.xlstm.XLSTMConfig` fields that update
+        :data:`STUDENT_DEFAULTS` (for the default mixer).
+      seed: the seed of the fresh mixer parameters.
+      student_mixer: ``student_mixer(attention, rngs) -> mixer``; ``None`` means the xLSTM
+        hybrid mixer (:func:`~jaxlib_ext.models.xlstm.from_teacher`).
+
+    Returns:
+      The initial student :class:`~jaxlib_ext.models.LanguageModel`.
+    """
     layers = range(len(teacher.blocks)) if layers is None else layers
     rngs = nnx.Rngs(seed)
     if student_mixer is None:
@@ -214,7 +285,19 @@ def initial_student(teacher: LanguageModel, layers=None, *, student: dict | None
 
 
 def held_out_windows(corpus, seq_len: int, n: int) -> np.ndarray:
-    """Up to ``n`` windows of ``seq_len + 1`` tokens from the held-out split of ``corpus``."""
+    """Up to ``n`` windows of ``seq_len + 1`` tokens from the held-out split of ``corpus``.
+
+    Args:
+      corpus: a corpus with an ``eval`` token array (:func:`domain_corpus`).
+      seq_len: tokens per window, before the one extra target token.
+      n: the most windows to return.
+
+    Returns:
+      ``int32[min(n, available), seq_len + 1]``.
+
+    Raises:
+      ValueError: if the held-out split is shorter than ``seq_len + 1`` tokens.
+    """
     available = len(corpus.eval) // (seq_len + 1)
     if available < 1:
         raise ValueError(f"the held-out split ({len(corpus.eval)} tokens) is shorter than "
@@ -240,9 +323,22 @@ def _kd_and_nll(s_graph, t_graph, s_state, t_state, top_k, tokens):
 
 def kd_and_perplexity(student: LanguageModel, teacher: LanguageModel, windows: np.ndarray, *,
                       top_k: int, batch_size: int = 4) -> dict:
-    """On ``windows int32[N, T + 1]``: the student's sparse KD against the teacher (top
-    ``top_k``), and both models' perplexities of the next tokens. Compiled once per pair of
-    architectures, so students of one architecture share the compilation."""
+    """The student's sparse KD against the teacher and both models' perplexities.
+
+    Compiled once per pair of architectures, so students of one architecture share the
+    compilation.
+
+    Args:
+      student: the student language model.
+      teacher: the teacher language model.
+      windows: ``int32[N, T + 1]`` token windows.
+      top_k: the teacher's top-k of the sparse KD.
+      batch_size: windows per compiled call.
+
+    Returns:
+      A dict of floats: ``kd`` (nats per token), ``student_ppl`` and ``teacher_ppl`` (of the
+      next tokens).
+    """
     s_graph, s_state = nnx.split(student)
     t_graph, t_state = nnx.split(teacher)
     windows = np.asarray(windows)
@@ -269,9 +365,28 @@ def _save_merged(directory: pathlib.Path, model: LanguageModel, record: dict) ->
 def run_distillation(teacher: Teacher, config: DistillConfig, *,
                      student_mixer: Callable | None = None, student_tokenizer=None,
                      progress: bool = True) -> DistillResult:
-    """Runs (or resumes) the whole pipeline for ``teacher`` (module docstring). The student
-    reads the teacher's tokenizer; a ``student_tokenizer`` given is checked to be the same
-    (:func:`check_vocabularies`)."""
+    """Runs (or resumes) the whole pipeline for ``teacher`` (module docstring).
+
+    Args:
+      teacher: the teacher, its model and tokenizer.
+      config: the run's settings.
+      student_mixer: ``student_mixer(attention, rngs) -> mixer``; ``None`` means the xLSTM
+        hybrid mixer.
+      student_tokenizer: the student's tokenizer, checked to be the teacher's
+        (:func:`check_vocabularies`); ``None``: the student reads the teacher's.
+      progress: whether to show progress bars.
+
+    Returns:
+      The :class:`DistillResult`.
+
+    Raises:
+      ValueError: if the teacher's tokenizer and model disagree on the vocabulary, the
+        vocabularies differ, or ``config.out_dir`` holds a run of another configuration.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
+    """
     model, tokenizer = teacher.model, teacher.tokenizer
     if tokenizer.vocab_size != model.cfg.vocab_size:
         raise ValueError(f"teacher: tokenizer of {tokenizer.vocab_size} tokens for a model of "
@@ -283,6 +398,8 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
     recorded = out / "config.json"
     if recorded.exists():
         have = json.loads(recorded.read_text())
+        if isinstance(have.get("student"), dict):  # saved per-op method names, read as ours
+            have["student"] = read_saved_methods(have["student"])
         want = json.loads(json.dumps(config.to_json()))
         differ = sorted(k for k in set(have) | set(want)
                         if k not in _REMERGE_FIELDS and have.get(k) != want.get(k))

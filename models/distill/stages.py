@@ -60,10 +60,26 @@ NonFiniteLossError = loop.NonFiniteLossError
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
-    """One stage's optimisation: AdamW (no weight decay) with a linear warm-up over the first
-    ``warmup_fraction`` of ``steps`` and a cosine decay to ``learning_rate / 10``, gradients
-    clipped to global norm ``clip_norm``; ``batch_size`` cached windows per step (per layer in
-    stage I), logs every ``log_every`` steps and checkpoints every ``checkpoint_every``."""
+    """One stage's optimisation.
+
+    AdamW (no weight decay) with a linear warm-up over the first ``warmup_fraction`` of
+    ``steps`` and a cosine decay to ``learning_rate / 10`` (:meth:`schedule`), gradients
+    clipped to global norm ``clip_norm``.
+
+    Attributes:
+      steps: optimizer steps, a positive int.
+      learning_rate: the peak learning rate, positive.
+      batch_size: cached windows per step (per layer in stage I), a positive int.
+      seed: the seed of the batches (and of the LoRA adapters in stage II).
+      warmup_fraction: the fraction of the horizon spent warming up.
+      clip_norm: the global gradient-norm clip.
+      log_every: steps between metrics rows, a positive int.
+      checkpoint_every: steps between checkpoints, a positive int.
+      progress: whether to show a progress bar.
+
+    Raises:
+      ValueError: if a count is not a positive int or ``learning_rate`` is not positive.
+    """
 
     steps: int = 100
     learning_rate: float = 1e-3
@@ -86,9 +102,10 @@ class StageConfig:
             )
 
     def schedule(self, horizon: int | None = None) -> WarmupCosine:
-        r"""The learning rate of step ``t``, over a curve of ``horizon`` steps (default
-        ``steps``): with ``w = max(1, floor(warmup_fraction * horizon))``,
-        ``T = max(horizon, w + 1)`` and ``eta = learning_rate``,
+        r"""The learning rate of step ``t``, over a curve of ``horizon`` steps.
+
+        With ``w = max(1, floor(warmup_fraction * horizon))``, ``T = max(horizon, w + 1)`` and
+        ``eta = learning_rate``,
 
         .. math::
             \eta_t = \eta\, t / w \ (t < w), \quad
@@ -96,7 +113,14 @@ class StageConfig:
                      \bigl(1 + \cos \tfrac{\pi (t - w)}{T - w}\bigr) \ (w \le t < T), \quad
             \eta_t = \eta / 10 \ (t \ge T)
 
-        (``optax.warmup_cosine_decay_schedule(0, eta, w, T, eta / 10)``)."""
+        (``optax.warmup_cosine_decay_schedule(0, eta, w, T, eta / 10)``).
+
+        Args:
+          horizon: the curve's length in steps; ``None`` means ``steps``.
+
+        Returns:
+          The :class:`~jaxlib_ext.core.schedule.WarmupCosine`.
+        """
         horizon = self.steps if horizon is None else int(horizon)
         warmup = max(1, int(self.warmup_fraction * horizon))
         return WarmupCosine(peak_lr=self.learning_rate, warmup_steps=warmup,
@@ -104,9 +128,17 @@ class StageConfig:
                             end_lr=self.learning_rate / 10)
 
     def optimizer(self, horizon: int | None = None) -> optax.GradientTransformation:
-        """The stage's optax transformation (schedule :meth:`schedule`); one object per
-        setting, so that the compiled steps (which take it as a static argument) are reused
-        across calls."""
+        """The stage's optax transformation (schedule :meth:`schedule`).
+
+        One object per setting, so that the compiled steps (which take it as a static
+        argument) are reused across calls.
+
+        Args:
+          horizon: the schedule's length in steps; ``None`` means ``steps``.
+
+        Returns:
+          ``optax.chain(clip_by_global_norm(clip_norm), adamw(schedule, weight_decay=0))``.
+        """
         return _optimizer(self.schedule(horizon), self.clip_norm)
 
 
@@ -117,9 +149,13 @@ def _optimizer(schedule: WarmupCosine, clip_norm: float):
 
 
 class StageResult(NamedTuple):
-    """A finished stage: the trained modules (stage I: the list of mixers; stage II: the
-    student), the logged metrics rows of the whole stage and the step it started from (> 0 when
-    resumed)."""
+    """A finished stage.
+
+    Attributes:
+      trained: the trained modules (stage I: the list of mixers; stage II: the student).
+      metrics: the logged metrics rows of the whole stage.
+      start_step: the step it started from (> 0 when resumed).
+    """
 
     trained: object
     metrics: list
@@ -127,7 +163,14 @@ class StageResult(NamedTuple):
 
 
 def read_metrics(directory: str | pathlib.Path) -> list[dict]:
-    """The rows of a stage folder's ``metrics.jsonl`` (empty when none)."""
+    """The rows of a stage folder's ``metrics.jsonl``.
+
+    Args:
+      directory: the stage folder.
+
+    Returns:
+      The list of row dicts, empty when there is no file.
+    """
     path = pathlib.Path(directory) / "metrics.jsonl"
     if not path.exists():
         return []
@@ -250,6 +293,19 @@ def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequ
       schedule_steps: the horizon of the learning-rate schedule (default ``config.steps``):
         a run of fewer steps stops partway along the curve, and a later call with more steps
         continues it.
+
+    Returns:
+      The :class:`StageResult` of the trained mixers.
+
+    Raises:
+      ValueError: if ``mixers`` and ``layers`` do not pair up, the mixers differ in
+        architecture, a layer is not in the cache, or ``directory`` holds checkpoints of
+        another setting.
+      NonFiniteLossError: on a NaN or Inf loss.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
     """
     mixers, layers = list(mixers), [int(i) for i in layers]
     if len(mixers) != len(layers) or not mixers:
@@ -338,6 +394,18 @@ def distill_end_to_end(student, cache: TeacherCache, config: StageConfig,
       desc: the progress bar's label.
       schedule_steps: the horizon of the learning-rate schedule (default ``config.steps``),
         as in :func:`align_layers`.
+
+    Returns:
+      The :class:`StageResult` of the trained student.
+
+    Raises:
+      ValueError: if the student's vocabulary differs from the cache's, or ``directory``
+        holds checkpoints of another setting.
+      NonFiniteLossError: on a NaN or Inf loss.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590.
     """
     if student.cfg.vocab_size != cache.spec.vocab_size:
         raise ValueError(

@@ -46,8 +46,19 @@ CACHE_DTYPES = ("float32", "float16")
 
 
 def make_windows(tokens: np.ndarray, n_sequences: int, seq_len: int) -> np.ndarray:
-    """``n_sequences`` non-overlapping windows ``int32[n, seq_len + 1]`` spread evenly over
-    ``tokens``."""
+    """Non-overlapping windows spread evenly over a token array.
+
+    Args:
+      tokens: ``[L]`` token ids.
+      n_sequences: the number of windows, positive.
+      seq_len: tokens per window before the one extra target token, positive.
+
+    Returns:
+      ``int32[n_sequences, seq_len + 1]``.
+
+    Raises:
+      ValueError: if a count is not positive or ``tokens`` is too short for the windows.
+    """
     tokens = np.asarray(tokens)
     width = seq_len + 1
     available = len(tokens) // width
@@ -63,7 +74,14 @@ def make_windows(tokens: np.ndarray, n_sequences: int, seq_len: int) -> np.ndarr
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash of the vocabulary (token strings in id order when the tokenizer lists them)."""
+    """A hash of the vocabulary (token strings in id order when the tokenizer lists them).
+
+    Args:
+      tokenizer: a tokenizer with ``vocab_size`` and optionally ``token_strings()``.
+
+    Returns:
+      16 hex digits of a SHA-256 (of the type name and size without ``token_strings``).
+    """
     if hasattr(tokenizer, "token_strings"):
         text = "\n".join(tokenizer.token_strings())
     else:
@@ -72,7 +90,15 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def model_fingerprint(model) -> str:
-    """A hash of a model's configuration and a sample of its parameters."""
+    """A hash of a model's configuration and a sample of its parameters.
+
+    Args:
+      model: an NNX model (its ``cfg`` when it has one, and the first 64 values of each
+        ``nnx.Param``).
+
+    Returns:
+      16 hex digits of a SHA-256.
+    """
     h = hashlib.sha256(repr(getattr(model, "cfg", type(model).__name__)).encode())
     for _, value in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         h.update(np.asarray(value[...], np.float32).ravel()[:64].tobytes())
@@ -81,7 +107,20 @@ def model_fingerprint(model) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
-    """The settings a teacher cache was built with."""
+    """The settings a teacher cache was built with.
+
+    Attributes:
+      n_sequences: the cached windows ``N``.
+      seq_len: the tokens ``T`` the model reads per window.
+      top_k: the teacher's log-probabilities kept per position.
+      layers: the cached attention layers.
+      dim: the teacher's model width.
+      vocab_size: the teacher's vocabulary size.
+      dtype: the storage dtype of the layer activations.
+      teacher: the teacher's :func:`model_fingerprint`.
+      tokenizer: the tokenizer's :func:`tokenizer_fingerprint`.
+      windows: 16 hex digits of a SHA-256 of the token windows.
+    """
 
     n_sequences: int
     seq_len: int
@@ -95,17 +134,29 @@ class CacheSpec:
     windows: str  # hash of the token windows
 
     def to_json(self) -> dict:
+        """The fields as a JSON-ready dict (``layers`` as a list)."""
         d = dataclasses.asdict(self)
         d["layers"] = list(self.layers)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> CacheSpec:
+        """The spec of a :meth:`to_json` dict ``d``."""
         return cls(**{**d, "layers": tuple(d["layers"])})
 
 
 class TeacherCache:
-    """A complete cache folder (module docstring), arrays opened as read-only memory maps."""
+    """A complete cache folder (module docstring), arrays opened as read-only memory maps.
+
+    ``len(cache)`` is the number of windows; ``spec`` is the :class:`CacheSpec`; ``tokens``,
+    ``top_log_probs`` and ``top_ids`` are the memory-mapped arrays.
+
+    Args:
+      directory: the cache folder.
+
+    Raises:
+      FileNotFoundError: if ``directory`` holds no complete cache.
+    """
 
     def __init__(self, directory: str | pathlib.Path):
         self.directory = pathlib.Path(directory)
@@ -124,7 +175,17 @@ class TeacherCache:
         return self.spec.n_sequences
 
     def layer_io(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """The memory-mapped ``(inputs, outputs) [N, T, dim]`` of ``layer``'s attention."""
+        """The memory-mapped inputs and outputs of a layer's attention.
+
+        Args:
+          layer: a cached layer index.
+
+        Returns:
+          ``(inputs, outputs)``, each ``[N, T, dim]`` in the cache's dtype.
+
+        Raises:
+          ValueError: if ``layer`` is not cached.
+        """
         if layer not in self.spec.layers:
             raise ValueError(f"layer {layer} is not cached (cached: {list(self.spec.layers)})")
         return self._load(f"layer_{layer:03d}_in"), self._load(f"layer_{layer:03d}_out")
@@ -149,11 +210,30 @@ def _teacher_outputs(graphdef, state, tokens, layers, top_k):
 def build_teacher_cache(model, tokenizer, windows: np.ndarray, directory: str | pathlib.Path, *,
                         top_k: int, layers=None, dtype: str = "float32", batch_size: int = 4,
                         progress: bool = True, desc: str = "teacher cache") -> TeacherCache:
-    """Runs the teacher ``model`` (a Llama :class:`~jaxlib_ext.models.LanguageModel`) over ``windows
-    int32[N, T + 1]`` and writes the cache folder ``directory`` (module docstring), or reuses
-    it when complete with the same settings. ``layers``: the attention layers whose inputs and
-    outputs are kept (default all); ``dtype``: their storage type, ``"float32"`` or
-    ``"float16"``; ``desc`` names the progress bar."""
+    """Runs the teacher over token windows and writes the cache folder (module docstring).
+
+    A complete folder with the same settings is reused as is.
+
+    Args:
+      model: the teacher, a Llama :class:`~jaxlib_ext.models.LanguageModel`.
+      tokenizer: its tokenizer (for the fingerprint; same vocabulary size as ``model``).
+      windows: ``int32[N, T + 1]`` token windows, ``T >= 1``, ids in ``[0, vocab_size)``.
+      directory: the cache folder.
+      top_k: the log-probabilities kept per position.
+      layers: the attention layers whose inputs and outputs are kept; ``None`` means all.
+      dtype: their storage type, ``"float32"`` or ``"float16"``.
+      batch_size: windows per teacher call.
+      progress: whether to show a progress bar.
+      desc: the progress bar's label.
+
+    Returns:
+      The :class:`TeacherCache`.
+
+    Raises:
+      ValueError: if ``windows``, ``dtype`` or ``layers`` is invalid, the tokenizer's
+        vocabulary differs from the model's, or ``directory`` holds a complete cache of other
+        settings.
+    """
     windows = np.asarray(windows)
     if windows.ndim != 2 or windows.shape[1] < 2 or not np.issubdtype(windows.dtype, np.integer):
         raise ValueError(f"windows: expected integer [N, T + 1] with T >= 1, got {windows.shape}")

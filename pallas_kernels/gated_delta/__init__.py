@@ -1,11 +1,12 @@
 """Gated delta rule (Gated DeltaNet, arXiv 2412.06464) as a pure JAX op: the MDN baseline.
 
-``gated_delta_rule`` validates its arguments and dispatches on ``method``: ``"recurrent"`` (the
-``lax.scan`` reference), ``"chunk"`` (the chunkwise WY form), ``"pallas"``
+``gated_delta_rule`` validates its arguments and dispatches on ``method``, one of
+:data:`METHODS` (the library's vocabulary, every one offered): ``"reference"`` (the ``lax.scan``
+recurrence), ``"xla"`` (the chunkwise WY form, the op's one XLA form), ``"pallas"``
 (:func:`gated_delta_rule_pallas`, the momentum delta rule's Pallas kernels at ``mu = 0``,
 ``eta = 1``, ``p = alpha * k``; loaded on first use, interpreted on CPU) and ``"auto"``
 (``_common.resolve_auto``: the Pallas kernels on a GPU backend when they import, else
-``"chunk"``).
+``"xla"``).
 """
 
 from __future__ import annotations
@@ -79,10 +80,10 @@ def gated_delta_rule(
       scale: query scale, default ``K ** -0.5``.
       initial_state: ``[B, H, K, V]`` or ``None`` (zeros).
       output_final_state: also return ``S_T`` ``[B, H, K, V]``.
-      method: ``"auto" | "recurrent" | "chunk" | "pallas"``.
-      chunk_size: one of 16, 32, 64, 128 (compiled Pallas kernels with float32 inputs and
-        K > 64 take 16 or 32 and raise otherwise). ``None``: 64, or 32 where the compiled
-        Pallas kernels need it (``_common.default_chunk_size``).
+      method: ``"auto" | "reference" | "xla" | "pallas"`` (:data:`METHODS`).
+      chunk_size: one of 16, 32, 64, 128 (``"xla"`` and ``"pallas"``; compiled Pallas kernels
+        with float32 inputs and K > 64 take 16 or 32 and raise otherwise). ``None``: 64, or 32
+        where the compiled Pallas kernels need it (``_common.default_chunk_size``).
 
     Returns:
       ``(o, final_state)``: ``o`` in ``q.dtype``; ``final_state`` float32 (float64 for float64
@@ -92,19 +93,19 @@ def gated_delta_rule(
       ValueError: bad ranks, shapes or dtypes, negative ``beta``, unsupported ``chunk_size``,
         unknown ``method`` (the message names the argument).
     """
-    method = check_method(method)
+    method = check_method(method, METHODS, op="gated_delta_rule")
     chunk_size = check_chunk_size(chunk_size)
     K = _validate(q, k, v, g, beta, initial_state)
     scale = resolve_scale(scale, K)
     output_final_state = bool(output_final_state)
-    method = resolve_auto(method, fallback="chunk", kernel=_KERNEL)
+    method = resolve_auto(method, kernel=_KERNEL)
     if chunk_size is None:
         chunk_size = default_chunk_size(method, q.dtype, K)
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
 
-    if method == "recurrent":
+    if method == "reference":
         return _recurrent_jit(q, k, v, g, beta, **kwargs)
-    if method == "chunk":
+    if method == "xla":
         return _chunk_jit(q, k, v, g, beta, chunk_size=chunk_size, **kwargs)
     from jaxlib_ext.pallas_kernels.gated_delta.pallas import gated_delta_rule_pallas
     from jaxlib_ext.pallas_kernels.mdn.config import MDNKernelConfig

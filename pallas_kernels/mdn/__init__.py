@@ -1,16 +1,16 @@
 """Momentum delta rule (Momentum DeltaNet, arXiv 2605.05838) as a pure JAX op.
 
-``momentum_delta_rule`` validates its arguments and dispatches to one of three paths behind the
-same signature:
+``momentum_delta_rule`` validates its arguments and dispatches on ``method``, one of
+:data:`METHODS` (the library's vocabulary, every one offered), behind the same signature:
 
-- ``"recurrent"``: :func:`jaxlib_ext.pallas_kernels.mdn.reference.momentum_delta_rule_recurrent`,
+- ``"reference"``: :func:`jaxlib_ext.pallas_kernels.mdn.reference.momentum_delta_rule_recurrent`,
   the step-by-step ``lax.scan`` (the ground truth).
-- ``"chunk"``: :func:`jaxlib_ext.pallas_kernels.mdn.chunk.momentum_delta_rule_chunk`, the
-  chunkwise-parallel form (eqs. (5)-(11)), rematerialised per chunk.
+- ``"xla"``: :func:`jaxlib_ext.pallas_kernels.mdn.chunk.momentum_delta_rule_chunk`, the
+  chunkwise-parallel form (eqs. (5)-(11)), rematerialised per chunk (the op's one XLA form).
 - ``"pallas"``: :func:`momentum_delta_rule_pallas` (``mdn/pallas.py``, loaded on first use;
   interpreted on CPU), tuned by an ``MDNKernelConfig``.
 - ``"auto"``: ``_common.resolve_auto``: the Pallas kernels on a GPU backend when they import,
-  otherwise ``"chunk"``.
+  otherwise ``"xla"``.
 
 ``momentum_delta_rule_pallas`` and ``MDNKernelConfig`` are importable from here without loading
 the Pallas modules until first use.
@@ -103,8 +103,8 @@ def momentum_delta_rule(
       scale: query scale, default ``K ** -0.5``.
       initial_state: ``[2, B, H, K, V]`` holding ``(S_0, M_0)``; ``None`` means zeros.
       output_final_state: return ``(S_T, M_T)`` as ``[2, B, H, K, V]``.
-      method: ``"auto" | "recurrent" | "chunk" | "pallas"``.
-      chunk_size: one of 16, 32, 64, 128 (``"chunk"`` and ``"pallas"``; compiled Pallas
+      method: ``"auto" | "reference" | "xla" | "pallas"`` (:data:`METHODS`).
+      chunk_size: one of 16, 32, 64, 128 (``"xla"`` and ``"pallas"``; compiled Pallas
         kernels with float32 inputs and K > 64 take 16 or 32 and raise otherwise). ``None``:
         64, or 32 where the compiled Pallas kernels need it (``_common.default_chunk_size``).
 
@@ -116,22 +116,22 @@ def momentum_delta_rule(
       ValueError: wrong ranks or shapes, non-floating dtypes, negative ``beta``, unsupported
         ``chunk_size`` or unknown ``method`` (the message names the argument).
     """
-    method = check_method(method)
+    method = check_method(method, METHODS, op="momentum_delta_rule")
     chunk_size = check_chunk_size(chunk_size)
     K = _validate(q, k, v, p, log_alpha, log_mu, beta, eta, initial_state)
     scale = resolve_scale(scale, K)
     output_final_state = bool(output_final_state)
     args = (q, k, v, p, log_alpha, log_mu, beta, eta)
 
-    method = resolve_auto(method, fallback="chunk", kernel=_KERNEL)
+    method = resolve_auto(method, kernel=_KERNEL)
     if chunk_size is None:
         chunk_size = default_chunk_size(method, q.dtype, K)
 
-    if method == "recurrent":
+    if method == "reference":
         return _recurrent_jit(
             *args, scale=scale, initial_state=initial_state, output_final_state=output_final_state
         )
-    if method == "chunk":
+    if method == "xla":
         return _chunk_jit(
             *args,
             scale=scale,

@@ -1,24 +1,31 @@
 """mLSTM cell (xLSTM, arXiv 2405.04517) as a pure JAX op.
 
-``mlstm`` validates its arguments and dispatches to one of three paths behind the same
+``mlstm`` validates its arguments and dispatches on ``method``, one of :data:`METHODS` (the
+library's vocabulary less ``"pallas"``: the op has no Pallas kernels), behind the same
 signature:
 
-- ``"recurrent"``: :func:`jaxlib_ext.pallas_kernels.mlstm.reference.mlstm_recurrent`, the
+- ``"reference"``: :func:`jaxlib_ext.pallas_kernels.mlstm.reference.mlstm_recurrent`, the
   stabilised step-by-step ``lax.scan`` (the ground truth);
-- ``"parallel"``: :func:`jaxlib_ext.pallas_kernels.mlstm.parallel.mlstm_parallel`, the quadratic
-  stabilised form (``T x T`` per head);
-- ``"chunk"``: :func:`jaxlib_ext.pallas_kernels.mlstm.chunk.mlstm_chunk`, the chunkwise form
-  (inter-chunk state scan, parallel form inside each chunk);
-- ``"auto"``: ``"chunk"`` (``_common.resolve_auto`` for an op without Pallas kernels).
+- ``"xla"``: the XLA fast path in the form ``xla_form``, one of :data:`XLA_FORMS`:
+
+  - ``"chunk"`` (the default): :func:`jaxlib_ext.pallas_kernels.mlstm.chunk.mlstm_chunk`, the
+    chunkwise form (inter-chunk state scan, parallel form inside each chunk);
+  - ``"parallel"``: :func:`jaxlib_ext.pallas_kernels.mlstm.parallel.mlstm_parallel`, the
+    quadratic stabilised form (``T x T`` per head);
+
+- ``"auto"``: ``"xla"`` (``_common.resolve_auto`` for an op without Pallas kernels).
 """
 
 from __future__ import annotations
 
 import jax
 
+from jaxlib_ext.pallas_kernels._common import METHODS as _ALL_METHODS
 from jaxlib_ext.pallas_kernels._common import (
     check_array,
     check_chunk_size,
+    check_form,
+    check_method,
     check_shape,
     check_token_layout,
     resolve_auto,
@@ -30,6 +37,7 @@ from jaxlib_ext.pallas_kernels.mlstm.reference import MLSTMState, mlstm_recurren
 
 __all__ = [
     "METHODS",
+    "XLA_FORMS",
     "MLSTMState",
     "mlstm",
     "mlstm_block",
@@ -39,8 +47,12 @@ __all__ = [
     "zero_state",
 ]
 
-#: The paths of :func:`mlstm` (``"auto"`` is ``"chunk"``).
-METHODS: tuple[str, ...] = ("auto", "recurrent", "parallel", "chunk")
+#: The methods :func:`mlstm` offers: :data:`jaxlib_ext.pallas_kernels.METHODS` without
+#: ``"pallas"`` (``"auto"`` is ``"xla"``).
+METHODS: tuple[str, ...] = tuple(m for m in _ALL_METHODS if m != "pallas")
+
+#: The forms of :func:`mlstm`'s ``"xla"`` method (``xla_form``); the first is the default.
+XLA_FORMS: tuple[str, ...] = ("chunk", "parallel")
 
 _recurrent_jit = jax.jit(mlstm_recurrent, static_argnames=("output_final_state",))
 _parallel_jit = jax.jit(mlstm_parallel, static_argnames=("output_final_state",))
@@ -75,6 +87,7 @@ def mlstm(
     initial_state=None,
     output_final_state=False,
     method="auto",
+    xla_form="chunk",
     chunk_size=64,
 ):
     """mLSTM over a sequence (Beck et al., arXiv 2405.04517), stabilised.
@@ -99,8 +112,10 @@ def mlstm(
       initial_state: an :class:`MLSTMState` ``(C [B, H, K, V], n [B, H, K], m [B, H])`` in
         stabilised units (as returned by ``output_final_state=True``); ``None`` means zeros.
       output_final_state: also return the state after step ``T``.
-      method: ``"auto" | "recurrent" | "parallel" | "chunk"`` (:data:`METHODS`).
-      chunk_size: one of 16, 32, 64, 128 (``"chunk"`` only); ``None`` means 64.
+      method: ``"auto" | "reference" | "xla"`` (:data:`METHODS`; no ``"pallas"``).
+      xla_form: the form of ``"xla"``, ``"chunk" | "parallel"`` (:data:`XLA_FORMS`; default
+        ``"chunk"``); the other methods ignore it.
+      chunk_size: one of 16, 32, 64, 128 (``xla_form="chunk"`` only); ``None`` means 64.
 
     Returns:
       ``(h, final_state)``: ``h`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` an
@@ -108,20 +123,20 @@ def mlstm(
 
     Raises:
       ValueError: wrong ranks or shapes, non-floating dtypes, a malformed ``initial_state``,
-        non-finite ``scale``, unsupported ``chunk_size`` or unknown ``method`` (the message
-        names the argument).
+        non-finite ``scale``, unsupported ``chunk_size``, unknown ``method`` (``"pallas"``
+        included) or ``xla_form`` (the message names the argument).
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    method = check_method(method, METHODS, op="mlstm")
+    xla_form = check_form("xla_form", xla_form, XLA_FORMS)
     chunk_size = check_chunk_size(chunk_size) or 64
     K = _validate(q, k, v, i_gate, f_gate, initial_state)
     scale = resolve_scale(scale, K)
     if initial_state is not None:
         initial_state = MLSTMState(*initial_state)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=bool(output_final_state))
-    method = resolve_auto(method, fallback="chunk")
-    if method == "recurrent":
+    method = resolve_auto(method)
+    if method == "reference":
         return _recurrent_jit(q, k, v, i_gate, f_gate, **kw)
-    if method == "parallel":
+    if xla_form == "parallel":
         return _parallel_jit(q, k, v, i_gate, f_gate, **kw)
     return _chunk_jit(q, k, v, i_gate, f_gate, chunk_size=chunk_size, **kw)

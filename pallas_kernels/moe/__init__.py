@@ -4,8 +4,12 @@
 matrix of ``rhs [G, K, N]`` (the contract of ``jax.lax.ragged_dot``); ``tgmm(lhs, grad,
 group_sizes)`` is its per-group weight gradient ``[G, K, N]``. ``group_sizes [G]`` is integer,
 sums to at most ``M``; rows past the sum belong to no group (``gmm`` gives them zeros, ``tgmm``
-ignores them). Both take ``method``:
+ignores them). Both take ``method``, one of :data:`METHODS` (the library's vocabulary, every
+one offered):
 
+- ``"reference"``: the Python loops over groups :func:`gmm_loop` / :func:`tgmm_loop`
+  (``reference.py``), one masked dense matmul per group at ``Precision.HIGHEST``: the ground
+  truth of the tests, ``G`` times the work.
 - ``"xla"``: :func:`gmm_xla` / :func:`tgmm_xla`, plain XLA differentiable by JAX's own rules:
   ``jax.lax.ragged_dot`` / ``ragged_dot_general`` (``reference.gmm_ragged_dot``,
   ``reference.tgmm_ragged_dot``) on GPU and TPU, whose compilers have grouped-matmul kernels
@@ -16,9 +20,6 @@ ignores them). Both take ``method``:
   each differentiable through a ``custom_vjp`` built from the two kernels.
 - ``"auto"``: ``_common.resolve_auto``: the Pallas kernels on a GPU backend for 16-bit and
   float32 operands (Triton has no float64 dot), otherwise ``"xla"``.
-
-The Python loops over groups ``reference.gmm_loop`` / ``reference.tgmm_loop`` are the ground
-truth of the tests.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext.pallas_kernels._common import is_concrete, lazy_attributes, resolve_auto
+from jaxlib_ext.pallas_kernels._common import (
+    METHODS,
+    check_method,
+    is_concrete,
+    lazy_attributes,
+    resolve_auto,
+)
 from jaxlib_ext.pallas_kernels.moe.reference import (
     gmm_loop,
     gmm_ragged_dot,
@@ -52,8 +59,6 @@ __all__ = [
     "tgmm_tiled",
     "tgmm_xla",
 ]
-
-METHODS: tuple[str, ...] = ("auto", "xla", "pallas")
 
 # The Pallas entry point, (module, name): what ``"auto"`` picks on a GPU when it imports.
 _KERNEL = ("jaxlib_ext.pallas_kernels.moe.pallas", "gmm_pallas")
@@ -105,11 +110,10 @@ def tgmm_xla(lhs, grad, group_sizes):
     return tgmm_ragged_dot(lhs, grad.astype(lhs.dtype), group_sizes)
 
 
-def _resolve(method, *arrays) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+def _resolve(method, op, *arrays) -> str:
+    method = check_method(method, METHODS, op=op)
     f64 = any(jnp.dtype(a.dtype) == jnp.float64 for a in arrays)
-    return resolve_auto(method, fallback="xla", kernel=_KERNEL, supported=not f64)
+    return resolve_auto(method, kernel=_KERNEL, supported=not f64)
 
 
 def gmm(lhs, rhs, group_sizes, *, method="auto", config=None):
@@ -120,7 +124,8 @@ def gmm(lhs, rhs, group_sizes, *, method="auto", config=None):
       rhs: ``[G, K, N]`` one matrix per group (cast to ``lhs.dtype``).
       group_sizes: ``[G]`` integer rows per group, ``>= 0``, summing to at most ``M`` (checked
         when concrete).
-      method: ``"auto" | "xla" | "pallas"`` (module docstring).
+      method: ``"auto" | "reference" | "xla" | "pallas"`` (:data:`METHODS`; module
+        docstring).
       config: a ``GMMKernelConfig`` for ``"pallas"`` (default: its defaults, interpreted where
         the backend is not a GPU).
 
@@ -140,7 +145,9 @@ def gmm(lhs, rhs, group_sizes, *, method="auto", config=None):
             f"{tuple(rhs.shape)}"
         )
     _check_group_sizes(group_sizes, rhs.shape[0], lhs.shape[0])
-    method = _resolve(method, lhs, rhs)
+    method = _resolve(method, "gmm", lhs, rhs)
+    if method == "reference":
+        return gmm_loop(lhs, rhs.astype(lhs.dtype), group_sizes)
     if method == "xla":
         return gmm_xla(lhs, rhs.astype(lhs.dtype), group_sizes)
     from jaxlib_ext.pallas_kernels.moe.pallas import gmm_pallas
@@ -170,7 +177,9 @@ def tgmm(lhs, grad, group_sizes, *, method="auto", config=None):
     if group_sizes is None or not hasattr(group_sizes, "shape") or group_sizes.ndim != 1:
         raise ValueError("group_sizes must be an integer array of shape [G]")
     _check_group_sizes(group_sizes, group_sizes.shape[0], lhs.shape[0])
-    method = _resolve(method, lhs, grad)
+    method = _resolve(method, "tgmm", lhs, grad)
+    if method == "reference":
+        return tgmm_loop(lhs, grad.astype(lhs.dtype), group_sizes)
     if method == "xla":
         return tgmm_xla(lhs, grad.astype(lhs.dtype), group_sizes)
     from jaxlib_ext.pallas_kernels.moe.pallas import tgmm_pallas

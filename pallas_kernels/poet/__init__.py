@@ -16,7 +16,7 @@ block-diagonal matrix of the ``G`` blocks of ``theta_in`` (not their transposes)
 gives ``x @ w`` exactly for any permutations. Details in
 :mod:`jaxlib_ext.pallas_kernels.poet.reference`.
 
-Paths (``method``):
+Paths (``method``, one of :data:`METHODS`: the library's vocabulary, every one offered):
 
 - ``"reference"``: builds ``W_eff`` densely (the naive POET path; for tests);
 - ``"xla"``: input-centric, :func:`~jaxlib_ext.pallas_kernels.poet.xla.poet_linear_xla`;
@@ -35,7 +35,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.pallas_kernels._common import lazy_attributes, resolve_auto
+from jaxlib_ext.pallas_kernels._common import (
+    METHODS,
+    check_method,
+    lazy_attributes,
+    resolve_auto,
+)
 from jaxlib_ext.pallas_kernels.poet.reference import (
     cayley_neumann,
     effective_weight,
@@ -62,8 +67,6 @@ __all__ = [
     "rotation_matrix",
     "skew",
 ]
-
-METHODS: tuple[str, ...] = ("auto", "reference", "xla", "pallas")
 
 # The Pallas entry point, (module, name): what ``"auto"`` picks on a GPU when it imports.
 _KERNEL = ("jaxlib_ext.pallas_kernels.poet.pallas", "block_rotate_pallas")
@@ -127,7 +130,7 @@ def poet_linear(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int
       theta_in, theta_out: ``[n / b, b (b - 1) / 2]``, ``[m / b, b (b - 1) / 2]``.
       perm_in, perm_out: integer permutations of ``range(n)``, ``range(m)``.
       block_size: ``b >= 2``, dividing ``n`` and ``m``.
-      method: one of :data:`METHODS`.
+      method: ``"auto" | "reference" | "xla" | "pallas"`` (:data:`METHODS`).
       memory_saving: the recomputing ``custom_vjp`` (not with ``"reference"``).
       config: a :class:`PoetKernelConfig` for ``"pallas"`` (``None``: its defaults, interpreted
         off GPU).
@@ -140,14 +143,11 @@ def poet_linear(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int
         permutations of the wrong length, an unknown method.
       TypeError: non-float arrays or non-integer permutations.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    method = check_method(method, METHODS, op="poet_linear")
     _check(x, w, theta_in, theta_out, perm_in, perm_out, block_size)
     # the compiled kernels take power-of-two tiles of at least 16 (config.py) and no float64
     f64 = any(jnp.dtype(a.dtype) == jnp.float64 for a in (x, w, theta_in, theta_out))
-    method = resolve_auto(
-        method, fallback="xla", kernel=_KERNEL, supported=block_size % 16 == 0 and not f64
-    )
+    method = resolve_auto(method, kernel=_KERNEL, supported=block_size % 16 == 0 and not f64)
     args = (x, w, theta_in, theta_out, perm_in, perm_out)
     if memory_saving:
         if method == "reference":

@@ -26,9 +26,10 @@ MODELS = {
 }
 
 
-# Every parameter of the layer gets a gradient whichever op path runs; the recurrent path compiles
-# in half the time of the chunk path, whose gradients the op tests and the training tests check.
-@pytest.mark.parametrize("method", ["recurrent", pytest.param("chunk", marks=pytest.mark.slow)])
+# Every parameter of the layer gets a gradient whichever op path runs; the reference (recurrent)
+# path compiles in half the time of the xla (chunk) path, whose gradients the op tests and the
+# training tests check.
+@pytest.mark.parametrize("method", ["reference", pytest.param("xla", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", MODELS)
 def test_layer_jit_grad_and_cache_shapes(name, method, small_cfg):
     cls, _, state_shape = MODELS[name]
@@ -54,8 +55,8 @@ def test_layer_jit_grad_and_cache_shapes(name, method, small_cfg):
 @pytest.mark.parametrize("name", MODELS)
 def test_decode_matches_full_forward(name, small_cfg, perturb, rel):
     _, build, _ = MODELS[name]
-    # prefills longer than 8 tokens take the chunk path with a carried state; single steps the
-    # recurrent path
+    # prefills longer than 8 tokens take the xla (chunk) path with a carried state; single steps
+    # the reference (recurrent) path
     model = build("tiny", vocab_size=61, rngs=nnx.Rngs(0), decode_recurrent_max_len=8, **{
         k: getattr(small_cfg, k) for k in ("d_model", "n_heads", "head_dim", "mlp_multiple_of",
                                            "max_seq_len", "chunk_size")

@@ -1,10 +1,10 @@
 """LatentMoE (arXiv 2601.18089): dispatch, router, balancing, identity reduction, expert
 parallelism and argument errors.
 
-The sorted dispatches (``"ragged"``, ``"pallas"`` interpreted) equal the dense reference at
-relative 1e-5 (float32) and 1e-12 (float64), forward and gradients, with tied router scores, an
-expert that receives no token and token counts that are not multiples of the kernel's row
-tile (16 here).
+The sorted dispatches (``"xla"``, ``"pallas"`` interpreted, ``"auto"``) equal the dense
+reference (``"reference"``) at relative 1e-5 (float32) and 1e-12 (float64), forward and
+gradients, with tied router scores, an expert that receives no token and token counts that are
+not multiples of the kernel's row tile (16 here).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def _layer(method="ragged", *, latent=L, shared=MS, seed=0, dtype=jnp.float32, mesh=None,
+def _layer(method="xla", *, latent=L, shared=MS, seed=0, dtype=jnp.float32, mesh=None,
            **kw):
     """A layer with parameters drawn at scale 0.3 (so no term is negligible), two tied router
     columns and one expert biased out of every selection; ``kw`` are config fields."""
@@ -85,7 +85,7 @@ def _forward_and_grads(layer, x):
 def _compare(method, dtype_name, **kw):
     dtype = jnp.dtype(dtype_name)
     x = _tokens(dtype=dtype)
-    y_ref, gx_ref, g_ref = _forward_and_grads(_layer("dense", dtype=dtype, **kw), x)
+    y_ref, gx_ref, g_ref = _forward_and_grads(_layer("reference", dtype=dtype, **kw), x)
     layer = _layer(method, dtype=dtype, **kw)
     _call(layer, x)
     counts = np.asarray(layer.expert_load[...])
@@ -103,12 +103,14 @@ def _compare(method, dtype_name, **kw):
 
 
 # each method in one dtype by default; the other two pairs are sweeps
-@pytest.mark.parametrize("method", ["ragged", pytest.param("pallas", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "method", ["xla", *(pytest.param(m, marks=pytest.mark.slow) for m in ("pallas", "auto"))]
+)
 def test_sorted_dispatch_equals_dense_float32(method):
     _compare(method, "float32")
 
 
-@pytest.mark.parametrize("method", [pytest.param("ragged", marks=pytest.mark.slow), "pallas"])
+@pytest.mark.parametrize("method", [pytest.param("xla", marks=pytest.mark.slow), "pallas"])
 def test_sorted_dispatch_equals_dense_float64(method):
     with jax.enable_x64(True):
         _compare(method, "float64")
@@ -116,7 +118,7 @@ def test_sorted_dispatch_equals_dense_float64(method):
 
 @pytest.mark.slow  # a configuration sweep of the comparison above (no latent, no shared expert)
 def test_standard_moe_dispatch_equals_dense():
-    _compare("ragged", "float32", latent=None, shared=None)
+    _compare("xla", "float32", latent=None, shared=None)
 
 
 def test_ties_are_broken_by_lower_index():
@@ -202,8 +204,8 @@ def test_bfloat16_compute():
 
 
 EP_CASES = [
-    ("data=2,expert=4", "ragged"),
-    pytest.param("expert=8", "ragged", marks=pytest.mark.slow),
+    ("data=2,expert=4", "xla"),
+    pytest.param("expert=8", "xla", marks=pytest.mark.slow),
     pytest.param("expert=8", "pallas", marks=pytest.mark.slow),
 ]
 
@@ -243,8 +245,10 @@ def test_bad_arguments():
         make(top_k=E + 1)
     with pytest.raises(ValueError, match="latent_dim"):
         make(latent_dim=D + 1)
-    with pytest.raises(ValueError, match="method"):
-        make(method="megablox")
+    for method in ("megablox", "ragged", "dense"):
+        with pytest.raises(ValueError, match="LatentMoEConfig.method must be one of"):
+            make(method=method)
+    assert LatentMoEConfig().method == "xla"
     with pytest.raises(ValueError, match="expert_dim"):
         make(expert_dim=0)
     with pytest.raises(TypeError, match="config must be a LatentMoEConfig"):
@@ -257,6 +261,11 @@ def test_bad_arguments():
         layer(_tokens(shape=(6, 1)))
     with pytest.raises(ValueError, match="x must have shape"):
         layer(jnp.ones((3, D + 1)))
+    with (
+        pytest.raises(ValueError, match="method 'reference' has no expert-parallel form"),
+        jax.set_mesh(sharding.make_mesh("data=2,expert=4")),
+    ):
+        make(method="reference")(_tokens(shape=(8, 1)))
     with (
         pytest.raises(ValueError, match="tokens cannot be split"),
         jax.set_mesh(sharding.make_mesh("expert=8")),

@@ -82,7 +82,7 @@ DEFAULT_PAIRS = {("attention", "moe"), ("gdn", "latent_moe"), ("mdn", "swiglu"),
      for m in MIXERS for f in FFNS],
 )
 def test_every_mixer_goes_with_every_ffn(mixer, ffn):
-    model = build_lm(_small(mixer, ffn, method="recurrent"), rngs=nnx.Rngs(0))
+    model = build_lm(_small(mixer, ffn, method="reference"), rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 61)
 
     def loss(m, t):
@@ -146,6 +146,36 @@ def test_presets_and_configs():
 
 
 @pytest.mark.parametrize(
+    "mixer, ffn, saved, read",
+    [
+        ("mdn", "moe", ("recurrent", "ragged"), dict(method="reference", moe_method="xla")),
+        ("gdn", "latent_moe", ("chunk", "dense"), dict(method="xla", moe_method="reference")),
+        ("mlstm", "moe", ("parallel", "pallas"),
+         dict(method="xla", xla_form="parallel", moe_method="pallas")),
+        ("mlstm", "swiglu", ("chunk", None), dict(method="xla", xla_form="chunk")),
+    ],
+)
+def test_saved_configs_with_per_op_method_names_read_in_the_one_vocabulary(mixer, ffn, saved,
+                                                                           read):
+    """A checkpoint's recorded config may name methods by the per-op names (``recurrent``,
+    ``chunk``, ``parallel``, ``ragged``, ``dense``): ``from_dict`` reads them as
+    ``reference | xla | pallas`` (the mLSTM's XLA form in ``xla_form``), nested and flat."""
+    extra = {"latent_dim": 8} if ffn == "latent_moe" else {}
+    want = LMConfig.from_flat(mixer, ffn, **SMALL, **extra, **read)
+    nested = want.to_dict()
+    nested["mixer"]["method"] = saved[0]
+    nested["mixer"].pop("xla_form", None)
+    if saved[1] is not None:
+        nested["ffn"]["method"] = saved[1]
+    assert LMConfig.from_dict(nested) == want
+    flat = {**want.flat(), "mixer": mixer, "ffn": ffn, "method": saved[0]}
+    flat.pop("xla_form", None)
+    if saved[1] is not None:
+        flat["moe_method"] = saved[1]
+    assert LMConfig.from_dict(flat) == want
+
+
+@pytest.mark.parametrize(
     "fields, message",
     [
         (dict(mixer="rnn"), "LMConfig.mixer must be one of"),
@@ -155,6 +185,8 @@ def test_presets_and_configs():
         (dict(ffn="latent_moe"), "latent_dim must be an int"),
         (dict(ffn="moe", latent_dim=8), "latent_dim must be None for ffn 'moe'"),
         (dict(ffn="moe", moe_method="sparse"), "method must be one of"),
+        (dict(ffn="moe", moe_method="ragged"), "LMConfig.moe_method must be one of"),
+        (dict(mixer="mdn", method="chunk"), "method must be one of"),
         (dict(d_model=0), "LMConfig.d_model must be a positive int"),
     ],
 )

@@ -60,10 +60,12 @@ def _np_layer(layer: MLSTMLayer, x: np.ndarray) -> np.ndarray:
     return out.reshape(b, t, h * vd) @ p[("o_proj", "kernel")]
 
 
-@pytest.mark.parametrize("method", ["recurrent", "chunk"])
-def test_layer_is_its_equations(method, perturb, rel):
+@pytest.mark.parametrize(
+    "method, xla_form", [("reference", "chunk"), ("xla", "chunk"), ("xla", "parallel")]
+)
+def test_layer_is_its_equations(method, xla_form, perturb, rel):
     cfg = MLSTMConfig(d_model=16, n_heads=2, head_dim=4, expand_v=2, method=method,
-                      chunk_size=16)
+                      xla_form=xla_form, chunk_size=16)
     layer = MLSTMLayer(cfg, rngs=nnx.Rngs(0))
     perturb(layer, jax.random.key(3), scale=0.5)
     x = jax.random.normal(jax.random.key(1), (2, 21, 16))
@@ -73,8 +75,8 @@ def test_layer_is_its_equations(method, perturb, rel):
 
 
 def test_decode_matches_full_forward_with_a_constant_cache(perturb, rel):
-    # 12 single steps (the recurrent path), then a 12-token piece from the carried state (longer
-    # than decode_recurrent_max_len: the chunk path); the full forward is the chunk path from zero
+    # 12 single steps (the reference path), then a 12-token piece from the carried state (longer
+    # than decode_recurrent_max_len: the xla chunk form); the full forward is that from zero
     model = build_lm(LMConfig.from_flat(mixer="mlstm", decode_recurrent_max_len=8,
                               **{**SMALL, "n_layers": 1}), rngs=nnx.Rngs(0))
     perturb(model, jax.random.key(7), scale=0.2)
@@ -100,7 +102,7 @@ def test_decode_matches_full_forward_with_a_constant_cache(perturb, rel):
 
 
 def test_every_parameter_gets_a_finite_gradient_and_logical_axes():
-    cfg = LMConfig.from_flat(mixer="mlstm", method="recurrent", **{**SMALL, "n_layers": 1})
+    cfg = LMConfig.from_flat(mixer="mlstm", method="reference", **{**SMALL, "n_layers": 1})
     model = build_lm(cfg, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 61)
 
@@ -163,10 +165,11 @@ def test_trains_on_the_8_device_mesh_as_on_one_device():
 
 def test_the_cli_selects_the_mlstm_mixer():
     args = train_cmd.build_parser().parse_args(
-        ["--mixer", "mlstm", "--ffn", "latent_moe", "--arch", "method=chunk"])
+        ["--mixer", "mlstm", "--ffn", "latent_moe", "--arch", "method=xla",
+         "--arch", "xla_form=parallel"])
     cfg = train_cmd.model_config(args, vocab_size=256)
-    got = (cfg.mixer_name, cfg.ffn_name, cfg.method, cfg.vocab_size)
-    assert got == ("mlstm", "latent_moe", "chunk", 256)
+    got = (cfg.mixer_name, cfg.ffn_name, cfg.method, cfg.xla_form, cfg.vocab_size)
+    assert got == ("mlstm", "latent_moe", "xla", "parallel", 256)
     args = train_cmd.build_parser().parse_args(["--mixer", "mlstm", "--arch", "method=pallas"])
     with pytest.raises(ValueError, match="method must be one of"):
         train_cmd.model_config(args, vocab_size=256)
@@ -186,6 +189,8 @@ def test_presets_use_the_delta_rule_sizes():
     "fields, message",
     [
         (dict(method="pallas"), r"MLSTMConfig.method must be one of .* for mixer 'mlstm'"),
+        (dict(method="chunk"), r"MLSTMConfig.method must be one of .* for mixer 'mlstm'"),
+        (dict(xla_form="recurrent"), "MLSTMConfig.xla_form must be one of"),
         (dict(chunk_size=24), "MLSTMConfig.chunk_size must be None or one of"),
         (dict(expand_v=0), "MLSTMConfig.expand_v must be a positive int"),
         (dict(conv_size=0), "MLSTMConfig.conv_size must be a positive int"),

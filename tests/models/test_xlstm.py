@@ -255,6 +255,8 @@ def test_gradients_reach_the_new_parameters():
         ({"window": 2.5}, "window"),
         ({"gate_soft_cap": 0.0}, "gate_soft_cap"),
         ({"method": "pallas"}, "method"),
+        ({"method": "parallel"}, "method"),
+        ({"xla_form": "recurrent"}, "xla_form"),
         ({"chunk_size": 48}, "chunk_size"),
         ({"forget_gate_bias_init": (3.0,)}, "forget_gate_bias_init"),
     ],
@@ -262,6 +264,16 @@ def test_gradients_reach_the_new_parameters():
 def test_bad_config_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         XLSTMConfig(**kwargs)
+
+
+def test_config_round_trip_reads_saved_per_op_method_names():
+    config = XLSTMConfig(method="xla", xla_form="parallel")
+    assert XLSTMConfig.from_dict(config.to_dict()) == config
+    saved = {k: v for k, v in config.to_dict().items() if k != "xla_form"}
+    assert XLSTMConfig.from_dict({**saved, "method": "parallel"}) == config
+    assert XLSTMConfig.from_dict({**saved, "method": "chunk"}) == XLSTMConfig(method="xla")
+    assert XLSTMConfig.from_dict({**saved, "method": "recurrent"}) == XLSTMConfig(
+        method="reference")
 
 
 def test_bad_calls_raise():

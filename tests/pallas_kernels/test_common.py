@@ -1,6 +1,6 @@
 """The helpers every op shares (``pallas_kernels._common``): the varying-axes type of values an
-op creates inside ``shard_map``, interpreted kernels there, ``pow2`` and the kernel-config
-protocol the three configs follow."""
+op creates inside ``shard_map``, interpreted kernels there, ``pow2``, the kernel-config
+protocol the three configs follow and the one ``method`` vocabulary."""
 
 from __future__ import annotations
 
@@ -134,3 +134,20 @@ def test_default_interpret_is_off_only_on_a_gpu(monkeypatch):
     assert _common.default_interpret() is False
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     assert _common.default_interpret() is True
+
+
+def test_one_method_vocabulary_checked_by_every_op():
+    """``check_method``: a method of the vocabulary an op lacks, and any other value, raise a
+    ValueError naming ``method``; ``check_form`` names its argument."""
+    assert _common.METHODS == ("auto", "reference", "xla", "pallas")
+    offered = ("auto", "reference", "xla")
+    for method in offered:
+        assert _common.check_method(method, offered, op="mlstm") == method
+    with pytest.raises(ValueError, match="method 'pallas' is not offered by mlstm"):
+        _common.check_method("pallas", offered, op="mlstm")
+    for bad in ("chunk", "recurrent", "ragged", None, 3):
+        with pytest.raises(ValueError, match="method must be one of"):
+            _common.check_method(bad)
+    assert _common.check_form("xla_form", "chunk", ("chunk", "parallel")) == "chunk"
+    with pytest.raises(ValueError, match="xla_form must be one of"):
+        _common.check_form("xla_form", "tiled", ("chunk", "parallel"))

@@ -46,8 +46,8 @@ def numpy_gdn(x, s0, scale):
 @functools.partial(jax.jit, static_argnames=("method", "chunk_size"))
 def _value_and_grads(x, s0, co, cf, method, chunk_size=64):
     def loss(x, s0):
-        fn = gated_delta_rule_recurrent if method == "recurrent" else gated_delta_rule_chunk
-        kw = {} if method == "recurrent" else {"chunk_size": chunk_size}
+        fn = gated_delta_rule_recurrent if method == "reference" else gated_delta_rule_chunk
+        kw = {} if method == "reference" else {"chunk_size": chunk_size}
         o, fin = fn(
             *(x[n] for n in NAMES), scale=0.4, initial_state=s0, output_final_state=True, **kw
         )
@@ -61,7 +61,7 @@ def test_recurrent_matches_numpy_loop_float64():
     with jax.enable_x64(True):
         x, s0 = make_inputs(0, jnp.float64, t=29, kd=5, vd=6)
         o, fin = gated_delta_rule(
-            **x, scale=0.6, initial_state=s0, output_final_state=True, method="recurrent"
+            **x, scale=0.6, initial_state=s0, output_final_state=True, method="reference"
         )
         o_np, fin_np = numpy_gdn(x, s0, 0.6)
         np.testing.assert_allclose(o, o_np, rtol=0, atol=1e-12)
@@ -87,8 +87,8 @@ def test_chunk_matches_recurrent(dtype, tol, chunk_size):
         rng = np.random.default_rng(1)
         co = jnp.asarray(rng.standard_normal(x["v"].shape), dtype)
         cf = jnp.asarray(rng.standard_normal(s0.shape), dtype)
-        o_r, f_r, (g_r, gs_r) = _value_and_grads(x, s0, co, cf, "recurrent")
-        o_c, f_c, (g_c, gs_c) = _value_and_grads(x, s0, co, cf, "chunk", chunk_size)
+        o_r, f_r, (g_r, gs_r) = _value_and_grads(x, s0, co, cf, "reference")
+        o_c, f_c, (g_c, gs_c) = _value_and_grads(x, s0, co, cf, "xla", chunk_size)
         errors = {"o": rel_rmse(o_c, o_r), "final_state": rel_rmse(f_c, f_r)}
         errors.update({f"d{n}": rel_rmse(g_c[n], g_r[n]) for n in NAMES})
         errors["dinitial_state"] = rel_rmse(gs_c, gs_r)
@@ -128,7 +128,7 @@ def test_pallas_matches_recurrent(dtype, tol, chunk_size):
     co = jnp.asarray(rng.standard_normal(x["v"].shape), jnp.float32)
     cf = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
     x32 = {n: a.astype(jnp.float32) for n, a in x.items()}
-    o_r, f_r, (g_r, gs_r) = _value_and_grads(x32, s0, co, cf, "recurrent")
+    o_r, f_r, (g_r, gs_r) = _value_and_grads(x32, s0, co, cf, "reference")
     o_p, f_p, (g_p, gs_p) = _pallas_value_and_grads(x, s0, co, cf, chunk_size)
     assert o_p.dtype == dtype and f_p.shape == s0.shape and f_p.dtype == jnp.float32
     errors = {"o": rel_rmse(o_p, o_r), "final_state": rel_rmse(f_p, f_r)}
@@ -138,7 +138,7 @@ def test_pallas_matches_recurrent(dtype, tol, chunk_size):
         assert np.isfinite(err) and err < tol, (name, err, errors)
 
 
-@pytest.mark.parametrize("method", ["recurrent", "chunk"])
+@pytest.mark.parametrize("method", ["reference", "xla"])
 def test_state_continuation(method):
     x, s0 = make_inputs(3, jnp.float32, t=74)  # halves of 37 (inside a chunk): one program
     kw = dict(output_final_state=True, method=method, chunk_size=16)
@@ -154,7 +154,7 @@ def test_auto_defaults_and_dtypes():
     xb = {n: a.astype(jnp.bfloat16) for n, a in x.items()}
     o, fin = gated_delta_rule(**xb, output_final_state=True)
     assert o.dtype == jnp.bfloat16 and fin.dtype == jnp.float32 and fin.shape == (B, H, K, V)
-    o_r, _ = gated_delta_rule(**x, method="recurrent")
+    o_r, _ = gated_delta_rule(**x, method="reference")
     assert rel_rmse(o.astype(jnp.float32), o_r) < 2e-2
 
 

@@ -76,8 +76,8 @@ def _value_and_grads(x, h0, co, cf, method, chunk_size=64):
     """Outputs, final state and gradients of a random linear functional wrt all nine inputs."""
 
     def loss(x, h0):
-        fn = momentum_delta_rule_recurrent if method == "recurrent" else momentum_delta_rule_chunk
-        kw = {} if method == "recurrent" else {"chunk_size": chunk_size}
+        fn = momentum_delta_rule_recurrent if method == "reference" else momentum_delta_rule_chunk
+        kw = {} if method == "reference" else {"chunk_size": chunk_size}
         o, fin = fn(
             *(x[n] for n in NAMES), scale=0.3, initial_state=h0, output_final_state=True, **kw
         )
@@ -92,8 +92,8 @@ def _compare_chunk_to_recurrent(dtype, chunk_size, tol, seed, **gate_kw):
     rng = np.random.default_rng(seed + 100)
     co = jnp.asarray(rng.standard_normal(x["v"].shape), dtype)
     cf = jnp.asarray(rng.standard_normal(h0.shape), dtype)
-    o_r, f_r, (g_r, gh_r) = _value_and_grads(x, h0, co, cf, "recurrent")
-    o_c, f_c, (g_c, gh_c) = _value_and_grads(x, h0, co, cf, "chunk", chunk_size)
+    o_r, f_r, (g_r, gh_r) = _value_and_grads(x, h0, co, cf, "reference")
+    o_c, f_c, (g_c, gh_c) = _value_and_grads(x, h0, co, cf, "xla", chunk_size)
     assert o_c.dtype == dtype and f_c.dtype == dtype
     errors = {"o": rel_rmse(o_c, o_r), "final_state": rel_rmse(f_c, f_r)}
     errors.update({f"d{n}": rel_rmse(g_c[n], g_r[n]) for n in NAMES})
@@ -111,7 +111,7 @@ def test_recurrent_matches_numpy_loop_float64():
     with jax.enable_x64(True):
         x, h0 = make_inputs(0, jnp.float64, b=2, t=37, h=2, kd=5, vd=6, eta="normal")
         o, fin = momentum_delta_rule(
-            **x, scale=0.7, initial_state=h0, output_final_state=True, method="recurrent"
+            **x, scale=0.7, initial_state=h0, output_final_state=True, method="reference"
         )
         o_np, fin_np = numpy_mdn(x, h0, 0.7)
         assert o.dtype == jnp.float64 and fin.dtype == jnp.float64
@@ -174,12 +174,12 @@ def test_public_op_paths_agree_and_auto_is_chunk_on_cpu():
     x, h0 = make_inputs(4, jnp.float32, t=45)
     outs = {
         m: momentum_delta_rule(**x, initial_state=h0, output_final_state=True, method=m)
-        for m in ("recurrent", "chunk", "auto")
+        for m in ("reference", "xla", "auto")
     }
-    assert rel_rmse(outs["chunk"][0], outs["recurrent"][0]) < 1e-5
-    assert rel_rmse(outs["chunk"][1], outs["recurrent"][1]) < 1e-5
+    assert rel_rmse(outs["xla"][0], outs["reference"][0]) < 1e-5
+    assert rel_rmse(outs["xla"][1], outs["reference"][1]) < 1e-5
     if jax.default_backend() == "cpu":
-        np.testing.assert_array_equal(outs["auto"][0], outs["chunk"][0])
+        np.testing.assert_array_equal(outs["auto"][0], outs["xla"][0])
     o, fin = momentum_delta_rule(**x)  # defaults: zero state, no final state
     assert o.shape == (B, 45, H, V) and fin is None
 
@@ -201,7 +201,7 @@ def _numpy_deltanet(q, k, v, beta, scale):
     return o
 
 
-@pytest.mark.parametrize("method", ["recurrent", "chunk"])
+@pytest.mark.parametrize("method", ["reference", "xla"])
 def test_reduces_to_gated_deltanet_and_deltanet(method):
     with jax.enable_x64(True):
         x, _ = make_inputs(5, jnp.float64, t=53)
@@ -225,7 +225,7 @@ def test_reduces_to_gated_deltanet_and_deltanet(method):
             x["beta"],
             initial_state=s0,
             output_final_state=True,
-            method="recurrent",
+            method="reference",
         )
         assert rel_rmse(o, o_g) < 1e-12
         assert rel_rmse(fin[0], s_g) < 1e-12
@@ -236,7 +236,7 @@ def test_reduces_to_gated_deltanet_and_deltanet(method):
         np.testing.assert_allclose(o, o_np, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("method", ["recurrent", "chunk"])
+@pytest.mark.parametrize("method", ["reference", "xla"])
 def test_beta_zero_only_decays_memory(method):
     """beta = 0: S_t = A_t S_0 exactly (no epsilon in the chunk form), M still evolves."""
     with jax.enable_x64(True):
@@ -255,7 +255,7 @@ def test_beta_zero_only_decays_memory(method):
 # --------------------------------------------------------------------------- state continuation
 
 
-@pytest.mark.parametrize("method", ["recurrent", "chunk"])
+@pytest.mark.parametrize("method", ["reference", "xla"])
 def test_state_continuation(method):
     x, h0 = make_inputs(7, jnp.float32, t=90)
     kw = dict(output_final_state=True, method=method, chunk_size=32)
@@ -312,7 +312,7 @@ def test_pallas_dispatch_matches_reference():
         **x, initial_state=h0, output_final_state=True, method="pallas", chunk_size=16
     )
     o_r, f_r = momentum_delta_rule(
-        **x, initial_state=h0, output_final_state=True, method="recurrent"
+        **x, initial_state=h0, output_final_state=True, method="reference"
     )
     assert rel_rmse(o_p, o_r) < 1e-4 and rel_rmse(f_p, f_r) < 1e-4
 

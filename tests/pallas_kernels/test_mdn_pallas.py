@@ -242,7 +242,7 @@ def test_public_op_method_pallas_matches_recurrent():
         *args, initial_state=s0, output_final_state=True, method="pallas", chunk_size=16
     )
     o_r, fs_r = momentum_delta_rule(
-        *args, initial_state=s0, output_final_state=True, method="recurrent"
+        *args, initial_state=s0, output_final_state=True, method="reference"
     )
     assert rel_rmse(o, o_r) < 1e-4 and rel_rmse(fs, fs_r) < 1e-4
 

@@ -29,7 +29,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxlib_ext.pallas_kernels import gated_delta, mdn, mlstm, moe, poet
+from jaxlib_ext.pallas_kernels import METHODS, gated_delta, mdn, mlstm, moe, poet
 from jaxlib_ext.pallas_kernels._common import load_kernel, resolve_auto
 from jaxlib_ext.pallas_kernels.gated_delta.reference import gated_delta_rule_recurrent
 from jaxlib_ext.pallas_kernels.mdn.reference import momentum_delta_rule_recurrent
@@ -110,8 +110,10 @@ def _mlstm_inputs(seed):
             normal(B, T, H))  # fmt: skip
 
 
-def _mlstm_call(method, *args):
-    return mlstm.mlstm(*args, output_final_state=True, method=method, chunk_size=CHUNK)
+def _mlstm_call(method, *args, xla_form="chunk"):
+    return mlstm.mlstm(
+        *args, output_final_state=True, method=method, xla_form=xla_form, chunk_size=CHUNK
+    )
 
 
 def _mlstm_reference(*args):
@@ -226,6 +228,17 @@ class _PoetMemorySaving:
 OPS["poet_linear_memory_saving"] = Op(
     _PoetMemorySaving, _poet_inputs, _poet_call(True), _poet_memory_reference,
     diff=(0, 1, 2, 3), split=_POET_SPLIT,
+)  # fmt: skip
+
+class _MLSTMParallelForm:
+    """``mlstm(xla_form="parallel")``: the quadratic XLA form, a form of ``"xla"`` only."""
+
+    METHODS = ("xla",)
+
+
+OPS["mlstm_parallel_form"] = Op(
+    _MLSTMParallelForm, _mlstm_inputs, functools.partial(_mlstm_call, xla_form="parallel"),
+    _mlstm_reference, diff=tuple(range(5)),
 )  # fmt: skip
 
 CASES = [(op, method) for op, spec in OPS.items() for method in spec.pkg.METHODS]
@@ -368,32 +381,41 @@ def test_shard_map_over_the_batch_equals_the_unsharded_call(op, method, mesh):
 # ------------------------------------------------------------------ "auto"
 
 
-AUTO = {  # op package -> (its XLA fast path, its Pallas entry point or None)
-    mdn: ("chunk", mdn._KERNEL),
-    gated_delta: ("chunk", gated_delta._KERNEL),
-    mlstm: ("chunk", None),
-    moe: ("xla", moe._KERNEL),
-    poet: ("xla", poet._KERNEL),
+AUTO = {  # op package -> its Pallas entry point or None
+    mdn: mdn._KERNEL,
+    gated_delta: gated_delta._KERNEL,
+    mlstm: None,
+    moe: moe._KERNEL,
+    poet: poet._KERNEL,
 }
 
 
 @pytest.mark.parametrize("pkg", list(AUTO), ids=lambda p: p.__name__.rsplit(".", 1)[-1])
 def test_auto_is_pallas_on_gpu_and_the_xla_path_elsewhere(pkg, monkeypatch):
     """One rule for every op: ``"pallas"`` on a GPU backend when the op has Pallas kernels that
-    import and take the operands, otherwise the op's XLA fast path."""
-    fallback, kernel = AUTO[pkg]
-    assert fallback in pkg.METHODS
+    import and take the operands, otherwise ``"xla"``, the op's XLA fast path."""
+    kernel = AUTO[pkg]
+    assert "xla" in pkg.METHODS
+    assert ("pallas" in pkg.METHODS) == (kernel is not None)
     if kernel is not None:
         assert load_kernel(*kernel) is not None
     for backend in ("cpu", "tpu", "gpu"):
         monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
-        want = "pallas" if backend == "gpu" and kernel is not None else fallback
-        assert resolve_auto("auto", fallback=fallback, kernel=kernel) == want, backend
-        unsupported = resolve_auto("auto", fallback=fallback, kernel=kernel, supported=False)
-        assert unsupported == fallback
-        assert resolve_auto("recurrent", fallback=fallback, kernel=kernel) == "recurrent"
+        want = "pallas" if backend == "gpu" and kernel is not None else "xla"
+        assert resolve_auto("auto", kernel=kernel) == want, backend
+        assert resolve_auto("auto", kernel=kernel, supported=False) == "xla"
+        assert resolve_auto("reference", kernel=kernel) == "reference"
     missing = ("jaxlib_ext.pallas_kernels.no_such_module", "kernel")
-    assert resolve_auto("auto", fallback=fallback, kernel=missing) == fallback
+    assert resolve_auto("auto", kernel=missing) == "xla"
+
+
+@pytest.mark.parametrize("pkg", list(AUTO), ids=lambda p: p.__name__.rsplit(".", 1)[-1])
+def test_every_op_offers_a_subset_of_the_one_vocabulary(pkg):
+    """Each op's ``METHODS`` is the library's :data:`METHODS` in its order, less the methods
+    the op lacks."""
+    assert set(pkg.METHODS) <= set(METHODS)
+    assert list(pkg.METHODS) == [m for m in METHODS if m in pkg.METHODS]
+    assert {"auto", "reference", "xla"} <= set(pkg.METHODS)
 
 
 @pytest.mark.parametrize(
@@ -403,7 +425,7 @@ def test_auto_is_pallas_on_gpu_and_the_xla_path_elsewhere(pkg, monkeypatch):
         ("gpu", "pallas", "float32", 128, 32),  # the fused backward needs C <= 32 there
         ("gpu", "pallas", "float32", 64, 64),
         ("gpu", "pallas", "bfloat16", 128, 64),
-        ("gpu", "chunk", "float32", 128, 64),
+        ("gpu", "xla", "float32", 128, 64),
     ],
 )
 def test_default_chunk_size_follows_the_compiled_kernels_limit(

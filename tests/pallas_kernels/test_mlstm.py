@@ -1,5 +1,5 @@
-"""mLSTM op: recurrent vs parallel vs chunk vs a float64 un-stabilised loop, state chaining,
-large input gates, gradients, errors."""
+"""mLSTM op: the reference (recurrent) vs the XLA forms (parallel, chunk) vs a float64
+un-stabilised loop, state chaining, large input gates, gradients, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from jaxlib_ext.pallas_kernels.mlstm import METHODS, MLSTMState, mlstm
+from jaxlib_ext.pallas_kernels import METHODS as ALL_METHODS
+from jaxlib_ext.pallas_kernels.mlstm import METHODS, XLA_FORMS, MLSTMState, mlstm
 from jaxlib_ext.pallas_kernels.mlstm.chunk import mlstm_chunk
 from jaxlib_ext.pallas_kernels.mlstm.parallel import mlstm_parallel
 from jaxlib_ext.pallas_kernels.mlstm.reference import mlstm_recurrent
@@ -19,7 +20,14 @@ from tests.pallas_kernels._helpers import rel_rmse
 
 NAMES = ("q", "k", "v", "i_gate", "f_gate")
 B, T, H, K, V = 2, 131, 3, 12, 16  # odd T: every chunk size pads; C = 16 gives 9 chunks
-PATHS = {"recurrent": mlstm_recurrent, "parallel": mlstm_parallel, "chunk": mlstm_chunk}
+#: The op's paths by test id: ``mlstm``'s ``method`` and, for ``"xla"``, its ``xla_form``.
+PATHS = {
+    "reference": dict(method="reference"),
+    "xla-parallel": dict(method="xla", xla_form="parallel"),
+    "xla-chunk": dict(method="xla", xla_form="chunk"),
+}
+#: The function each path runs.
+KERNELS = {"reference": mlstm_recurrent, "xla-parallel": mlstm_parallel, "xla-chunk": mlstm_chunk}
 
 
 def make_inputs(seed, dtype, *, b=B, t=T, h=H, kd=K, vd=V, i_shift=0.0):
@@ -75,9 +83,9 @@ def unstabilised(state):
     return np.exp(m)[..., None, None] * C, np.exp(m)[..., None] * n
 
 
-def _run(method, x, state, chunk_size=64, **kw):
+def _run(path, x, state, chunk_size=64, **kw):
     return mlstm(
-        *(x[n] for n in NAMES), initial_state=state, output_final_state=True, method=method,
+        *(x[n] for n in NAMES), initial_state=state, output_final_state=True, **PATHS[path],
         chunk_size=chunk_size, **kw,
     )
 
@@ -85,7 +93,7 @@ def _run(method, x, state, chunk_size=64, **kw):
 # --------------------------------------------------------------------------- oracle
 
 
-@pytest.mark.parametrize("method", ["recurrent", "parallel", "chunk"])
+@pytest.mark.parametrize("method", ["reference", "xla-parallel", "xla-chunk"])
 def test_matches_unstabilised_float64_loop(method):
     with jax.enable_x64(True):
         x, s0 = make_inputs(0, jnp.float64, t=37, h=2, kd=5, vd=6)
@@ -101,21 +109,21 @@ def test_matches_unstabilised_float64_loop(method):
 def test_float32_paths_agree_with_each_other_and_the_float64_loop(chunk_size):
     x, s0 = make_inputs(10 + chunk_size, jnp.float32)
     h_np, C_np, n_np = numpy_mlstm(x, s0, K**-0.5)
-    outs = {m: _run(m, x, s0, chunk_size=chunk_size) for m in ("recurrent", "parallel", "chunk")}
+    outs = {m: _run(m, x, s0, chunk_size=chunk_size) for m in PATHS}
     for method, (h, fin) in outs.items():
         assert h.dtype == jnp.float32 and fin.C.dtype == jnp.float32
         C, n = unstabilised(fin)
         errors = {"h": rel_rmse(h, h_np), "C": rel_rmse(C, C_np), "n": rel_rmse(n, n_np)}
         assert all(e < 1e-5 for e in errors.values()), (method, errors)
-    h_r, f_r = outs["recurrent"]
-    for method in ("parallel", "chunk"):
+    h_r, f_r = outs["reference"]
+    for method in ("xla-parallel", "xla-chunk"):
         h, fin = outs[method]
         assert rel_rmse(h, h_r) < 1e-5, method
         for a, b in zip(fin, f_r):
             assert rel_rmse(a, b) < 1e-5, method
 
 
-def test_zero_state_default_and_auto_is_chunk():
+def test_zero_state_default_and_auto_is_the_xla_chunk_form():
     x, _ = make_inputs(2, jnp.float32, t=45)
     h_np, _, _ = numpy_mlstm(x, (np.zeros((B, H, K, V)), np.zeros((B, H, K)), np.zeros((B, H))),
                              K**-0.5)
@@ -123,15 +131,18 @@ def test_zero_state_default_and_auto_is_chunk():
     assert fin is None and h.shape == (B, 45, H, V)
     assert rel_rmse(h, h_np) < 1e-5
     h_auto, _ = mlstm(*(x[n] for n in NAMES), method="auto")
-    h_chunk, _ = mlstm(*(x[n] for n in NAMES), method="chunk")
+    h_chunk, _ = mlstm(*(x[n] for n in NAMES), method="xla", xla_form="chunk")
     np.testing.assert_array_equal(h_auto, h_chunk)
-    assert METHODS == ("auto", "recurrent", "parallel", "chunk")
+    np.testing.assert_array_equal(mlstm(*(x[n] for n in NAMES), method="xla")[0], h_chunk)
+    assert METHODS == ("auto", "reference", "xla")
+    assert METHODS == tuple(m for m in ALL_METHODS if m != "pallas")
+    assert XLA_FORMS == ("chunk", "parallel")
 
 
 # --------------------------------------------------------------------------- stabiliser
 
 
-@pytest.mark.parametrize("method", ["recurrent", "parallel", "chunk"])
+@pytest.mark.parametrize("method", ["reference", "xla-parallel", "xla-chunk"])
 @pytest.mark.parametrize("i_value", [30.0, 100.0])
 def test_large_input_gates_do_not_overflow(method, i_value):
     """``exp(100)`` overflows float32; the stabilised state keeps everything finite and equal
@@ -160,7 +171,7 @@ def test_tiny_normaliser_uses_the_lower_bound():
     x = dict(x, i_gate=x["i_gate"] - 12.0)
     zero = (np.zeros((B, H, K, V)), np.zeros((B, H, K)), np.zeros((B, H)))
     h_np, _, _ = numpy_mlstm(x, zero, K**-0.5)
-    for method in ("recurrent", "parallel", "chunk"):
+    for method in ("reference", "xla-parallel", "xla-chunk"):
         h, _ = _run(method, x, None, chunk_size=16)
         assert rel_rmse(h, h_np) < 1e-5, method
 
@@ -168,11 +179,12 @@ def test_tiny_normaliser_uses_the_lower_bound():
 # --------------------------------------------------------------------------- chaining
 
 
-# chunk (what "auto" runs) by default; the recurrent path's carried state is checked token by
-# token below; the other methods are a sweep
+# the chunk form (what "auto" runs) by default; the reference path's carried state is checked
+# token by token below; the other paths are a sweep
 @pytest.mark.parametrize(
-    "method", [*(pytest.param(m, marks=pytest.mark.slow) for m in ("recurrent", "parallel")),
-               "chunk"]
+    "method",
+    [*(pytest.param(m, marks=pytest.mark.slow) for m in ("reference", "xla-parallel")),
+     "xla-chunk"],
 )
 def test_state_chaining(method):
     x, s0 = make_inputs(5, jnp.float32, t=90)
@@ -188,12 +200,12 @@ def test_state_chaining(method):
 
 
 def test_one_step_at_a_time_equals_full_sequence():
-    """Decoding: the recurrent path fed one token at a time with the carried state."""
+    """Decoding: the reference path fed one token at a time with the carried state."""
     x, s0 = make_inputs(6, jnp.float32, t=9)
-    h, fin = _run("chunk", x, s0, chunk_size=16)
+    h, fin = _run("xla-chunk", x, s0, chunk_size=16)
     state, steps = s0, []
     for t in range(9):
-        h_t, state = _run("recurrent", {n: a[:, t : t + 1] for n, a in x.items()}, state)
+        h_t, state = _run("reference", {n: a[:, t : t + 1] for n, a in x.items()}, state)
         steps.append(h_t)
     assert rel_rmse(jnp.concatenate(steps, axis=1), h) < 1e-5
     for a, b in zip(state, fin):
@@ -209,8 +221,8 @@ def _value_and_grads(x, s0, ch, cs, method, chunk_size=64):
     un-stabilised ``C``, ``n``) wrt all inputs and the initial state."""
 
     def loss(x, s0):
-        kw = {"chunk_size": chunk_size} if method == "chunk" else {}
-        h, fin = PATHS[method](
+        kw = {"chunk_size": chunk_size} if method == "xla-chunk" else {}
+        h, fin = KERNELS[method](
             *(x[n] for n in NAMES), initial_state=s0, output_final_state=True, **kw
         )
         scale = jnp.exp(fin.m)
@@ -225,15 +237,16 @@ def _value_and_grads(x, s0, ch, cs, method, chunk_size=64):
 
 @pytest.mark.parametrize(
     "method,chunk_size",
-    [("parallel", 64), ("chunk", 16), pytest.param("chunk", 64, marks=pytest.mark.slow)],
+    [("xla-parallel", 64), ("xla-chunk", 16),
+     pytest.param("xla-chunk", 64, marks=pytest.mark.slow)],
 )
-def test_gradients_match_recurrent_float32(method, chunk_size):
+def test_gradients_match_the_reference_float32(method, chunk_size):
     x, s0 = make_inputs(7, jnp.float32, t=75)
     rng = np.random.default_rng(8)
     ch = jnp.asarray(rng.standard_normal(x["v"].shape), jnp.float32)
     cs = (jnp.asarray(0.1 * rng.standard_normal(s0.C.shape), jnp.float32),
           jnp.asarray(0.1 * rng.standard_normal(s0.n.shape), jnp.float32))
-    g_r, gs_r = _value_and_grads(x, s0, ch, cs, "recurrent")
+    g_r, gs_r = _value_and_grads(x, s0, ch, cs, "reference")
     g, gs = _value_and_grads(x, s0, ch, cs, method, chunk_size)
     for n in NAMES:
         assert np.all(np.isfinite(g[n])), n
@@ -244,17 +257,17 @@ def test_gradients_match_recurrent_float32(method, chunk_size):
 
 
 # the reference and the chunk path by default; the parallel path's gradients equal the
-# reference's in test_gradients_match_recurrent_float32
+# reference's in test_gradients_match_the_reference_float32
 @pytest.mark.parametrize(
-    "method", ["recurrent", pytest.param("parallel", marks=pytest.mark.slow), "chunk"]
+    "method", ["reference", pytest.param("xla-parallel", marks=pytest.mark.slow), "xla-chunk"]
 )
 def test_gradients_numerically_float64(method):
     with jax.enable_x64(True):
         x, s0 = make_inputs(9, jnp.float64, b=1, t=11, h=2, kd=3, vd=4)
 
         def f(q, k, v, i_gate, f_gate, C0, n0, m0):
-            kw = {"chunk_size": 4} if method == "chunk" else {}
-            h, fin = PATHS[method](
+            kw = {"chunk_size": 4} if method == "xla-chunk" else {}
+            h, fin = KERNELS[method](
                 q, k, v, i_gate, f_gate, scale=0.5, initial_state=MLSTMState(C0, n0, m0),
                 output_final_state=True, **kw,
             )
@@ -272,20 +285,20 @@ def test_gradients_numerically_float64(method):
 def test_low_precision_inputs_keep_float32_state():
     x, s0 = make_inputs(11, jnp.float32, t=33)
     xb = {n: a.astype(jnp.bfloat16) for n, a in x.items()}
-    h, fin = _run("chunk", xb, s0)
+    h, fin = _run("xla-chunk", xb, s0)
     assert h.dtype == jnp.bfloat16 and fin.C.dtype == jnp.float32
-    h32, _ = _run("chunk", {n: a.astype(jnp.float32) for n, a in xb.items()}, s0)
+    h32, _ = _run("xla-chunk", {n: a.astype(jnp.float32) for n, a in xb.items()}, s0)
     assert rel_rmse(h.astype(jnp.float32), h32) < 1e-2
 
 
 def test_jit_and_vmap():
     x, s0 = make_inputs(12, jnp.float32, b=1, t=20, h=2, kd=8, vd=8)
-    f = jax.jit(lambda x, s: _run("chunk", x, s, chunk_size=16))
+    f = jax.jit(lambda x, s: _run("xla-chunk", x, s, chunk_size=16))
     h, fin = f(x, s0)
-    assert rel_rmse(h, _run("recurrent", x, s0)[0]) < 1e-5
+    assert rel_rmse(h, _run("reference", x, s0)[0]) < 1e-5
     xs = {n: jnp.stack([a, a[:, ::-1]]) for n, a in x.items()}
-    hv, _ = jax.vmap(lambda x: _run("chunk", x, None, chunk_size=16))(xs)
-    assert rel_rmse(hv[0], _run("chunk", x, None, chunk_size=16)[0]) < 1e-6
+    hv, _ = jax.vmap(lambda x: _run("xla-chunk", x, None, chunk_size=16))(xs)
+    assert rel_rmse(hv[0], _run("xla-chunk", x, None, chunk_size=16)[0]) < 1e-6
 
 
 # --------------------------------------------------------------------------- bad input
@@ -309,15 +322,17 @@ def _bad_cases():
         ("initial_state.m", x, {"initial_state": (s0.C, s0.n, s0.m.astype(jnp.int32))}),
         ("chunk_size", x, {"chunk_size": 48}),
         ("chunk_size", x, {"chunk_size": 64.0}),
-        ("method", x, {"method": "pallas"}),
+        ("method", x, {"method": "pallas"}),  # of the vocabulary, but no Pallas kernels
+        ("method", x, {"method": "chunk"}),  # an XLA form, not a method
+        ("xla_form", x, {"method": "xla", "xla_form": "recurrent"}),
         ("scale", x, {"scale": float("nan")}),
     ]
 
 
-@pytest.mark.parametrize("case", range(17))
+@pytest.mark.parametrize("case", range(19))
 def test_bad_input_raises_value_error_naming_argument(case):
     cases = _bad_cases()
-    assert len(cases) == 17
+    assert len(cases) == 19
     name, x, kw = cases[case]
     with pytest.raises(ValueError, match=name):
         mlstm(*(x[n] for n in NAMES), **kw)

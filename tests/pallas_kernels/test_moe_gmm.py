@@ -157,8 +157,11 @@ def test_group_metadata_covers_each_row_once():
 
 def test_bad_arguments():
     lhs, rhs, grad, sizes = _inputs(4, jnp.float32, LAYOUTS["mixed"])
-    with pytest.raises(ValueError, match="method"):
-        moe.gmm(lhs, rhs, sizes, method="megablox")
+    for method in ("megablox", "ragged", "dense"):
+        with pytest.raises(ValueError, match="method must be one of"):
+            moe.gmm(lhs, rhs, sizes, method=method)
+        with pytest.raises(ValueError, match="method must be one of"):
+            moe.tgmm(lhs, grad, sizes, method=method)
     with pytest.raises(ValueError, match="rhs"):
         moe.gmm(lhs, rhs[:, :5], sizes)
     with pytest.raises(ValueError, match="lhs"):

@@ -48,6 +48,7 @@ def test_mixer_and_ffn_flags_train_and_log_the_router_load(tmp_path, capsys):
         (["--mixer", "rnn"], "invalid choice"),
         (["--arch", "experts=4"], "--arch: unknown key 'experts'"),
         (["--arch", "n_layers"], "--arch: expected key=value"),
+        (["--ffn", "moe", "--arch", "moe_method=ragged"], "LMConfig.moe_method must be one of"),
         (["--ffn", "moe", "--arch", "top_k=9"], "top_k 9 exceeds LMConfig.num_experts 8"),
         (["--ffn", "latent_moe", "--arch", "latent_dim=512"], "latent_dim must be an int in"),
         (["--preset", "moe-tiny", "--mesh", "expert=8", "--arch", "num_experts=12"],
@@ -93,3 +94,21 @@ def test_router_bias_is_trained_state_checkpointed_and_resumed_exactly(tmp_path)
                                 jax.device_get(resumed.state.params), rtol=1e-6, atol=1e-7)
     chex.assert_trees_all_equal(jax.device_get(straight.state.model_state),
                                 jax.device_get(resumed.state.model_state))
+
+
+def test_resume_reads_a_recorded_config_with_per_op_method_names(tmp_path, capsys):
+    """A checkpoint whose recorded model names the dispatch ``"ragged"`` and the mixer's op
+    ``"chunk"`` (the per-op names) resumes under the flags that say ``xla``; another method
+    is still refused."""
+    flags = ["--mixer", "gdn", "--ffn", "moe", "--arch", "n_layers=1", "--arch", "d_model=32",
+             "--arch", "num_experts=4", "--arch", "expert_dim=16", "--arch", "max_seq_len=16"]
+    assert _run(tmp_path, *flags, "--arch", "method=xla") == 0
+    meta_file = tmp_path / "checkpoints" / "2" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    assert (meta["model"]["mixer"]["method"], meta["model"]["ffn"]["method"]) == ("xla", "xla")
+    meta["model"]["mixer"]["method"], meta["model"]["ffn"]["method"] = "chunk", "ragged"
+    meta_file.write_text(json.dumps(meta))
+    assert _run(tmp_path, *flags, "--arch", "method=xla", "--resume") == 0
+    capsys.readouterr()
+    code = _run(tmp_path, *flags, "--arch", "method=reference", "--resume")
+    assert code == 2 and "the model flags differ" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Correctness of the Pallas kernels against the recurrence, at any shape, on the device at hand.
 
 ``check_against_recurrent`` runs ``momentum_delta_rule_pallas`` (compiled on a GPU, interpreted
-on CPU) and the sequential reference ``momentum_delta_rule(..., method="recurrent")`` from the
+on CPU) and the sequential reference ``momentum_delta_rule(..., method="reference")`` from the
 same random initial state and compares, by relative RMS error, the outputs, the final state
 and, optionally, the gradients of all eight inputs (through a loss that weighs the outputs and
 the final state by the reference's own values). Kernel options under test (a tuning candidate's
@@ -42,7 +42,7 @@ def check_against_recurrent(inputs, K, chunk, interpret, tol, grads, **options):
     pallas = functools.partial(
         pallas_op, **{"chunk_size": chunk, "interpret": interpret, **kw, **options}
     )
-    ref = functools.partial(momentum_delta_rule, method="recurrent", **kw)
+    ref = functools.partial(momentum_delta_rule, method="reference", **kw)
     with jax.default_matmul_precision("highest"):
         (o, fs), (o_r, fs_r) = pallas(*inputs), ref(*inputs)
         errs = {"o": rel_rmse(o, o_r), "final_state": rel_rmse(fs, fs_r)}

@@ -175,7 +175,7 @@ def programs(shape, dtype, chunk, launch=(), with_decode=True, with_xla=True):
         step = functools.partial(momentum_delta_rule_step_pallas, scale=scale)
         out.append(("mdn_decode_step", step, one))
     if with_xla:
-        xla = lambda *a: momentum_delta_rule(*a, scale=scale, method="chunk", chunk_size=chunk)[0]
+        xla = lambda *a: momentum_delta_rule(*a, scale=scale, method="xla", chunk_size=chunk)[0]
         out.append(("mdn_xla_chunk_fwd_bwd", _fwd_bwd(xla), seq))
     return out
 
