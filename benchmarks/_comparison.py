@@ -14,7 +14,7 @@ which this module encodes so that a script cannot skip it:
 
 Usage::
 
-    from _comparison import Comparison, add_arguments, run_comparison
+    from benchmarks._comparison import Comparison, add_arguments, run_comparison
 
     spec = Comparison(methods=("adamw", "smet"), lrs=(1e-3, 3e-3, 1e-2), seeds=(0, 1, 2),
                       budget="300 steps x batch 8x64")
@@ -29,8 +29,8 @@ differ only by seed, so their XLA programs repeat and two of every three compile
 ``Comparison`` validates itself (a ``ValueError`` names the field at fault). ``run`` is called
 once per (method, lr, seed), in that nesting order, and must return a dict with finite or NaN
 ``val`` and ``test`` entries plus any extra numbers the script wants to report. A NaN (a
-diverged run) makes its learning rate the worst choice for that method. Scripts import this
-module as ``_comparison``: ``python benchmarks/<script>.py`` puts ``benchmarks/`` on the path.
+diverged run) makes its learning rate the worst choice for that method. Scripts run as
+``python -m benchmarks.<script>`` from the repository root.
 """
 
 from __future__ import annotations

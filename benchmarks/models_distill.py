@@ -20,9 +20,9 @@ then the two students merged (weighted average). Printed, as markdown tables:
 
 Everything is resumable (``--out-dir``): a rerun loads the finished parts and reports again.
 
-    python benchmarks/models_distill.py                # the real run (about an hour, 2 cores,
+    python -m benchmarks.models_distill                # the real run (about an hour, 2 cores,
                                                        # 13 GB of teacher cache on disk)
-    python benchmarks/models_distill.py --smoke        # minutes: short stages, small cache
+    python -m benchmarks.models_distill --smoke        # minutes: short stages, small cache
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ the whole grid printed; validation and test are the two halves of the held-out s
    and trained ``--steps`` more with a fresh optimizer; the large shape is trained ``--steps``
    from scratch. The parent's steps are the sunk cost that the claim counts as free.
 
-    python benchmarks/models_latent_moe.py                 # 100 steps, seq 64, batch 16, 3x3
-    python benchmarks/models_latent_moe.py --only quality --steps 300
-    python benchmarks/models_latent_moe.py --fast          # smoke run
+    python -m benchmarks.models_latent_moe                 # 100 steps, seq 64, batch 16, 3x3
+    python -m benchmarks.models_latent_moe --only quality --steps 300
+    python -m benchmarks.models_latent_moe --fast          # smoke run
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import argparse
 import platform
 import tempfile
 
-import _comparison as comparison
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import _comparison as comparison
 from jaxlib_ext.core import data, sharding, train
 from jaxlib_ext.models import LMConfig, build_lm
 from jaxlib_ext.models.accounting import lm_cost, moe_cost

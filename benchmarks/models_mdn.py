@@ -19,9 +19,9 @@ mean ± std intervals are apart.
 
 The paper's claim (arXiv 2605.05838) is MDN < GDN in loss at equal size.
 
-    python benchmarks/models_mdn.py                      # 300 steps, seq 128, batch 16, 3x3 grid
-    python benchmarks/models_mdn.py --steps 600 --lrs 3e-4,1e-3,3e-3 --seeds 5
-    python benchmarks/models_mdn.py --fast               # smoke run (tiny budget)
+    python -m benchmarks.models_mdn                      # 300 steps, seq 128, batch 16, 3x3 grid
+    python -m benchmarks.models_mdn --steps 600 --lrs 3e-4,1e-3,3e-3 --seeds 5
+    python -m benchmarks.models_mdn --fast               # smoke run (tiny budget)
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import argparse
 import platform
 import tempfile
 
-import _comparison as comparison
 import jax
 import numpy as np
 from flax import nnx
 
+from benchmarks import _comparison as comparison
 from jaxlib_ext.core import data, sharding, train
 from jaxlib_ext.models import build_gdn, build_mdn, build_transformer, param_count
 from jaxlib_ext.optim import build_optimizer

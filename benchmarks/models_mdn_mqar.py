@@ -24,9 +24,9 @@ moving average of the training recall accuracy over ``--window`` steps reaches `
 
 Usage::
 
-    python benchmarks/models_mdn_mqar.py              # 600 steps, 3 lrs x 3 seeds, 6 models
-    python benchmarks/models_mdn_mqar.py --models MDN,GDN,Transformer
-    python benchmarks/models_mdn_mqar.py --fast       # smoke run
+    python -m benchmarks.models_mdn_mqar              # 600 steps, 3 lrs x 3 seeds, 6 models
+    python -m benchmarks.models_mdn_mqar --models MDN,GDN,Transformer
+    python -m benchmarks.models_mdn_mqar --fast       # smoke run
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ import json
 import pathlib
 import platform
 
-import _comparison as comparison
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks import _comparison as comparison
 from jaxlib_ext.core import sharding as sharding_lib
 from jaxlib_ext.core import train as train_lib
 from jaxlib_ext.models import build_gdn, build_mdn, build_transformer, param_count

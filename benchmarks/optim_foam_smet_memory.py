@@ -11,9 +11,9 @@ except the embedding and the LM head.
 
 Usage::
 
-    python benchmarks/optim_foam_smet_memory.py       # all sizes, timing on LLaMA-60M
-    python benchmarks/optim_foam_smet_memory.py --time-size 130m --time-steps 10
-    python benchmarks/optim_foam_smet_memory.py --no-time   # memory tables only
+    python -m benchmarks.optim_foam_smet_memory       # all sizes, timing on LLaMA-60M
+    python -m benchmarks.optim_foam_smet_memory --time-size 130m --time-steps 10
+    python -m benchmarks.optim_foam_smet_memory --no-time   # memory tables only
 """
 
 from __future__ import annotations

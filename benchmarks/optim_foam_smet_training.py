@@ -28,10 +28,10 @@ split. Prints, as markdown:
 
 Usage::
 
-    python benchmarks/optim_foam_smet_training.py          # 300 steps, topology every 50
-    python benchmarks/optim_foam_smet_training.py --steps 600 --update-every 100 --batch 32
-    python benchmarks/optim_foam_smet_training.py --lrs 3e-4,1e-3,3e-3 --seeds 5
-    python benchmarks/optim_foam_smet_training.py --fast   # smoke run (tiny budget)
+    python -m benchmarks.optim_foam_smet_training          # 300 steps, topology every 50
+    python -m benchmarks.optim_foam_smet_training --steps 600 --update-every 100 --batch 32
+    python -m benchmarks.optim_foam_smet_training --lrs 3e-4,1e-3,3e-3 --seeds 5
+    python -m benchmarks.optim_foam_smet_training --fast   # smoke run (tiny budget)
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ import argparse
 import platform
 import time
 
-import _comparison as comparison
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks import _comparison as comparison
 from jaxlib_ext.core import data as data_lib
 from jaxlib_ext.core import sharding as sharding_lib
 from jaxlib_ext.core import train as train_lib

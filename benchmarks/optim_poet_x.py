@@ -21,9 +21,9 @@ rule.
 
 Usage::
 
-    python benchmarks/optim_poet_x.py                  # both parts, 300 steps x 3 lrs x 3 seeds
-    python benchmarks/optim_poet_x.py --part memory
-    python benchmarks/optim_poet_x.py --part loss --steps 600 --lrs 1e-3,3e-3,1e-2
+    python -m benchmarks.optim_poet_x                  # both parts, 300 steps x 3 lrs x 3 seeds
+    python -m benchmarks.optim_poet_x --part memory
+    python -m benchmarks.optim_poet_x --part loss --steps 600 --lrs 1e-3,3e-3,1e-2
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import platform
 import time
 import warnings
 
-import _comparison as comparison
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks import _comparison as comparison
 from jaxlib_ext.core import data as data_lib
 from jaxlib_ext.core.memory import compiled_memory, format_bytes, tree_bytes
 from jaxlib_ext.models.presets import param_count

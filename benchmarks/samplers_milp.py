@@ -30,9 +30,9 @@ ones of the smaller size (transfer).
 
 Scaling: time per sampler step (flip rule with exact gains, DMALA) vs integer variables.
 
-    python benchmarks/samplers_milp.py              # all families, about 45 min on 2 CPU cores
-    python benchmarks/samplers_milp.py --families setcover --sizes 0
-    python benchmarks/samplers_milp.py --fast       # smoke run
+    python -m benchmarks.samplers_milp              # all families, about 45 min on 2 CPU cores
+    python -m benchmarks.samplers_milp --families setcover --sizes 0
+    python -m benchmarks.samplers_milp --fast       # smoke run
 """
 
 from __future__ import annotations

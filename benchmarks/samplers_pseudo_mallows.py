@@ -16,8 +16,8 @@ Prints markdown tables:
 
 Wall times exclude compilation (every jitted function is called once before timing).
 
-    python benchmarks/samplers_pseudo_mallows.py          # full run, ~10 min on 2 CPU cores
-    python benchmarks/samplers_pseudo_mallows.py --fast   # smoke run
+    python -m benchmarks.samplers_pseudo_mallows          # full run, ~10 min on 2 CPU cores
+    python -m benchmarks.samplers_pseudo_mallows --fast   # smoke run
 """
 
 from __future__ import annotations

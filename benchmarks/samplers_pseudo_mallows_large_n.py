@@ -58,8 +58,8 @@ against the exact posterior (``pseudo_mallows.exact_posterior_marginals``, a DP 
 Timing is wall time on whatever CPU runs it; another process sharing the cores inflates both
 methods' times (the ratios are less affected).
 
-    python benchmarks/samplers_pseudo_mallows_large_n.py          # full run, < 20 min, 2 cores
-    python benchmarks/samplers_pseudo_mallows_large_n.py --fast   # smoke run, < 1 min
+    python -m benchmarks.samplers_pseudo_mallows_large_n          # full run, < 20 min, 2 cores
+    python -m benchmarks.samplers_pseudo_mallows_large_n --fast   # smoke run, < 1 min
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ before timing) is what the curves and tables show.
 "Time to target": the first checkpoint at which the mean loss over seeds reaches the best final
 mean loss of the two baselines (ImpDiff, SOUL), each method at its best learning rate.
 
-    python benchmarks/samplers_sosmc.py            # full run
-    python benchmarks/samplers_sosmc.py --main-only  # the authors' settings only
-    python benchmarks/samplers_sosmc.py --fast     # smoke run
-    python benchmarks/samplers_sosmc.py --plot curves.png
+    python -m benchmarks.samplers_sosmc            # full run
+    python -m benchmarks.samplers_sosmc --main-only  # the authors' settings only
+    python -m benchmarks.samplers_sosmc --fast     # smoke run
+    python -m benchmarks.samplers_sosmc --plot curves.png
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _comparison import Comparison, ComparisonResult, format_pm
 
+from benchmarks._comparison import Comparison, ComparisonResult, format_pm
 from jaxlib_ext.samplers import smc
 
 MAIN = ("sosmc-mala", "sosmc-ula", "impdiff", "soul")
