@@ -1,6 +1,8 @@
 """The contract every delta-rule model (MDN, GDN) keeps: jit and grad through the layer, cache
 shapes, token-by-token decode == one full forward, logical axes on every parameter, errors that
-name the argument. A new delta-rule model joins with one line in ``MODELS``."""
+name the argument. A new delta-rule model joins with one line in ``MODELS``; the mLSTM mixer,
+whose state and decode paths differ (``tests/models/test_mlstm_lm.py``), joins the model-level
+checks of ``LMS``."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from jaxlib_ext.models import (
     LMCache,
     MomentumDeltaNet,
     build_gdn,
+    build_lm,
     build_mdn,
 )
 
@@ -24,6 +27,15 @@ MODELS = {
     "mdn": (MomentumDeltaNet, build_mdn, (2, 3, 2, 8, 16)),
     "gdn": (GatedDeltaNet, build_gdn, (3, 2, 8, 16)),
 }
+
+
+def _build_mlstm(preset, **kwargs):
+    return build_lm(preset, mixer="mlstm", **kwargs)
+
+
+# the language-model builders whose model-level contract (logical axes, argument errors) is
+# the same
+LMS = {"mdn": build_mdn, "gdn": build_gdn, "mlstm": _build_mlstm}
 
 
 # Every parameter of the layer gets a gradient whichever op path runs; the reference (recurrent)
@@ -81,18 +93,18 @@ def test_decode_matches_full_forward(name, small_cfg, perturb, rel):
     assert rel(jnp.concatenate([l1, l2], 1), full) < 1e-5
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", LMS)
 def test_every_parameter_has_logical_axes(name):
-    _, build, _ = MODELS[name]
+    build = LMS[name]
     model = nnx.eval_shape(lambda: build("tiny", vocab_size=61, rngs=nnx.Rngs(0)))
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         axes = var.get_metadata().get("logical_axes")
         assert axes is not None and len(axes) == len(var.shape), path
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", LMS)
 def test_bad_inputs(name):
-    _, build, _ = MODELS[name]
+    build = LMS[name]
     with pytest.raises(ValueError, match="preset"):
         build("7b", rngs=nnx.Rngs(0))
     model = build("tiny", vocab_size=61, rngs=nnx.Rngs(0), d_model=32, head_dim=8,
