@@ -30,10 +30,10 @@ MH bias: a Gaussian prior fitted to scikit-learn's 8x8 digits (closed-form ``U*`
 posterior), box inpainting; PC vs PC-MALA at equal gradients: error of the posterior mean and
 standard deviation over 1024 chains, in posterior standard deviations.
 
-    python benchmarks/samplers_energy.py --ckpt runs/energy
-    python benchmarks/samplers_energy.py --ckpt runs/energy --fast   # smoke run
+    python -m benchmarks.samplers_energy --ckpt runs/energy
+    python -m benchmarks.samplers_energy --ckpt runs/energy --fast   # smoke run
     # extend the grids of the samplers whose best multiplier is on the upper edge
-    python benchmarks/samplers_energy.py --ckpt runs/energy --only-reconstruction \
+    python -m benchmarks.samplers_energy --ckpt runs/energy --only-reconstruction \
         --samplers adaptive,DPS --multipliers 3,9,27
 """
 
@@ -47,14 +47,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _comparison import Comparison, cache_compilations, run_comparison
 
+from benchmarks._comparison import Comparison, cache_compilations, run_comparison
 from jaxlib_ext.core import images
-from jaxlib_ext.samplers import degradations as deg
 from jaxlib_ext.samplers import energy as en
+from jaxlib_ext.samplers import inverse
 from jaxlib_ext.samplers.energy import adaptive, blind, dps, pc
 from jaxlib_ext.samplers.energy.train import load
-from jaxlib_ext.samplers.inverse.quality import psnr, ssim
+from jaxlib_ext.samplers.inverse import psnr, ssim
 
 NOISE = 0.02
 SAMPLERS = ("PC", "PC-MALA", "adaptive", "DPS", "PC/ours", "PC-MALA/ours", "adaptive/ours")
@@ -76,10 +76,10 @@ def parse_fraction(text):
 def tasks(shape):
     # both masks as plain ``inpainting`` operators: one compiled program serves both tasks
     return {
-        "box inpainting (12x12)": deg.inpainting(deg.box_inpainting(shape, 12).diagonal),
-        "random inpainting (70%)": deg.inpainting(
-            deg.random_inpainting(jax.random.key(7), shape, 0.7).diagonal),
-        "Gaussian deblur (sigma 1.5)": deg.gaussian_blur(shape, 1.5),
+        "box inpainting (12x12)": inverse.inpainting(inverse.box_inpainting(shape, 12).diagonal),
+        "random inpainting (70%)": inverse.inpainting(
+            inverse.random_inpainting(jax.random.key(7), shape, 0.7).diagonal),
+        "Gaussian deblur (sigma 1.5)": inverse.gaussian_blur(shape, 1.5),
     }
 
 
@@ -129,7 +129,7 @@ def bench_reconstruction(u, args, digits, nfe):
     for tname, op in tasks(shape).items():
         if not tname.startswith(args.tasks):
             continue
-        y = deg.measure(jax.random.key(1), op, x, NOISE)
+        y = inverse.measure(jax.random.key(1), op, x, NOISE)
 
         def run(s, mult, seed, y=y, op=op):
             xm, acc, nfe = runners[s](y, jax.random.key(1000 + seed), BASE[s] * mult, op)
@@ -163,9 +163,9 @@ def bench_blind(u, args, digits):
     out = {}
     noises = jnp.array([0.01, 0.03, 0.1])
     setups = {
-        "box size x noise": ((6, 10, 14), lambda v: deg.box_inpainting(shape, v), "pixel",
+        "box size x noise": ((6, 10, 14), lambda v: inverse.box_inpainting(shape, v), "pixel",
                              lambda o: o.diagonal),
-        "blur width x noise": ((0.8, 1.4, 2.0), lambda v: deg.gaussian_blur(shape, v),
+        "blur width x noise": ((0.8, 1.4, 2.0), lambda v: inverse.gaussian_blur(shape, v),
                                "fourier", lambda o: o.diagonal[..., None]),
     }
     x = jnp.asarray(digits)
@@ -176,7 +176,7 @@ def bench_blind(u, args, digits):
         confusion = np.zeros((len(values), len(values)), int)
         for i, v in enumerate(values):
             for j, sn in enumerate(noises):
-                y = deg.measure(jax.random.key(100 + 10 * i + j), make(v), x, float(sn))
+                y = inverse.measure(jax.random.key(100 + 10 * i + j), make(v), x, float(sn))
                 r = blind.blind_posterior(u, y, ops, noises, basis=basis)
                 oi, ni = np.asarray(r.operator_index), np.asarray(r.noise_index)
                 hit_op += int((oi == i).sum())
@@ -200,10 +200,10 @@ def bench_mh_bias(args):
     c = np.cov(flat.T) + 1e-3 * np.eye(d)
     u = en.gaussian_energy(jnp.asarray(mu.reshape(8, 8, 1), jnp.float32),
                            jnp.asarray(c, jnp.float32))
-    op = deg.box_inpainting((8, 8, 1), 4)
+    op = inverse.box_inpainting((8, 8, 1), 4)
     sn = 0.05
     x = jnp.asarray(data[-1:])
-    y = deg.measure(jax.random.key(0), op, x, sn)
+    y = inverse.measure(jax.random.key(0), op, x, sn)
     a = np.asarray(op.diagonal).reshape(-1)
     prec = np.linalg.inv(c) + np.diag(a ** 2) / sn ** 2
     post = np.linalg.inv(prec)

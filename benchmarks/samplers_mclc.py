@@ -1,6 +1,6 @@
 """MCLC (arXiv 2601.04791) as a plug-in for latent DPS and PSLD on held-out MNIST digits.
 
-Tasks (``jaxlib_ext.samplers.degradations``, images in [0, 1]): box inpainting (a centred
+Tasks (``jaxlib_ext.samplers.inverse``, images in [0, 1]): box inpainting (a centred
 12x12 box missing), random inpainting (70% of the pixels missing) and Gaussian deblurring
 (sigma 1.5 px), each at two measurement-noise levels. Solvers: latent DPS and PSLD
 (``jaxlib_ext.samplers.mclc``) on the latent diffusion model of
@@ -27,11 +27,11 @@ Failure (per reconstruction): non-finite pixels, or a PSNR below that of the bla
 digit never fails). The failure rate is over test digits and seeds at the chosen weight. PSNR
 and SSIM: :mod:`jaxlib_ext.samplers.inverse.quality`.
 
-    python benchmarks/samplers_mclc.py        # 20-30 min on 2 busy CPU cores (about 18 with
+    python -m benchmarks.samplers_mclc        # 20-30 min on 2 busy CPU cores (about 18 with
                                               # JAX_COMPILATION_CACHE_DIR already filled)
-    python benchmarks/samplers_mclc.py --fast          # smoke run
-    for n in 6 11 25; do python benchmarks/samplers_mclc.py --steps $n; done
-    python benchmarks/samplers_mclc.py --protocol equal_nfe
+    python -m benchmarks.samplers_mclc --fast          # smoke run
+    for n in 6 11 25; do python -m benchmarks.samplers_mclc --steps $n; done
+    python -m benchmarks.samplers_mclc --protocol equal_nfe
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _comparison import Comparison, cache_compilations, format_pm, run_comparison
 
+from benchmarks._comparison import Comparison, cache_compilations, format_pm, run_comparison
 from jaxlib_ext.core import images
-from jaxlib_ext.samplers import degradations
+from jaxlib_ext.samplers import inverse
 from jaxlib_ext.samplers import mclc as M
-from jaxlib_ext.samplers.inverse.quality import psnr, ssim
+from jaxlib_ext.samplers.inverse import psnr, ssim
 
 TASKS = ("box", "random", "blur")
 
@@ -119,11 +119,11 @@ def operator(task, shape, key):
     if task == "box":
         mask = np.ones(shape[:2], np.float32)
         mask[8:20, 8:20] = 0.0
-        return degradations.inpainting(mask, shape, name="inpainting")
+        return inverse.inpainting(mask, shape, name="inpainting")
     if task == "random":
         mask = jax.random.bernoulli(key, 0.3, shape[:2]).astype(jnp.float32)
-        return degradations.inpainting(mask, shape, name="inpainting")
-    return degradations.gaussian_blur(shape, 1.5)
+        return inverse.inpainting(mask, shape, name="inpainting")
+    return inverse.gaussian_blur(shape, 1.5)
 
 
 class Runner:
@@ -225,7 +225,7 @@ def main():
     for task in a.tasks.split(","):
         op = operator(task, x_all.shape[1:], jax.random.key(1234))
         for sig in noises:
-            y = jax.vmap(degradations.measure, in_axes=(0, None, 0, None))(
+            y = jax.vmap(inverse.measure, in_axes=(0, None, 0, None))(
                 jax.random.split(jax.random.key(99), x_all.shape[0]), op, x_all, sig)
             res_true = jnp.sqrt(jnp.sum((y - op.apply(x_all)) ** 2, axis=(1, 2, 3)))
             for solver in a.solvers.split(","):

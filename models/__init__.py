@@ -1,10 +1,11 @@
-"""Language models and layers in Flax NNX: the Transformer baseline, Momentum DeltaNet (MDN,
-arXiv 2605.05838) and Gated DeltaNet (GDN, arXiv 2412.06464).
+"""Language models, their layers and the image models, in Flax NNX.
 
-Every language model is a :class:`LanguageModel` of blocks ``token mixer + feed-forward``;
-:func:`build_lm` composes any mixer of :data:`MIXERS` (``"attention"``, ``"mdn"``, ``"gdn"``,
-``"mlstm"``: xLSTM's mLSTM layer, arXiv 2405.04517) with any FFN of :data:`FFNS`
-(``"swiglu"``, ``"moe"``, ``"latent_moe"``), e.g.
+The token mixers include the Transformer baseline's attention, Momentum DeltaNet (MDN, arXiv
+2605.05838) and Gated DeltaNet (GDN, arXiv 2412.06464). Every language model is a
+:class:`LanguageModel` of blocks ``token mixer + feed-forward``; :func:`build_lm` composes
+any mixer of :data:`MIXERS` (``"attention"``, ``"mdn"``, ``"gdn"``, ``"mlstm"``: xLSTM's mLSTM
+layer, arXiv 2405.04517) with any FFN of :data:`FFNS` (``"swiglu"``, ``"moe"``,
+``"latent_moe"``), e.g.
 ``build_lm("tiny", mixer="mdn", ffn="latent_moe", rngs=nnx.Rngs(0))``; the Transformer, MDN and
 GDN builders are its ``+ swiglu`` presets. :mod:`~jaxlib_ext.models.registry` names the
 parts. Submodules: :mod:`~jaxlib_ext.models.latent_moe`
@@ -12,8 +13,12 @@ parts. Submodules: :mod:`~jaxlib_ext.models.latent_moe`
 FLOPs per token), :mod:`~jaxlib_ext.models.growth` (orthogonal growth of MoE checkpoints, arXiv
 2510.08008), :mod:`~jaxlib_ext.models.llama` (the Llama presets' GGUF loader),
 :mod:`~jaxlib_ext.models.xlstm` (xLSTM students of a Llama teacher: mLSTM and sliding-window
-attention mixers, arXiv 2603.15590), :mod:`~jaxlib_ext.models.generation` (decoding with the
-cache).
+attention mixers, arXiv 2603.15590), :mod:`~jaxlib_ext.models.distill` (the distillation
+pipeline of those students), :mod:`~jaxlib_ext.models.generation` (decoding with the
+cache), :mod:`~jaxlib_ext.models.unet` (:class:`UNet`),
+:mod:`~jaxlib_ext.models.diffusion` (variance-preserving schedules, Tweedie's estimate, the DDIM
+and ancestral steps, arXiv 2010.02502 and 2006.11239) and
+:mod:`~jaxlib_ext.models.latent_diffusion` (a latent diffusion model, arXiv 2112.10752).
 
 Every model has a builder ``build_<model>(preset="tiny", *, vocab_size=None, rngs, **overrides)``
 whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESETS`:

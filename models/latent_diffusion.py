@@ -11,23 +11,25 @@ Conventions (everything a latent inverse solver needs):
   the encoder times ``latent_scale``, a constant fixed after the autoencoder is trained so that
   the training latents have unit standard deviation (Rombach et al., Sec. 4.3.2); the diffusion
   model lives in these scaled latents and :func:`decode` expects them.
-* **Schedule** (:class:`Schedule`, :func:`make_schedule`): ``T`` discrete steps indexed
-  ``t = 0, ..., T - 1``; ``alphas_cumprod[t]`` is the ``alpha-bar`` of step ``t`` (decreasing,
-  ``alphas_cumprod[0] = 1 - betas[0]`` is one step of noise, not the clean latent). The forward
-  process (Ho et al., arXiv 2006.11239, Eq. 4) is
+* **Schedule** (:class:`~jaxlib_ext.models.diffusion.Schedule` of
+  :func:`~jaxlib_ext.models.diffusion.make_schedule`, ``model.schedule``): ``T`` discrete steps
+  indexed ``t = 0, ..., T - 1``; ``alphas_cumprod[t]`` is the ``alpha-bar`` of step ``t``
+  (decreasing, ``alphas_cumprod[0] = 1 - betas[0]`` is one step of noise, not the clean latent).
+  The forward process (Ho et al., arXiv 2006.11239, Eq. 4) is
   ``z_t = sqrt(alphas_cumprod[t]) z_0 + sqrt(1 - alphas_cumprod[t]) eps``, ``eps ~ N(0, I)``.
   ``"cosine"`` is Nichol & Dhariwal's (arXiv 2102.09672, Eq. 17, ``s = 0.008``, betas clipped at
   0.999); ``"linear"`` is Ho et al.'s betas from ``1e-4`` to ``0.02`` (scaled by ``1000 / T``).
 * **Noise model** :func:`eps_model` ``(model, z_t [B, ...], t int [B]) -> eps-hat [B, ...]``:
   the U-Net's prediction of the ``eps`` that made ``z_t`` at step ``t``. The score is
   ``grad log p_t(z_t) = -eps-hat / sqrt(1 - alphas_cumprod[t])`` and Tweedie's clean estimate
-  :func:`predict_z0` is ``(z_t - sqrt(1 - abar_t) eps-hat) / sqrt(abar_t)``.
-* **Samplers**: :func:`ddim_step` (Song et al., arXiv 2010.02502, Eq. 12, with ``eta``;
-  ``t_prev = -1`` means the clean latent, ``alpha-bar = 1``) and :func:`ancestral_step` (Ho et al.,
-  Eq. 11 with the posterior variance ``beta-tilde``); DDIM with ``eta = 1`` over every step is
-  ancestral sampling. :func:`ddim_sample` and :func:`ancestral_sample` run them from
-  ``z_{T-1} ~ N(0, I)`` to ``z_0`` (latents), with Tweedie's estimate clipped to ``[-4, 4]``
-  by default (:func:`clip_eps`); :func:`sample_images` decodes.
+  (:func:`~jaxlib_ext.models.diffusion.predict_z0`) is
+  ``(z_t - sqrt(1 - abar_t) eps-hat) / sqrt(abar_t)``.
+* **Samplers** over the steps of :mod:`jaxlib_ext.models.diffusion`: DDIM (Song et al., arXiv
+  2010.02502, Eq. 12, with ``eta``) and ancestral (Ho et al., Eq. 11 with the posterior
+  variance ``beta-tilde``); DDIM with ``eta = 1`` over every step is ancestral sampling.
+  :func:`ddim_sample` and :func:`ancestral_sample` run them from ``z_{T-1} ~ N(0, I)`` to
+  ``z_0`` (latents), with Tweedie's estimate clipped to ``[-4, 4]`` by default
+  (:func:`~jaxlib_ext.models.diffusion.clip_eps`); :func:`sample_images` decodes.
 
 Training: :func:`train` fits the autoencoder (MSE + ``kl_weight`` KL), fixes ``latent_scale``,
 then the noise model (Ho et al.'s simple loss, Eq. 14, uniform ``t``) with an exponential moving
@@ -58,23 +60,27 @@ import optax
 from flax import nnx
 
 from jaxlib_ext.core.schedule import WarmupCosine
+from jaxlib_ext.models.diffusion import (
+    SCHEDULES,
+    Schedule,
+    alpha_bar,
+    ancestral_step,
+    clip_eps,
+    ddim_step,
+    ddim_timesteps,
+    make_schedule,
+    predict_z0,
+    q_sample,
+)
 from jaxlib_ext.models.unet import ResBlock, UNet
 
 __all__ = [
     "LDMConfig",
-    "Schedule",
     "Autoencoder",
     "LatentDiffusion",
-    "make_schedule",
     "encode",
     "decode",
     "eps_model",
-    "predict_z0",
-    "q_sample",
-    "ddim_step",
-    "ancestral_step",
-    "ddim_timesteps",
-    "clip_eps",
     "ddim_sample",
     "ancestral_sample",
     "sample_images",
@@ -84,8 +90,6 @@ __all__ = [
     "load_or_train",
     "load",
 ]
-
-SCHEDULES = ("cosine", "linear")
 
 
 # --------------------------------------------------------------------------- configuration
@@ -107,6 +111,14 @@ class LDMConfig:
       unet_res_blocks: ``num_res_blocks`` of the latent U-Net.
       timesteps: ``T``.
       schedule: ``"cosine"`` or ``"linear"``.
+
+    Raises:
+      ValueError: if a size is not a positive int, ``image_size`` is not divisible by the
+        downsampling, ``schedule`` is unknown or ``kl_weight`` is negative.
+
+    References:
+      Rombach et al., High-Resolution Image Synthesis with Latent Diffusion Models,
+      arXiv 2112.10752.
     """
 
     image_size: int = 28
@@ -140,59 +152,31 @@ class LDMConfig:
 
     @property
     def downsampling(self) -> int:
+        """The autoencoder's downsampling factor ``f = 2^(len(ae_channels) - 1)``."""
         return 2 ** (len(self.ae_channels) - 1)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
+        """``(S/f, S/f, latent_channels)``, a latent's shape without the batch axis."""
         s = self.image_size // self.downsampling
         return (s, s, self.latent_channels)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
+        """``(S, S, image_channels)``, an image's shape without the batch axis."""
         return (self.image_size, self.image_size, self.image_channels)
 
     def to_dict(self) -> dict:
+        """The fields as a JSON-ready dict (tuples as lists)."""
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
     def from_dict(cls, d: dict) -> LDMConfig:
+        """The config of a :meth:`to_dict` dict ``d``; keys that are not fields are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
                       if k in names})
-
-
-# --------------------------------------------------------------------------- schedule
-
-
-class Schedule(NamedTuple):
-    """Variance-preserving schedule, each ``float32 [T]``, indexed by ``t = 0, ..., T - 1``.
-
-    ``alphas = 1 - betas``, ``alphas_cumprod[t] = prod_{s <= t} alphas[s]`` (alpha-bar).
-    """
-
-    betas: jax.Array
-    alphas: jax.Array
-    alphas_cumprod: jax.Array
-
-
-def make_schedule(timesteps: int = 1000, kind: str = "cosine") -> Schedule:
-    """The ``"cosine"`` (arXiv 2102.09672, Eq. 17) or ``"linear"`` (arXiv 2006.11239, Sec. 4)
-    schedule over ``timesteps`` steps, computed in float64 and stored as float32."""
-    if isinstance(timesteps, bool) or not isinstance(timesteps, int) or timesteps < 2:
-        raise ValueError(f"timesteps: expected an int >= 2, got {timesteps!r}")
-    if kind == "cosine":
-        s = 0.008
-        u = np.arange(timesteps + 1, dtype=np.float64) / timesteps
-        f = np.cos((u + s) / (1 + s) * np.pi / 2) ** 2
-        betas = np.clip(1.0 - f[1:] / f[:-1], 0.0, 0.999)  # Eq. 17 and its clipping
-    elif kind == "linear":
-        scale = 1000.0 / timesteps
-        betas = np.linspace(1e-4 * scale, 0.02 * scale, timesteps, dtype=np.float64)
-    else:
-        raise ValueError(f"kind: expected one of {SCHEDULES}, got {kind!r}")
-    alphas = 1.0 - betas
-    return Schedule(*(jnp.asarray(a, jnp.float32) for a in (betas, alphas, np.cumprod(alphas))))
 
 
 # --------------------------------------------------------------------------- networks
@@ -208,6 +192,10 @@ class Autoencoder(nnx.Module):
     The encoder gives the mean and log-variance of a diagonal Gaussian posterior (Rombach et
     al.'s KL-regularised autoencoder); the decoder maps a latent back to pixels. Residual blocks
     are :class:`~jaxlib_ext.models.unet.ResBlock` without time input.
+
+    Args:
+      config: the widths (``ae_channels``), image and latent channels.
+      rngs: the parameter initialisation keys.
     """
 
     def __init__(self, config: LDMConfig, *, rngs: nnx.Rngs):
@@ -226,8 +214,15 @@ class Autoencoder(nnx.Module):
         self.dec_out = conv(ch[0], c_img)
 
     def encode(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``(mean, logvar)`` of the latent posterior, each ``[B, S/f, S/f, latent]``
-        (unscaled)."""
+        """The latent posterior of images.
+
+        Args:
+          x: ``[B, S, S, C]`` images.
+
+        Returns:
+          ``(mean, logvar)`` of the latent posterior, each ``[B, S/f, S/f, latent]``
+          (unscaled; ``logvar`` clipped to ``[-30, 20]``).
+        """
         h = self.enc_in(x)
         for down, block in zip(self.enc_down, self.enc_blocks):
             h = block(down(jax.nn.silu(h)), None)
@@ -235,7 +230,14 @@ class Autoencoder(nnx.Module):
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
     def decode(self, z: jax.Array) -> jax.Array:
-        """Pixels ``[B, S, S, C]`` of an unscaled latent."""
+        """Pixels of an unscaled latent.
+
+        Args:
+          z: ``[B, S/f, S/f, latent]`` unscaled latents.
+
+        Returns:
+          ``[B, S, S, C]`` pixels.
+        """
         h = self.dec_in(z)
         for block, up in zip(self.dec_blocks, self.dec_up):
             h = block(h, None)
@@ -251,7 +253,12 @@ class LatentDiffusion(nnx.Module):
     """The autoencoder, ``latent_scale`` and the latent noise-prediction U-Net of ``config``.
 
     Use it through the module functions (:func:`encode`, :func:`decode`, :func:`eps_model`,
-    :func:`ddim_sample`, ...); ``model.schedule`` is the :class:`Schedule`.
+    :func:`ddim_sample`, ...); ``model.schedule`` is the
+    :class:`~jaxlib_ext.models.diffusion.Schedule`.
+
+    Args:
+      config: the sizes of the autoencoder, the U-Net and the schedule.
+      rngs: the parameter initialisation keys.
     """
 
     def __init__(self, config: LDMConfig, *, rngs: nnx.Rngs):
@@ -265,6 +272,8 @@ class LatentDiffusion(nnx.Module):
 
     @property
     def schedule(self) -> Schedule:
+        """The :class:`~jaxlib_ext.models.diffusion.Schedule` of ``config.timesteps`` and
+        ``config.schedule``."""
         return make_schedule(self.config.timesteps, self.config.schedule)
 
 
@@ -280,15 +289,36 @@ def _check_batch(arr, shape, arg: str) -> jax.Array:
 
 
 def encode(model: LatentDiffusion, x: jax.Array) -> jax.Array:
-    """Scaled latent ``latent_scale * mean`` ``[B, *latent_shape]`` of images ``x [B,
-    *image_shape]`` in ``[-1, 1]`` (deterministic: the posterior mean)."""
+    """Scaled latent ``latent_scale * mean`` of images (deterministic: the posterior mean).
+
+    Args:
+      model: the latent diffusion model.
+      x: ``[B, *image_shape]`` images in ``[-1, 1]``.
+
+    Returns:
+      ``[B, *latent_shape]`` scaled latents.
+
+    Raises:
+      ValueError: if ``x`` is not ``[B, *image_shape]``.
+    """
     x = _check_batch(x, model.config.image_shape, "x")
     mean, _ = model.autoencoder.encode(x)
     return mean * model.latent_scale[...]
 
 
 def decode(model: LatentDiffusion, z: jax.Array) -> jax.Array:
-    """Images ``[B, *image_shape]`` (about ``[-1, 1]``, unclipped) of scaled latents ``z``."""
+    """Images of scaled latents.
+
+    Args:
+      model: the latent diffusion model.
+      z: ``[B, *latent_shape]`` scaled latents.
+
+    Returns:
+      ``[B, *image_shape]`` images, about ``[-1, 1]``, unclipped.
+
+    Raises:
+      ValueError: if ``z`` is not ``[B, *latent_shape]``.
+    """
     z = _check_batch(z, model.config.latent_shape, "z")
     return model.autoencoder.decode(z / model.latent_scale[...])
 
@@ -306,91 +336,29 @@ def _check_t(t, batch: int, timesteps: int) -> jax.Array:
 
 def eps_model(model: LatentDiffusion, z: jax.Array, t: jax.Array) -> jax.Array:
     """The U-Net's prediction of the noise ``eps`` in ``z_t = sqrt(abar_t) z_0 + sqrt(1 -
-    abar_t) eps``: ``z [B, *latent_shape]``, integer ``t [B]`` (or a scalar) in ``[0, T - 1]``;
-    returns ``[B, *latent_shape]``."""
+    abar_t) eps``.
+
+    Args:
+      model: the latent diffusion model.
+      z: ``[B, *latent_shape]`` noisy scaled latents ``z_t``.
+      t: integer steps ``[B]`` (or a scalar) in ``[0, T - 1]``.
+
+    Returns:
+      ``[B, *latent_shape]``, the predicted ``eps``.
+
+    Raises:
+      TypeError: if ``t`` is not integer.
+      ValueError: if ``z`` is not ``[B, *latent_shape]`` or ``t`` neither ``[B]`` nor a scalar.
+    """
     z = _check_batch(z, model.config.latent_shape, "z")
     t = _check_t(t, z.shape[0], model.config.timesteps)
     return model.unet(z, t.astype(jnp.float32))
 
 
-def _abar(schedule: Schedule, t: jax.Array) -> jax.Array:
-    """alpha-bar at integer steps ``t`` (``t = -1``: the clean latent, 1) as ``[B, 1, 1, 1]``."""
-    a = jnp.where(t >= 0, schedule.alphas_cumprod[jnp.maximum(t, 0)], 1.0)
-    return a.reshape(-1, 1, 1, 1)
-
-
-def predict_z0(schedule: Schedule, z: jax.Array, eps: jax.Array, t: jax.Array) -> jax.Array:
-    """Tweedie's clean latent ``(z_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)`` (arXiv 2006.11239,
-    Eq. 4 solved for ``z_0``)."""
-    a = _abar(schedule, jnp.broadcast_to(t, z.shape[:1]))
-    return (z - jnp.sqrt(1.0 - a) * eps) / jnp.sqrt(a)
-
-
-def q_sample(schedule: Schedule, z0: jax.Array, t: jax.Array, eps: jax.Array) -> jax.Array:
-    """``z_t = sqrt(abar_t) z_0 + sqrt(1 - abar_t) eps`` (arXiv 2006.11239, Eq. 4)."""
-    a = _abar(schedule, jnp.broadcast_to(t, z0.shape[:1]))
-    return jnp.sqrt(a) * z0 + jnp.sqrt(1.0 - a) * eps
-
-
-def ddim_step(schedule: Schedule, z: jax.Array, eps: jax.Array, t, t_prev, eta: float,
-              noise: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One DDIM step ``z_t -> z_{t_prev}`` (arXiv 2010.02502, Eq. 12); returns ``(z_prev,
-    z0_hat)``.
-
-    ``z_prev = sqrt(abar_p) z0_hat + sqrt(1 - abar_p - sigma^2) eps + sigma noise`` with
-    ``sigma = eta sqrt((1 - abar_p) / (1 - abar_t)) sqrt(1 - abar_t / abar_p)`` (Eq. 16);
-    ``t_prev = -1`` is the clean latent (``abar_p = 1``, so ``z_prev = z0_hat``).
-    """
-    b = z.shape[0]
-    t, t_prev = jnp.broadcast_to(t, (b,)), jnp.broadcast_to(t_prev, (b,))
-    a_t, a_p = _abar(schedule, t), _abar(schedule, t_prev)
-    z0 = (z - jnp.sqrt(1.0 - a_t) * eps) / jnp.sqrt(a_t)
-    sigma = eta * jnp.sqrt((1.0 - a_p) / (1.0 - a_t) * (1.0 - a_t / a_p))
-    direction = jnp.sqrt(jnp.maximum(1.0 - a_p - sigma**2, 0.0)) * eps
-    return jnp.sqrt(a_p) * z0 + direction + sigma * noise, z0
-
-
-def ancestral_step(schedule: Schedule, z: jax.Array, eps: jax.Array, t,
-                   noise: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One ancestral step ``z_t -> z_{t-1}`` (arXiv 2006.11239, Eq. 11, variance
-    ``beta-tilde_t = (1 - abar_{t-1}) / (1 - abar_t) beta_t``, Eq. 7; no noise at ``t = 0``);
-    returns ``(z_prev, mean)``."""
-    b = z.shape[0]
-    t = jnp.broadcast_to(t, (b,))
-    beta = schedule.betas[t].reshape(-1, 1, 1, 1)
-    alpha = schedule.alphas[t].reshape(-1, 1, 1, 1)
-    a_t, a_p = _abar(schedule, t), _abar(schedule, t - 1)
-    mean = (z - beta / jnp.sqrt(1.0 - a_t) * eps) / jnp.sqrt(alpha)
-    var = (1.0 - a_p) / (1.0 - a_t) * beta
-    return mean + jnp.sqrt(var) * noise, mean
-
-
-def clip_eps(schedule: Schedule, z: jax.Array, eps: jax.Array, t, clip_z0: float | None
-             ) -> jax.Array:
-    """``eps`` re-derived from Tweedie's estimate clipped to ``[-clip_z0, clip_z0]``
-    (unchanged when ``clip_z0`` is ``None``).
-
-    Pixel-space samplers clip ``x0`` to the data range (Ho et al., arXiv 2006.11239, and DDIM's
-    reference code); here the latents have unit standard deviation, so a few units bound them.
-    It matters at the first steps of the cosine schedule, whose last ``alpha-bar`` (about
-    ``2e-9`` for ``T = 1000``, from the clipping at 0.999 of Eq. 17) makes Tweedie's estimate
-    divide the noise model's error by ``sqrt(alpha-bar)``.
-    """
-    if clip_z0 is None:
-        return eps
-    a = _abar(schedule, jnp.broadcast_to(t, z.shape[:1]))
-    z0 = jnp.clip((z - jnp.sqrt(1.0 - a) * eps) / jnp.sqrt(a), -clip_z0, clip_z0)
-    return (z - jnp.sqrt(a) * z0) / jnp.sqrt(1.0 - a)
-
-
-def ddim_timesteps(timesteps: int, steps: int) -> np.ndarray:
-    """The ``steps`` descending integer steps DDIM visits: evenly spaced from ``T - 1`` down to
-    ``0`` (``steps = T`` visits every step)."""
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not (
-        1 <= steps <= timesteps
-    ):
-        raise ValueError(f"steps: expected an int in [1, {timesteps}], got {steps!r}")
-    return np.unique(np.round(np.linspace(0, timesteps - 1, steps)).astype(np.int32))[::-1]
+def _abar(schedule: Schedule, t, batch: int) -> jax.Array:
+    """alpha-bar at integer steps ``t`` (a scalar or ``[batch]``; ``-1``: the clean latent, 1)
+    as ``[batch, 1, 1, 1]``, one per latent."""
+    return alpha_bar(schedule, jnp.broadcast_to(t, (batch,))).reshape(-1, 1, 1, 1)
 
 
 def _check_n(n) -> int:
@@ -407,17 +375,35 @@ def _check_clip(clip_z0) -> float | None:
 
 def ddim_sample(model: LatentDiffusion, key: jax.Array, n: int, steps: int = 50, *,
                 eta: float = 0.0, clip_z0: float | None = 4.0, return_trajectory: bool = False):
-    """``n`` latents ``[n, *latent_shape]`` by DDIM over ``steps`` steps (:func:`ddim_timesteps`)
-    from ``z ~ N(0, I)``, ``eta`` in ``[0, 1]`` (0: deterministic, 1: ancestral-like), the
-    noise prediction passed through :func:`clip_eps` with ``clip_z0``.
+    """Latents by DDIM from ``z ~ N(0, I)`` (arXiv 2010.02502).
 
-    With ``return_trajectory`` also returns the latents after each step ``[steps, n, ...]``.
+    Args:
+      model: the latent diffusion model.
+      key: the PRNG key of the initial latents and the step noise.
+      n: the number of samples, a positive int.
+      steps: the number of DDIM steps, an int in ``[1, T]``, at the training steps of
+        :func:`~jaxlib_ext.models.diffusion.ddim_timesteps` (``T - 1`` first).
+      eta: in ``[0, 1]``, 0 deterministic, 1 ancestral-like.
+      clip_z0: the bound of :func:`~jaxlib_ext.models.diffusion.clip_eps` on each step's noise
+        prediction, positive, or ``None``.
+      return_trajectory: whether to return the latents after each step too.
+
+    Returns:
+      ``[n, *latent_shape]`` latents; with ``return_trajectory``, ``(z, trajectory)`` with the
+      trajectory ``[steps, n, *latent_shape]``.
+
+    Raises:
+      ValueError: if ``n``, ``steps``, ``eta`` or ``clip_z0`` is out of range.
     """
     n = _check_n(n)
     if not 0.0 <= float(eta) <= 1.0:
         raise ValueError(f"eta: expected a value in [0, 1], got {eta!r}")
     clip_z0 = _check_clip(clip_z0)
-    ts = jnp.asarray(ddim_timesteps(model.config.timesteps, steps))
+    timesteps = model.config.timesteps
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not (
+            1 <= steps <= timesteps):
+        raise ValueError(f"steps: expected an int in [1, {timesteps}], got {steps!r}")
+    ts = jnp.asarray(ddim_timesteps(timesteps, steps))
     t_prev = jnp.concatenate([ts[1:], jnp.array([-1], jnp.int32)])
     graphdef, state = nnx.split(model)
     return _ddim_loop(graphdef, state, key, ts, t_prev, n, float(eta), clip_z0,
@@ -433,8 +419,9 @@ def _ddim_loop(graphdef, state, key, ts, t_prev, n, eta, clip_z0, return_traject
 
     def body(z, inputs):
         t, tp, k = inputs
-        eps = clip_eps(sched, z, model.unet(z, jnp.full((n,), t, jnp.float32)), t, clip_z0)
-        z, _ = ddim_step(sched, z, eps, t, tp, eta, jax.random.normal(k, z.shape))
+        a_t, a_p = _abar(sched, t, n), _abar(sched, tp, n)
+        eps = clip_eps(z, model.unet(z, jnp.full((n,), t, jnp.float32)), a_t, clip_z0)
+        z = ddim_step(predict_z0(z, eps, a_t), eps, a_t, a_p, eta, jax.random.normal(k, z.shape))
         return z, (z if return_trajectory else None)
 
     keys = jax.random.split(kloop, ts.shape[0])
@@ -444,8 +431,21 @@ def _ddim_loop(graphdef, state, key, ts, t_prev, n, eta, clip_z0, return_traject
 
 def ancestral_sample(model: LatentDiffusion, key: jax.Array, n: int, *,
                      clip_z0: float | None = 4.0) -> jax.Array:
-    """``n`` latents by ancestral sampling over all ``T`` steps (arXiv 2006.11239, Alg. 2), the
-    noise prediction passed through :func:`clip_eps` with ``clip_z0``."""
+    """Latents by ancestral sampling over all ``T`` steps (arXiv 2006.11239, Alg. 2).
+
+    Args:
+      model: the latent diffusion model.
+      key: the PRNG key of the initial latents and the step noise.
+      n: the number of samples, a positive int.
+      clip_z0: the bound of :func:`~jaxlib_ext.models.diffusion.clip_eps` on each step's noise
+        prediction, positive, or ``None``.
+
+    Returns:
+      ``[n, *latent_shape]`` latents.
+
+    Raises:
+      ValueError: if ``n`` or ``clip_z0`` is out of range.
+    """
     n = _check_n(n)
     clip_z0 = _check_clip(clip_z0)
     graphdef, state = nnx.split(model)
@@ -462,7 +462,8 @@ def _ancestral_loop(graphdef, state, key, n, clip_z0):
 
     def body(z, inputs):
         t, k = inputs
-        eps = clip_eps(sched, z, model.unet(z, jnp.full((n,), t, jnp.float32)), t, clip_z0)
+        eps = clip_eps(z, model.unet(z, jnp.full((n,), t, jnp.float32)), _abar(sched, t, n),
+                       clip_z0)
         z, _ = ancestral_step(sched, z, eps, t, jax.random.normal(k, z.shape))
         return z, None
 
@@ -472,7 +473,22 @@ def _ancestral_loop(graphdef, state, key, n, clip_z0):
 
 def sample_images(model: LatentDiffusion, key: jax.Array, n: int, steps: int = 50, *,
                   eta: float = 0.0, clip_z0: float | None = 4.0) -> jax.Array:
-    """``n`` decoded DDIM samples ``[n, *image_shape]`` in about ``[-1, 1]``."""
+    """Decoded DDIM samples (:func:`ddim_sample`, then :func:`decode`).
+
+    Args:
+      model: the latent diffusion model.
+      key: the PRNG key of the sampler.
+      n: the number of samples, a positive int.
+      steps: the DDIM steps.
+      eta: in ``[0, 1]``, 0 deterministic.
+      clip_z0: the bound of :func:`~jaxlib_ext.models.diffusion.clip_eps`, or ``None``.
+
+    Returns:
+      ``[n, *image_shape]`` images in about ``[-1, 1]``.
+
+    Raises:
+      ValueError: as :func:`ddim_sample`.
+    """
     return _decode_jit(model, ddim_sample(model, key, n, steps, eta=eta, clip_z0=clip_z0))
 
 
@@ -487,7 +503,17 @@ def _decode_jit(model, z):
 def autoencoder_loss(ae: Autoencoder, key: jax.Array, x: jax.Array,
                      kl_weight: float) -> tuple[jax.Array, dict]:
     """Per-pixel MSE of the reconstruction of a posterior sample plus ``kl_weight`` times the
-    per-dimension KL to ``N(0, I)``; returns ``(loss, {"mse", "kl"})``."""
+    per-dimension KL to ``N(0, I)``.
+
+    Args:
+      ae: the autoencoder.
+      key: the PRNG key of the posterior sample.
+      x: ``[B, S, S, C]`` images.
+      kl_weight: the weight of the KL term.
+
+    Returns:
+      ``(loss, {"mse": mse, "kl": kl})``, scalars.
+    """
     mean, logvar = ae.encode(x)
     z = mean + jnp.exp(0.5 * logvar) * jax.random.normal(key, mean.shape)
     mse = jnp.mean((ae.decode(z) - x) ** 2)
@@ -498,11 +524,22 @@ def autoencoder_loss(ae: Autoencoder, key: jax.Array, x: jax.Array,
 def diffusion_loss(unet: UNet, schedule: Schedule, key: jax.Array,
                    z0: jax.Array) -> tuple[jax.Array, dict]:
     """Ho et al.'s simple loss (arXiv 2006.11239, Eq. 14): ``E ||eps - eps_hat(z_t, t)||^2``
-    per dimension, ``t`` uniform on ``[0, T - 1]``."""
+    per dimension, ``t`` uniform on ``[0, T - 1]``.
+
+    Args:
+      unet: the noise-prediction U-Net.
+      schedule: the :class:`~jaxlib_ext.models.diffusion.Schedule`.
+      key: the PRNG key of ``t`` and ``eps``.
+      z0: ``[B, H, W, C]`` clean scaled latents.
+
+    Returns:
+      ``(loss, {"mse": loss})``, scalars.
+    """
     kt, ke = jax.random.split(key)
     t = jax.random.randint(kt, (z0.shape[0],), 0, schedule.betas.shape[0])
     eps = jax.random.normal(ke, z0.shape)
-    mse = jnp.mean((unet(q_sample(schedule, z0, t, eps), t.astype(jnp.float32)) - eps) ** 2)
+    z_t = q_sample(z0, eps, _abar(schedule, t, z0.shape[0]))
+    mse = jnp.mean((unet(z_t, t.astype(jnp.float32)) - eps) ** 2)
     return mse, {"mse": mse}
 
 
@@ -640,27 +677,48 @@ def train(config: LDMConfig = LDMConfig(), *, images: np.ndarray | None = None,
       config: model sizes.
       images: training images ``[N, *config.image_shape]`` in ``[-1, 1]``; default the MNIST
         train split (``jaxlib_ext.core.images.load_mnist("train", value_range=(-1, 1))``).
-      ae_steps, diffusion_steps: optimizer steps of each stage (``diffusion_steps = 0`` leaves
-        the noise model untrained).
-      ae_lr, diffusion_lr: each stage's peak learning rate (the curve of
+      ae_steps: optimizer steps of the autoencoder stage, an int ``>= 0``.
+      diffusion_steps: optimizer steps of the diffusion stage, an int ``>= 0``
+        (``diffusion_steps = 0`` leaves the noise model untrained).
+      batch_size: images (or latents) per step of either stage.
+      ae_lr: the autoencoder stage's peak learning rate (the curve of
         :func:`_stage_schedule`), or its whole schedule as a
         :class:`~jaxlib_ext.core.schedule.WarmupCosine`.
+      diffusion_lr: the diffusion stage's peak learning rate or schedule, as ``ae_lr``.
       ema_decay: the decay of the noise model's parameter average, which is what is kept.
+      seed: the seed of the initialisation and of both stages' keys.
       out: the run's folder, or ``None`` to keep nothing on disk. Each stage writes its
         checkpoints (every ``checkpoint_every`` steps and at its last) and ``metrics.jsonl``
         into ``out/autoencoder`` and ``out/diffusion``; the model after each stage is
         checkpoint 1 (autoencoder) and 2 (both) of ``out`` itself, with ``info`` as its JSON
         record (the last records ``"complete": True``): what :func:`load` reads.
+      progress: whether to show a progress bar.
+      checkpoint_every: steps between a stage's checkpoints, an int ``>= 0``.
       resume: continue each stage from the newest checkpoint of its folder (one written by
         another configuration, seed or batch size raises ``ValueError``); ``False``: a stage
         folder holding checkpoints raises ``ValueError``.
       autoencoder_from: a model whose trained autoencoder and ``latent_scale`` are kept
-        (the autoencoder stage is skipped; ``ae_steps`` is only recorded), with the
-        ``autoencoder_info`` of its run (``ae_log``, ``ae_seconds``) copied into ``info``.
-    Returns ``(model, info)``: ``info`` (also the checkpoint's JSON record) has the
-    configuration, step counts, ``latent_scale``, seconds per stage, the logged metrics
-    (``ae_log``, ``diffusion_log``: rows of every 50th step and the last), the last ``stage``
-    trained and whether the run is ``complete``.
+        (the autoencoder stage is skipped; ``ae_steps`` is only recorded).
+      autoencoder_info: the ``info`` of ``autoencoder_from``'s run, whose ``ae_log`` and
+        ``ae_seconds`` are copied into ``info``.
+
+    Returns:
+      ``(model, info)``: ``info`` (also the checkpoint's JSON record) has the configuration,
+      step counts, ``latent_scale``, seconds per stage, the logged metrics (``ae_log``,
+      ``diffusion_log``: rows of every 50th step and the last), the last ``stage`` trained and
+      whether the run is ``complete``.
+
+    Raises:
+      ValueError: if a step count or ``checkpoint_every`` is not an int ``>= 0``, ``images``
+        is not ``[N, *config.image_shape]``, or a stage folder holds another run (or any
+        checkpoints with ``resume=False``).
+      NonFiniteLossError: on a NaN or Inf loss.
+
+    References:
+      Rombach et al., High-Resolution Image Synthesis with Latent Diffusion Models,
+      arXiv 2112.10752.
+
+      Ho et al., Denoising Diffusion Probabilistic Models, arXiv 2006.11239.
     """
     for name, v in (("ae_steps", ae_steps), ("diffusion_steps", diffusion_steps),
                     ("checkpoint_every", checkpoint_every)):
@@ -754,7 +812,17 @@ def _save_model(out: pathlib.Path, step: int, model: LatentDiffusion, info: dict
 
 
 def load(path: str | pathlib.Path) -> tuple[LatentDiffusion, dict]:
-    """The model and ``info`` of the newest model checkpoint in ``path`` (see :func:`train`)."""
+    """The model and ``info`` of the newest model checkpoint in ``path`` (see :func:`train`).
+
+    Args:
+      path: the run's folder (``out`` of :func:`train`).
+
+    Returns:
+      ``(model, info)``.
+
+    Raises:
+      FileNotFoundError: if ``path`` is not a folder or holds no model checkpoint.
+    """
     from jaxlib_ext.core.checkpoint import Checkpointer
 
     path = pathlib.Path(path)
@@ -785,7 +853,20 @@ def load_or_train(path: str | pathlib.Path, config: LDMConfig = LDMConfig(), *,
     loaded as is; a checkpoint of the autoencoder stage alone (a run stopped during the
     diffusion stage) is resumed from there, the diffusion stage from its newest checkpoint; a
     run stopped during its autoencoder stage resumes that stage; an empty or missing ``path``
-    is trained into. A ``path`` holding another run raises ``ValueError``.
+    is trained into.
+
+    Args:
+      path: the run's folder.
+      config: the model sizes.
+      ae_steps: optimizer steps of the autoencoder stage.
+      diffusion_steps: optimizer steps of the diffusion stage.
+      **train_kwargs: the other keyword arguments of :func:`train`.
+
+    Returns:
+      ``(model, info)`` as :func:`train`.
+
+    Raises:
+      ValueError: if ``path`` holds another run, or as :func:`train`.
     """
     path = pathlib.Path(path)
     if _model_step(path) is not None:

@@ -45,11 +45,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from jaxlib_ext.core import images
-from jaxlib_ext.samplers import degradations as deg
 from jaxlib_ext.samplers import energy as en
+from jaxlib_ext.samplers import inverse
 from jaxlib_ext.samplers.energy import adaptive, blind, dps, pc
 from jaxlib_ext.samplers.energy import train as energy_train
-from jaxlib_ext.samplers.inverse.quality import psnr
+from jaxlib_ext.samplers.inverse import psnr
 
 FAST = os.environ.get("FAST") == "1"
 STEPS = 15 if FAST else 3000
@@ -104,13 +104,13 @@ plt.show()
 # %%
 shape = (8, 8, 1)
 x = jnp.asarray(test_x[:N_IMG])
-ops = {"box 4x4": deg.box_inpainting(shape, 4)}
+ops = {"box 4x4": inverse.box_inpainting(shape, 4)}
 if not FAST:  # FAST mode keeps one task (compilation dominates its run time)
-    ops["blur 1.0"] = deg.gaussian_blur(shape, 1.0)
+    ops["blur 1.0"] = inverse.gaussian_blur(shape, 1.0)
 key = jax.random.key(0)
 recon = {}
 for name, op in ops.items():
-    y = deg.measure(key, op, x, 0.02)
+    y = inverse.measure(key, op, x, 0.02)
     prob = en.from_operator(y, op, 0.02)
     recon[name] = {
         "measurement": y,
@@ -155,8 +155,8 @@ for name in ops:
 # %%
 sizes, noises = ((3, 4), jnp.array([0.03, 0.1])) if FAST else (
     (2, 3, 4, 5), jnp.array([0.01, 0.03, 0.1, 0.3]))
-cands = jnp.stack([deg.box_inpainting(shape, s).diagonal for s in sizes])
-y = deg.measure(jax.random.key(1), deg.box_inpainting(shape, 4), x[:1], 0.03)
+cands = jnp.stack([inverse.box_inpainting(shape, s).diagonal for s in sizes])
+y = inverse.measure(jax.random.key(1), inverse.box_inpainting(shape, 4), x[:1], 0.03)
 br = blind.blind_posterior(u, y, cands, noises, basis="pixel")
 plt.figure(figsize=(4, 3.2))
 plt.imshow(np.asarray(br.posterior[0]), cmap="viridis")
@@ -203,9 +203,9 @@ a = jax.random.normal(jax.random.key(3), (d, d))
 c = a @ a.T / d + 0.05 * jnp.eye(d)
 mu = jnp.full((4, 4, 1), 0.5)
 u_star = en.gaussian_energy(mu, c)
-op = deg.box_inpainting((4, 4, 1), 2)
+op = inverse.box_inpainting((4, 4, 1), 2)
 x0 = mu + (jnp.linalg.cholesky(c) @ jax.random.normal(jax.random.key(4), (d,))).reshape(4, 4, 1)
-y = deg.measure(jax.random.key(5), op, x0[None], 0.1)
+y = inverse.measure(jax.random.key(5), op, x0[None], 0.1)
 am = jnp.diag(op.diagonal.reshape(-1))
 post = jnp.linalg.inv(jnp.linalg.inv(c) + am.T @ am / 0.01)
 m = post @ (jnp.linalg.solve(c, mu.reshape(-1)) + am.T @ y.reshape(-1) / 0.01)

@@ -48,9 +48,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from jaxlib_ext.core import images
-from jaxlib_ext.samplers import degradations
+from jaxlib_ext.samplers import inverse
 from jaxlib_ext.samplers import mclc as M
-from jaxlib_ext.samplers.inverse.quality import psnr
+from jaxlib_ext.samplers.inverse import psnr
 
 FAST = os.environ.get("FAST") == "1"
 CKPT = os.environ.get("LDM_CKPT", "/work/cache/ldm_mnist")
@@ -82,8 +82,8 @@ eps_model, decoder, encoder, alpha_bars, latent_shape, model_name, weight = load
 # and the guidance gradient blow up where alpha-bar is ~0, at the end of a cosine schedule)
 T_MAX = int(np.nonzero(np.asarray(alpha_bars) >= 0.02)[0].max())
 x_true = jnp.asarray(images.load_mnist("test").images[:N_DIGITS])
-op = degradations.box_inpainting(x_true.shape[1:], 12)
-y = jax.vmap(degradations.measure, in_axes=(0, None, 0, None))(
+op = inverse.box_inpainting(x_true.shape[1:], 12)
+y = jax.vmap(inverse.measure, in_axes=(0, None, 0, None))(
     jax.random.split(jax.random.key(0), N_DIGITS), op, x_true, NOISE)
 print(f"model: {model_name}, latent {latent_shape}; {N_DIGITS} held-out digits, 12x12 box "
       f"missing, noise {NOISE}")
@@ -109,7 +109,7 @@ def solve(solver, corrected, y_i, key):
               corrector=M.mclc(1) if corrected else None, t_max=T_MAX, **kw)
 
 
-M.check_adjoint(op, x_true.shape[1:])
+inverse.check_adjoint(op, x_true.shape[1:])
 keys = jax.random.split(jax.random.key(1), N_SEEDS)
 results = {}
 for solver in ("dps", "psld"):

@@ -18,9 +18,10 @@ Loaded on first access (``from jaxlib_ext.samplers import milp`` or ``samplers.m
 :mod:`milp` (learned Langevin sampling for mixed-integer programs with exact LP completion;
 HiGHS from the ``milp`` extra), :mod:`energy` (normalized energy priors for linear inverse
 problems, arXiv 2605.15487), :mod:`mclc` (latent-diffusion inverse solvers and the
-measurement-consistent Langevin corrector, arXiv 2601.04791), :mod:`degradations` (the
-linear degradation operators with adjoints both use) and :mod:`inverse` (image quality of
-the reconstructions: PSNR, SSIM).
+measurement-consistent Langevin corrector, arXiv 2601.04791) and :mod:`inverse` (what both
+image inverse-problem samplers share: the linear operator type with its adjoint and the
+degradations, the image quality of reconstructions, PSNR and SSIM, and the variance-preserving
+diffusion schedule and DDIM steps of :mod:`jaxlib_ext.models.diffusion`).
 """
 
 import importlib
@@ -84,7 +85,7 @@ __all__ = [
     "top_k_recommendations",
     "v_order",
     "validate_rankings",
-    *(_LAZY_SUBMODULES := ("degradations", "energy", "inverse", "mclc", "milp")),
+    *(_LAZY_SUBMODULES := ("energy", "inverse", "mclc", "milp")),
 ]
 
 

@@ -31,6 +31,8 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
+from jaxlib_ext.samplers._common import expand_batch
+
 __all__ = ["DiagonalPreconditioner", "langevin_proposal", "log_proposal_density", "mh_accept"]
 
 
@@ -62,13 +64,6 @@ class DiagonalPreconditioner(Protocol):
         """
 
 
-def _per_chain(step_size, x):
-    """``step_size`` (a scalar or the batch shape) broadcast against ``x``."""
-    if jnp.ndim(step_size) == 0:
-        return step_size
-    return jnp.reshape(step_size, jnp.shape(step_size) + (1,) * (x.ndim - jnp.ndim(step_size)))
-
-
 def langevin_proposal(rng_key, position, grad, step_size, *,
                       precond: DiagonalPreconditioner | None = None, temperature=1.0):
     """The Langevin proposal (L.1).
@@ -88,7 +83,7 @@ def langevin_proposal(rng_key, position, grad, step_size, *,
       Roberts and Tweedie, Bernoulli 2(4), 1996; Girolami and Calderhead, arXiv 0907.1100.
     """
     xi = jax.random.normal(rng_key, position.shape, position.dtype)
-    h = _per_chain(step_size, position)
+    h = expand_batch(step_size, position)
     if precond is None:
         return position - h * grad + jnp.sqrt(2.0 * temperature * h) * xi
     return (position - h * precond.apply(grad)
@@ -116,7 +111,7 @@ def log_proposal_density(to, frm, grad_frm, step_size, *,
     References:
       Girolami and Calderhead, arXiv 0907.1100 (the preconditioned MALA proposal density).
     """
-    h = _per_chain(step_size, to)
+    h = expand_batch(step_size, to)
     if precond is None:
         batch = jnp.shape(step_size)
         d = (to - frm + h * grad_frm).reshape(batch + (-1,))
@@ -155,6 +150,6 @@ def mh_accept(rng_key, log_ratio, current, proposal):
     """
     log_ratio = jnp.where(jnp.isnan(log_ratio), -jnp.inf, log_ratio)
     accept = jnp.log(jax.random.uniform(rng_key, log_ratio.shape, log_ratio.dtype)) < log_ratio
-    state = jax.tree.map(lambda new, old: jnp.where(_per_chain(accept, new), new, old),
+    state = jax.tree.map(lambda new, old: jnp.where(expand_batch(accept, new), new, old),
                          proposal, current)
     return state, accept, jnp.exp(jnp.minimum(log_ratio, 0.0))

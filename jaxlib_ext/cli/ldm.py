@@ -14,7 +14,7 @@ __all__ = ["build_parser", "main", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxlib_ext.models.latent_diffusion import SCHEDULES
+    from jaxlib_ext.models.diffusion import SCHEDULES
 
     parser = argparse.ArgumentParser(
         prog="python -m jaxlib_ext ldm",

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.samplers.energy._common import expand_batch
+from jaxlib_ext.samplers._common import expand_batch
 from jaxlib_ext.samplers.energy.covariance import Covariance
 from jaxlib_ext.samplers.energy.energy import EnergyFn, energy_and_grads
 from jaxlib_ext.samplers.energy.problem import DiagonalProblem

@@ -23,7 +23,7 @@ line removes the Gaussian factor ``N(z_k; ., sigma_max^2)`` this adds), and a co
 operators; the samplers start from ``(z, Sigma)``.
 
 :func:`from_operator` reads ``a`` and the basis off a
-:class:`~jaxlib_ext.samplers.degradations.LinearOperator` (masks: pixel; circular blurs: Fourier).
+:class:`~jaxlib_ext.samplers.inverse.LinearOperator` (masks: pixel; circular blurs: Fourier).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxlib_ext.samplers.degradations import LinearOperator
-from jaxlib_ext.samplers.energy._common import expand_batch
+from jaxlib_ext.samplers._common import expand_batch
 from jaxlib_ext.samplers.energy.covariance import BASES, Covariance
+from jaxlib_ext.samplers.inverse.operators import LinearOperator
 
 __all__ = ["DiagonalProblem", "diagonal_problem", "from_operator", "operator_diagonal",
            "problem_nll_offset"]
@@ -69,7 +69,7 @@ def operator_diagonal(operator: LinearOperator):
     """The diagonal of an operator that is diagonal in the pixel or Fourier basis.
 
     Args:
-      operator: a :class:`~jaxlib_ext.samplers.degradations.LinearOperator`.
+      operator: a :class:`~jaxlib_ext.samplers.inverse.LinearOperator`.
 
     Returns:
       ``(a, basis)``, ``a`` broadcastable to images ``[B, H, W, C]``.
@@ -79,7 +79,7 @@ def operator_diagonal(operator: LinearOperator):
       ValueError: it is diagonal in neither basis.
     """
     if not isinstance(operator, LinearOperator):
-        raise TypeError(f"operator: expected a degradations.LinearOperator, got "
+        raise TypeError(f"operator: expected an inverse.LinearOperator, got "
                         f"{type(operator).__name__}")
     if operator.basis not in BASES:
         raise ValueError(f"operator: {operator.name} is not diagonal in the pixel or Fourier "
@@ -93,7 +93,7 @@ def from_operator(y, operator: LinearOperator, noise_std, *, sigma_max: float = 
 
     Args:
       y: the measurements ``[B, *operator.shape_out]``.
-      operator: a :class:`~jaxlib_ext.samplers.degradations.LinearOperator` diagonal in the
+      operator: a :class:`~jaxlib_ext.samplers.inverse.LinearOperator` diagonal in the
         pixel or Fourier basis.
       noise_std: ``sigma_n`` > 0, a scalar or ``[B]``.
       sigma_max: the cap of the missing coefficients' variance.

@@ -1,7 +1,7 @@
 """jaxlib_ext.samplers.mclc: latent-diffusion solvers for linear inverse problems and MCLC, the
 measurement-consistent Langevin corrector (arXiv 2601.04791).
 
-:mod:`problem` (the problem container, operator checks, Tweedie's denoiser, the measurement
+:mod:`problem` (the problem container and its checks, Tweedie's denoiser, the measurement
 residual and its linearisation), :mod:`solvers` (latent DPS and PSLD over DDIM, with a
 ``corrector=`` hook: ``init``, ``build_latent_dps_kernel``/``build_psld_kernel``, the sampling
 algorithms ``latent_dps_sampler``/``psld_sampler`` and the drivers ``latent_dps``/``psld``),
@@ -12,6 +12,13 @@ proportional to the level's variance (default), the SNR rule), :mod:`gaussian` (
 linear-Gaussian latent model with its closed-form posterior, the oracle of the tests; a
 Gaussian prior on principal components of images, an untrained latent model with an exact
 denoiser).
+
+The operator type, the degradations and the diffusion schedule and steps these build on are
+in :mod:`jaxlib_ext.samplers.inverse` (:class:`~jaxlib_ext.samplers.inverse.LinearOperator`,
+:func:`~jaxlib_ext.samplers.inverse.linear_operator`,
+:func:`~jaxlib_ext.samplers.inverse.check_adjoint`,
+:func:`~jaxlib_ext.samplers.inverse.linear_schedule`,
+:func:`~jaxlib_ext.samplers.inverse.ddim_timesteps`, ...).
 """
 
 from jaxlib_ext.samplers.mclc import corrector, gaussian, problem, solvers
@@ -40,16 +47,11 @@ from jaxlib_ext.samplers.mclc.gaussian import (
 )
 from jaxlib_ext.samplers.mclc.problem import (
     LatentInverseProblem,
-    LinearOperator,
     ResidualLinearization,
-    as_linear_operator,
-    check_adjoint,
-    ddim_timesteps,
     denoise,
     latent_inverse_problem,
     measurement_residual,
     residual_linearization,
-    vp_alpha_bars,
 )
 from jaxlib_ext.samplers.mclc.solvers import (
     SolverInfo,
@@ -58,7 +60,6 @@ from jaxlib_ext.samplers.mclc.solvers import (
     SolverStepInfo,
     build_latent_dps_kernel,
     build_psld_kernel,
-    ddim_step,
     latent_dps,
     latent_dps_sampler,
     psld,
@@ -72,7 +73,6 @@ __all__ = [
     "CorrectorState",
     "LatentInverseProblem",
     "LinearGaussianLatentModel",
-    "LinearOperator",
     "PCALatentPrior",
     "ResidualLinearization",
     "STEP_RULES",
@@ -81,14 +81,10 @@ __all__ = [
     "SolverState",
     "SolverStepInfo",
     "StepBoundWarning",
-    "as_linear_operator",
     "build_latent_dps_kernel",
     "build_psld_kernel",
-    "check_adjoint",
     "compensation_constraint",
     "corrector",
-    "ddim_step",
-    "ddim_timesteps",
     "denoise",
     "expected_squared_step",
     "gaussian",
@@ -110,5 +106,4 @@ __all__ = [
     "residual_linearization",
     "solvers",
     "tangent_constraint",
-    "vp_alpha_bars",
 ]

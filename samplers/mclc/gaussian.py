@@ -29,12 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlib_ext.samplers.mclc.problem import (
-    LatentInverseProblem,
-    LinearOperator,
-    latent_inverse_problem,
-    vp_alpha_bars,
-)
+from jaxlib_ext.models.diffusion import linear_schedule
+from jaxlib_ext.samplers.inverse.operators import LinearOperator, linear_operator
+from jaxlib_ext.samplers.mclc.problem import LatentInverseProblem, latent_inverse_problem
 
 __all__ = ["LinearGaussianLatentModel", "PCALatentPrior", "gaussian_kl", "linear_gaussian_model",
            "pca_latent_prior"]
@@ -116,9 +113,10 @@ class LinearGaussianLatentModel(NamedTuple):
 
     @property
     def operator(self) -> LinearOperator:
-        """The measurement operator ``A`` as a :class:`LinearOperator`."""
+        """The measurement operator ``A`` as a
+        :class:`~jaxlib_ext.samplers.inverse.LinearOperator`."""
         a = self.operator_matrix
-        return LinearOperator(lambda x: a @ x, lambda u: a.T @ u)
+        return linear_operator(lambda x: a @ x, lambda u: a.T @ u, name="operator_matrix")
 
     def sample_measurement(self, key):
         """A draw from the model.
@@ -182,7 +180,8 @@ def linear_gaussian_model(key, latent_dim: int = 4, data_dim: int = 6,
     """A random instance of the linear-Gaussian latent model.
 
     Prior mean ``N(0, 0.25 I)``, prior covariance with eigenvalues in ``[0.3, 2]``, ``W``
-    Gaussian with ``1/sqrt(d)`` scale, the DDPM schedule :func:`vp_alpha_bars`.
+    Gaussian with ``1/sqrt(d)`` scale, the DDPM schedule
+    (:func:`~jaxlib_ext.models.diffusion.linear_schedule`, betas from ``1e-4`` to ``0.02``).
 
     Args:
       key: PRNG key.
@@ -231,7 +230,8 @@ def linear_gaussian_model(key, latent_dim: int = 4, data_dim: int = 6,
     lam, vec = np.linalg.eigh(cov)
     return LinearGaussianLatentModel(jnp.asarray(mean, f), jnp.asarray(cov, f),
                                      jnp.asarray(w, f), jnp.asarray(b, f), jnp.asarray(a, f),
-                                     float(noise_std), vp_alpha_bars(num_train_steps),
+                                     float(noise_std),
+                                     linear_schedule(num_train_steps).alphas_cumprod,
                                      jnp.asarray(lam, f), jnp.asarray(vec, f))
 
 
@@ -322,7 +322,8 @@ def pca_latent_prior(images, dim: int, num_train_steps: int = 1000) -> PCALatent
     Args:
       images: ``[N, H, W, C]``.
       dim: the number of components, ``1 <= dim < min(N, H*W*C)``.
-      num_train_steps: ``T`` of the schedule :func:`vp_alpha_bars`.
+      num_train_steps: ``T`` of the schedule
+        (:func:`~jaxlib_ext.models.diffusion.linear_schedule`).
 
     Returns:
       The :class:`PCALatentPrior`.
@@ -343,4 +344,4 @@ def pca_latent_prior(images, dim: int, num_train_steps: int = 1000) -> PCALatent
     f = jnp.float32
     return PCALatentPrior(jnp.asarray(mean.reshape(images.shape[1:]), f),
                           jnp.asarray(vt[:dim].T, f), jnp.asarray(s[:dim] ** 2 / (n - 1), f),
-                          vp_alpha_bars(num_train_steps))
+                          linear_schedule(num_train_steps).alphas_cumprod)

@@ -20,7 +20,12 @@ latent as in Rout et al., arXiv 2307.00619) and the corrector of arXiv 2601.0479
 
 :class:`LatentInverseProblem` holds the callables and arrays; :func:`latent_inverse_problem`
 builds one and checks it (shapes by ``jax.eval_shape``, the schedule's range, and the operator's
-adjoint by the dot-product test ``<A x, u> = <x, A^T u>`` on random vectors). The problem is a
+adjoint by the dot-product test ``<A x, u> = <x, A^T u>`` on random vectors,
+:func:`~jaxlib_ext.samplers.inverse.check_adjoint`). The operator is a
+:class:`~jaxlib_ext.samplers.inverse.LinearOperator` (a degradation of
+:mod:`jaxlib_ext.samplers.inverse`, or :func:`~jaxlib_ext.samplers.inverse.linear_operator` of
+two maps); the schedule, Tweedie's formula and the DDIM steps are those of
+:mod:`jaxlib_ext.models.diffusion`. The problem is a
 plain container: solvers close over it, so ``jax.jit`` and ``jax.vmap`` over keys (or over
 ``problem._replace(measurement=y)``) work as usual. One chain is one latent of
 ``latent_shape``; batch chains with ``vmap``.
@@ -29,112 +34,23 @@ plain container: solvers close over it, so ``jax.jit`` and ``jax.vmap`` over key
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlib_ext.models.diffusion import predict_z0
+from jaxlib_ext.samplers.inverse.operators import LinearOperator, as_linear_operator, check_adjoint
+
 __all__ = [
     "LatentInverseProblem",
-    "LinearOperator",
     "ResidualLinearization",
-    "as_linear_operator",
-    "check_adjoint",
-    "ddim_timesteps",
     "denoise",
     "latent_inverse_problem",
     "measurement_residual",
     "residual_linearization",
-    "vp_alpha_bars",
 ]
-
-
-class LinearOperator(NamedTuple):
-    """A linear map ``A`` on single (unbatched) arrays and its adjoint ``A^T``.
-
-    Attributes:
-      forward: ``x -> A x``.
-      adjoint: ``u -> A^T u``.
-    """
-
-    forward: Callable[[jax.Array], jax.Array]
-    adjoint: Callable[[jax.Array], jax.Array]
-
-
-def as_linear_operator(operator: Any) -> LinearOperator:
-    """A :class:`LinearOperator` from one, from a ``(forward, adjoint)`` pair of callables, or from
-    any object with callable ``forward`` (or ``apply``) and ``adjoint`` attributes.
-
-    Args:
-      operator: the operator in one of those forms.
-
-    Returns:
-      The :class:`LinearOperator`.
-
-    Raises:
-      TypeError: ``operator`` is none of those.
-    """
-    if isinstance(operator, LinearOperator):
-        return operator
-    if isinstance(operator, tuple) and len(operator) == 2 and all(map(callable, operator)):
-        return LinearOperator(*operator)
-    fwd = getattr(operator, "forward", None) or getattr(operator, "apply", None)
-    adj = getattr(operator, "adjoint", None)
-    if callable(fwd) and callable(adj):
-        return LinearOperator(fwd, adj)
-    raise TypeError(
-        "operator: expected a LinearOperator, a (forward, adjoint) pair of callables or an "
-        f"object with forward and adjoint methods, got {type(operator).__name__}")
-
-
-def _is_concrete(*arrays) -> bool:
-    return not any(isinstance(a, jax.core.Tracer) for a in arrays)
-
-
-def check_adjoint(operator, x_shape, *, dtype=jnp.float32, rtol: float = 1e-4,
-                  seed: int = 0) -> None:
-    """Raise ``ValueError`` unless ``<A x, u> = <x, A^T u>`` on two random pairs ``(x, u)``.
-
-    The mismatch is measured relative to ``||A x|| ||u|| + ||x|| ||A^T u||`` (float32 round-off
-    is far below the default ``rtol``). Also checks that ``A^T`` maps back to ``x_shape``.
-    Skipped (returns) when the operator's outputs are traced, e.g. built inside ``jit`` from
-    traced arrays.
-
-    Args:
-      operator: anything :func:`as_linear_operator` accepts.
-      x_shape: the shape of the forward map's input.
-      dtype: the dtype of the random vectors.
-      rtol: the relative tolerance of the dot-product test.
-      seed: the NumPy seed of the random vectors.
-
-    Raises:
-      ValueError: the adjoint maps to another shape, or fails the dot-product test.
-    """
-    op = as_linear_operator(operator)
-    x_shape = tuple(x_shape)
-    y_struct = jax.eval_shape(op.forward, jax.ShapeDtypeStruct(x_shape, dtype))
-    back = jax.eval_shape(op.adjoint, jax.ShapeDtypeStruct(y_struct.shape, dtype))
-    if tuple(back.shape) != x_shape:
-        raise ValueError(f"operator: adjoint maps measurements of shape {y_struct.shape} to "
-                         f"shape {tuple(back.shape)}, expected the forward's input shape "
-                         f"{x_shape}")
-    rng = np.random.default_rng(seed)
-    for _ in range(2):
-        x = jnp.asarray(rng.standard_normal(x_shape), dtype)
-        u = jnp.asarray(rng.standard_normal(y_struct.shape), dtype)
-        ax, atu = op.forward(x), op.adjoint(u)
-        if not _is_concrete(ax, atu):
-            return
-        ax, atu = np.asarray(ax, np.float64), np.asarray(atu, np.float64)
-        xn, un = np.asarray(x, np.float64), np.asarray(u, np.float64)
-        lhs, rhs = float(np.sum(ax * un)), float(np.sum(xn * atu))
-        scale = np.linalg.norm(ax) * np.linalg.norm(un) + np.linalg.norm(xn) * np.linalg.norm(atu)
-        if not np.isfinite(lhs - rhs) or abs(lhs - rhs) > rtol * max(scale, 1e-30):
-            raise ValueError(
-                "operator: the adjoint is inconsistent with the forward map: "
-                f"<A x, u> = {lhs:.6g} but <x, A^T u> = {rhs:.6g} on random x, u "
-                f"(relative mismatch {abs(lhs - rhs) / max(scale, 1e-30):.3g} > {rtol:g})")
 
 
 class LatentInverseProblem(NamedTuple):
@@ -143,7 +59,7 @@ class LatentInverseProblem(NamedTuple):
     Attributes:
       eps_model: ``(z, t) -> eps``, ``z`` of ``latent_shape``, ``t`` an int32 scalar.
       decoder: ``z_0 -> x``.
-      operator: the :class:`LinearOperator` ``A`` on ``x``.
+      operator: the :class:`~jaxlib_ext.samplers.inverse.LinearOperator` ``A`` on ``x``.
       measurement: ``y``, of the shape ``A`` produces.
       alpha_bars: ``(T,)`` cumulative products ``abar_t`` of the VP schedule, in ``(0, 1]``,
         non-increasing.
@@ -169,17 +85,21 @@ def latent_inverse_problem(eps_model: Callable, decoder: Callable, operator, mea
     tuple of positive ints; ``eps_model`` returns ``latent_shape``; ``measurement`` has the
     shape ``A D(z)`` has; ``alpha_bars`` one-dimensional, in ``(0, 1]`` and non-increasing
     (when concrete); ``encoder`` maps ``x`` back to ``latent_shape``; and, with
-    ``check_operator``, the dot-product test of :func:`check_adjoint`.
+    ``check_operator``, the dot-product test of
+    :func:`~jaxlib_ext.samplers.inverse.check_adjoint`.
 
     Args:
       eps_model: ``(z, t) -> eps`` for one latent.
       decoder: ``z_0 -> x``.
-      operator: ``A``, anything :func:`as_linear_operator` accepts.
+      operator: ``A``, anything :func:`~jaxlib_ext.samplers.inverse.as_linear_operator` accepts
+        (a :class:`~jaxlib_ext.samplers.inverse.LinearOperator`, a ``(forward, adjoint)`` pair
+        of callables, an object with ``forward`` or ``apply`` and ``adjoint``).
       measurement: ``y``.
       alpha_bars: ``(T,)`` the VP schedule's ``abar_t``.
       latent_shape: the shape of one latent.
       encoder: ``x -> z_0``, or ``None`` (only PSLD needs it).
-      check_operator: run the dot-product test of :func:`check_adjoint`.
+      check_operator: run the dot-product test of
+        :func:`~jaxlib_ext.samplers.inverse.check_adjoint`.
 
     Returns:
       The :class:`LatentInverseProblem`.
@@ -205,7 +125,7 @@ def latent_inverse_problem(eps_model: Callable, decoder: Callable, operator, mea
     if alpha_bars.ndim != 1 or alpha_bars.shape[0] < 1:
         raise ValueError(f"alpha_bars: expected a non-empty 1-D array, got shape "
                          f"{alpha_bars.shape}")
-    if _is_concrete(alpha_bars):
+    if not isinstance(alpha_bars, jax.core.Tracer):
         ab = np.asarray(alpha_bars, np.float64)
         if not (np.all(ab > 0) and np.all(ab <= 1)):
             raise ValueError(f"alpha_bars: expected values in (0, 1], got range "
@@ -221,7 +141,7 @@ def latent_inverse_problem(eps_model: Callable, decoder: Callable, operator, mea
         raise ValueError(f"eps_model: expected output shape {latent_shape} (latent_shape), got "
                          f"{tuple(eps.shape)}")
     x = jax.eval_shape(decoder, z)
-    y = jax.eval_shape(op.forward, x)
+    y = jax.eval_shape(op.apply, x)
     if tuple(measurement.shape) != tuple(y.shape):
         raise ValueError(f"measurement: expected shape {tuple(y.shape)} (the operator applied "
                          f"to a decoded latent), got {tuple(measurement.shape)}")
@@ -236,67 +156,9 @@ def latent_inverse_problem(eps_model: Callable, decoder: Callable, operator, mea
                                 latent_shape)
 
 
-def ddim_timesteps(num_train_steps: int, num_steps: int, t_max: int | None = None) -> np.ndarray:
-    """``num_steps`` distinct training indices from ``t_max`` down to ``0``, evenly spaced.
-
-    A schedule whose last ``abar`` is close to 0 (the cosine schedule's is about 1e-9) makes
-    ``zhat_0`` of (P.3), and any gradient through it, blow up at ``T - 1``; start lower there.
-
-    Args:
-      num_train_steps: ``T``, the length of the training schedule.
-      num_steps: the number of indices, in ``[1, t_max + 1]``.
-      t_max: the first index (default ``T - 1``), in ``[0, T - 1]``.
-
-    Returns:
-      ``(num_steps,)`` int32 NumPy array, descending.
-
-    Raises:
-      ValueError: ``t_max`` or ``num_steps`` out of range.
-
-    References:
-      Song, Meng, Ermon, arXiv 2010.02502 (the sub-sequences of accelerated sampling).
-    """
-    if t_max is None:
-        t_max = num_train_steps - 1
-    if isinstance(t_max, bool) or not isinstance(t_max, int | np.integer) or not (
-            0 <= t_max < num_train_steps):
-        raise ValueError(f"t_max: expected an int in [0, {num_train_steps - 1}], got {t_max!r}")
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer) or not (
-            1 <= num_steps <= t_max + 1):
-        raise ValueError(f"num_steps: expected an int in [1, {t_max + 1}] (t_max + 1), got "
-                         f"{num_steps!r}")
-    return np.round(np.linspace(t_max, 0, num_steps)).astype(np.int32)
-
-
-def vp_alpha_bars(num_train_steps: int = 1000, beta_min: float = 1e-4,
-                  beta_max: float = 2e-2) -> jax.Array:
-    """``abar_t = prod_{s <= t} (1 - beta_s)`` for betas linear from ``beta_min`` to ``beta_max``.
-
-    Args:
-      num_train_steps: ``T >= 1``.
-      beta_min: the first beta.
-      beta_max: the last beta, ``0 < beta_min <= beta_max < 1``.
-
-    Returns:
-      ``(num_train_steps,)`` float32.
-
-    Raises:
-      ValueError: an argument out of range.
-
-    References:
-      Ho, Jain, Abbeel, Denoising Diffusion Probabilistic Models, arXiv 2006.11239, sec. 4.
-    """
-    if num_train_steps < 1:
-        raise ValueError(f"num_train_steps: expected >= 1, got {num_train_steps}")
-    if not 0 < beta_min <= beta_max < 1:
-        raise ValueError(f"beta_min, beta_max: expected 0 < beta_min <= beta_max < 1, got "
-                         f"{beta_min}, {beta_max}")
-    betas = np.linspace(beta_min, beta_max, num_train_steps)
-    return jnp.asarray(np.cumprod(1.0 - betas), jnp.float32)
-
-
 def denoise(problem: LatentInverseProblem, z, t):
-    """Tweedie's denoiser (P.3) at one latent.
+    """Tweedie's denoiser (P.3) at one latent
+    (:func:`~jaxlib_ext.models.diffusion.predict_z0`).
 
     Args:
       problem: the :class:`LatentInverseProblem`.
@@ -306,15 +168,14 @@ def denoise(problem: LatentInverseProblem, z, t):
     Returns:
       ``(eps_model(z, t), zhat_0(z, t))``.
     """
-    ab = problem.alpha_bars[t]
     eps = problem.eps_model(z, t)
-    return eps, (z - jnp.sqrt(1.0 - ab) * eps) / jnp.sqrt(ab)
+    return eps, predict_z0(z, eps, problem.alpha_bars[t])
 
 
 def _residual_and_aux(problem: LatentInverseProblem, t):
     def f(z):
         eps, z0 = denoise(problem, z, t)
-        rho = problem.measurement - problem.operator.forward(problem.decoder(z0))
+        rho = problem.measurement - problem.operator.apply(problem.decoder(z0))
         return rho, (eps, z0)
 
     return f
@@ -333,7 +194,7 @@ def measurement_residual(problem: LatentInverseProblem, z, t):
       The scalar ``r``.
     """
     if t is None:
-        rho = problem.measurement - problem.operator.forward(problem.decoder(z))
+        rho = problem.measurement - problem.operator.apply(problem.decoder(z))
     else:
         rho, _ = _residual_and_aux(problem, t)(z)
     return jnp.sqrt(jnp.sum(rho ** 2))

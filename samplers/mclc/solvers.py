@@ -1,9 +1,11 @@
 """Latent-diffusion solvers for linear inverse problems, with a pluggable corrector.
 
-Both solvers run a DDIM reverse diffusion (Song, Meng, Ermon, arXiv 2010.02502, eq. 12) over a
-descending subsequence ``t_0 > t_1 > ... > t_{N-1}`` of the training indices and add a
-measurement-guidance step. With ``zhat_0`` and ``eps`` of (P.3) at ``(z_{t_i}, t_i)``,
-``abar = abar_{t_i}``, ``abar' = abar_{t_{i+1}}`` (``1`` after the last step)::
+Both solvers run a DDIM reverse diffusion (Song, Meng, Ermon, arXiv 2010.02502, eq. 12;
+:func:`~jaxlib_ext.models.diffusion.ddim_step`) over a descending subsequence
+``t_0 > t_1 > ... > t_{N-1}`` of the training indices
+(:func:`~jaxlib_ext.models.diffusion.ddim_timesteps`) and add a measurement-guidance step.
+With ``zhat_0`` and ``eps`` of (P.3) at ``(z_{t_i}, t_i)``, ``abar = abar_{t_i}``,
+``abar' = abar_{t_{i+1}}`` (``1`` after the last step)::
 
     sigma_i = ddim_eta sqrt((1 - abar') / (1 - abar)) sqrt(1 - abar / abar')
     z'      = sqrt(abar') zhat_0 + sqrt(1 - abar' - sigma_i^2) eps + sigma_i xi          (S.1)
@@ -49,11 +51,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlib_ext.models.diffusion import ddim_step, ddim_timesteps
 from jaxlib_ext.samplers.base import SamplingAlgorithm
 from jaxlib_ext.samplers.mclc.problem import (
     LatentInverseProblem,
     _residual_and_aux,
-    ddim_timesteps,
     residual_and_grad,
 )
 
@@ -64,7 +66,6 @@ __all__ = [
     "SolverStepInfo",
     "build_latent_dps_kernel",
     "build_psld_kernel",
-    "ddim_step",
     "init",
     "latent_dps",
     "latent_dps_sampler",
@@ -133,30 +134,6 @@ class SolverResult(NamedTuple):
     info: SolverInfo
 
 
-def ddim_step(rng_key, z0_hat, eps, alpha_bar, alpha_bar_prev, ddim_eta):
-    """The DDIM update (S.1) from ``(zhat_0, eps)`` at one level to the next.
-
-    Args:
-      rng_key: PRNG key of the fresh noise ``xi``.
-      z0_hat: ``zhat_0`` of (P.3).
-      eps: the predicted noise ``eps_model(z, t)``, of the shape of ``z0_hat``.
-      alpha_bar: ``abar`` of the current level.
-      alpha_bar_prev: ``abar'`` of the next (less noisy) level, ``1`` after the last step.
-      ddim_eta: ``0`` (deterministic DDIM) to ``1`` (ancestral).
-
-    Returns:
-      The latent ``z'`` at the next level, of the shape and dtype of ``eps``.
-
-    References:
-      Song, Meng, Ermon, Denoising Diffusion Implicit Models, arXiv 2010.02502, eq. 12.
-    """
-    sig = ddim_eta * jnp.sqrt((1.0 - alpha_bar_prev) / (1.0 - alpha_bar)) * jnp.sqrt(
-        jnp.maximum(1.0 - alpha_bar / alpha_bar_prev, 0.0))
-    direction = jnp.sqrt(jnp.maximum(1.0 - alpha_bar_prev - sig ** 2, 0.0))
-    xi = jax.random.normal(rng_key, eps.shape, eps.dtype)
-    return jnp.sqrt(alpha_bar_prev) * z0_hat + direction * eps + sig * xi
-
-
 def _check_positive(name, value, allow_zero=False):
     if isinstance(value, jax.core.Tracer):
         return
@@ -196,7 +173,7 @@ def _check_problem(problem, num_steps, ddim_eta, corrector, t_max):
     _check_kernel_args(ts, ddim_eta, corrector)
     latent = tuple(problem.latent_shape)
     x = jax.eval_shape(problem.decoder, jax.ShapeDtypeStruct(latent, jnp.float32))
-    y = jax.eval_shape(problem.operator.forward, x)
+    y = jax.eval_shape(problem.operator.apply, x)
     if tuple(jnp.shape(problem.measurement)) != tuple(y.shape):
         raise ValueError(f"measurement: expected shape {tuple(y.shape)} (the operator applied "
                          f"to a decoded latent), got {tuple(jnp.shape(problem.measurement))}")
@@ -271,7 +248,7 @@ def build_latent_dps_kernel(timesteps, *, step_size: float = 1.0, ddim_eta: floa
 
     Args:
       timesteps: the descending training indices ``t_0 > ... > t_{N-1}`` (a concrete int array,
-        e.g. :func:`~jaxlib_ext.samplers.mclc.ddim_timesteps`); each must index
+        e.g. :func:`~jaxlib_ext.models.diffusion.ddim_timesteps`); each must index
         ``problem.alpha_bars``.
       step_size: the guidance weight of (S.2), ``> 0``.
       ddim_eta: ``0`` (deterministic DDIM) to ``1`` (ancestral).
@@ -294,7 +271,8 @@ def build_latent_dps_kernel(timesteps, *, step_size: float = 1.0, ddim_eta: floa
 
     def step(rng_key, problem, z, t, ab, ab_next):
         eps, z0, r, g = residual_and_grad(problem, z, t)
-        z_next = ddim_step(rng_key, z0, eps, ab, ab_next, ddim_eta)  # (S.1)
+        xi = jax.random.normal(rng_key, eps.shape, eps.dtype)
+        z_next = ddim_step(z0, eps, ab, ab_next, ddim_eta, xi)  # (S.1)
         return z_next - step_size * g, r  # (S.2)
 
     return _build_kernel(ts, step, corrector)
@@ -338,12 +316,13 @@ def build_psld_kernel(timesteps, *, step_size: float = 1.0, gluing_weight: float
             rho, (eps, z0) = _residual_and_aux(problem, t)(z)
             r = jnp.sqrt(jnp.sum(rho ** 2) + 1e-20)
             x = problem.decoder(z0)
-            glued = problem.encoder(aty + x - op.adjoint(op.forward(x)))
+            glued = problem.encoder(aty + x - op.adjoint(op.apply(x)))
             glue = jnp.sqrt(jnp.sum((z0 - glued) ** 2) + 1e-20)
             return step_size * r + gluing_weight * glue, (eps, z0, r)
 
         g, (eps, z0, r) = jax.grad(loss, has_aux=True)(z)
-        z_next = ddim_step(rng_key, z0, eps, ab, ab_next, ddim_eta)  # (S.1)
+        xi = jax.random.normal(rng_key, eps.shape, eps.dtype)
+        z_next = ddim_step(z0, eps, ab, ab_next, ddim_eta, xi)  # (S.1)
         return z_next - g, r  # (S.3)
 
     return _build_kernel(ts, step, corrector)
@@ -376,7 +355,7 @@ def latent_dps_sampler(problem: LatentInverseProblem, *, num_steps: int = 50,
       ddim_eta: ``0`` (deterministic DDIM) to ``1`` (ancestral).
       corrector: ``None`` or ``corrector(rng_key, z, t, problem) -> (z, info)``.
       t_max: the first step's training index (default ``T - 1``; see
-        :func:`~jaxlib_ext.samplers.mclc.ddim_timesteps`).
+        :func:`~jaxlib_ext.models.diffusion.ddim_timesteps`).
 
     Returns:
       A :class:`~jaxlib_ext.samplers.base.SamplingAlgorithm` over :class:`SolverState` with
@@ -446,7 +425,7 @@ def _run(rng_key, problem: LatentInverseProblem, kernel: Callable, timesteps: np
     state, last = kernel(k_last, state._replace(step=jnp.asarray(num_steps - 1, jnp.int32)),
                          problem)
     x0 = problem.decoder(state.z)
-    final = jnp.sqrt(jnp.sum((problem.measurement - problem.operator.forward(x0)) ** 2))
+    final = jnp.sqrt(jnp.sum((problem.measurement - problem.operator.apply(x0)) ** 2))
     residual = jnp.concatenate([infos.residual, last.residual[None]])
     cinfo = infos.corrector  # the last step runs no corrector
     k_corr = 0 if cinfo is None else jax.tree.leaves(cinfo)[0].shape[-1]
@@ -470,7 +449,7 @@ def latent_dps(rng_key, problem: LatentInverseProblem, *, num_steps: int = 50,
       corrector: ``None`` or ``corrector(rng_key, z, t, problem) -> (z, info)``.
       z_init: the starting ``z_{t_0}`` (default ``N(0, I)`` from ``rng_key``).
       t_max: the first step's training index (default ``T - 1``; see
-        :func:`~jaxlib_ext.samplers.mclc.ddim_timesteps`).
+        :func:`~jaxlib_ext.models.diffusion.ddim_timesteps`).
 
     Returns:
       ``SolverResult(z0, x0, info)`` with a :class:`SolverInfo`.

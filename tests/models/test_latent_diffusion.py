@@ -1,5 +1,5 @@
-"""models.latent_diffusion: schedules, the DDIM/ancestral steps against each other and against
-a Gaussian oracle, the autoencoder on held-out MNIST digits, checkpoints, bad input."""
+"""models.latent_diffusion: the autoencoder on held-out MNIST digits, its DDIM and ancestral
+samplers, checkpoints, bad input (the schedules and steps: tests/models/test_diffusion.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -34,129 +34,6 @@ def trained(tmp_path_factory):
         model, info = ld.train(TINY, images=x, ae_steps=AE_STEPS, diffusion_steps=0,
                                batch_size=32, ae_lr=AE_LR, out=out, progress=False)
     return model, info, out
-
-
-# --------------------------------------------------------------------------- schedule
-
-
-@pytest.mark.parametrize("kind", ld.SCHEDULES)
-def test_schedule_properties(kind):
-    s = ld.make_schedule(1000, kind)
-    b, a, abar = (np.asarray(v, np.float64) for v in s)
-    assert b.shape == a.shape == abar.shape == (1000,)
-    assert np.all(b > 0) and np.all(b <= 0.999 + 1e-6)
-    np.testing.assert_allclose(a, 1 - b, atol=1e-7)
-    np.testing.assert_allclose(abar, np.cumprod(a), rtol=1e-4)
-    assert np.all(np.diff(abar) < 0)
-    assert abar[0] > 0.999 and abar[-1] < 1e-4
-    if kind == "linear":
-        np.testing.assert_allclose(b[[0, -1]], [1e-4, 0.02], rtol=1e-5)
-    else:  # arXiv 2102.09672 Eq. 17: abar_t = f(t) / f(0)
-        f = lambda u: np.cos((u + 0.008) / 1.008 * np.pi / 2) ** 2
-        t = np.array([1, 250, 500, 750])
-        np.testing.assert_allclose(abar[t - 1], f(t / 1000) / f(0), rtol=1e-4)
-
-
-def test_q_sample_and_predict_z0_invert_each_other():
-    s = ld.make_schedule(50, "cosine")
-    k1, k2 = jax.random.split(jax.random.key(0))
-    z0, eps = jax.random.normal(k1, (4, 3, 3, 2)), jax.random.normal(k2, (4, 3, 3, 2))
-    t = jnp.array([0, 10, 30, 40])
-    zt = ld.q_sample(s, z0, t, eps)
-    np.testing.assert_allclose(ld.predict_z0(s, zt, eps, t), z0, atol=1e-4)
-
-
-# --------------------------------------------------------------------------- samplers
-
-
-def test_ddim_with_eta_one_is_the_ancestral_step():
-    with jax.enable_x64(True):
-        b = ld.make_schedule(30, "linear").betas.astype(jnp.float64)
-        s = ld.Schedule(b, 1 - b, jnp.cumprod(1 - b))  # consistent to float64 precision
-        keys = jax.random.split(jax.random.key(1), 3)
-        z, eps, noise = (jax.random.normal(k, (5, 4, 4, 2), jnp.float64) for k in keys)
-        for t in (29, 12, 1, 0):
-            anc, mean = ld.ancestral_step(s, z, eps, t, noise)
-            ddim, _ = ld.ddim_step(s, z, eps, t, t - 1, 1.0, noise)
-            np.testing.assert_allclose(ddim, anc, atol=1e-12)
-            # the same posterior mean (noise off in both)
-            ddim_mean, _ = ld.ddim_step(s, z, eps, t, t - 1, 1.0, jnp.zeros_like(z))
-            np.testing.assert_allclose(ddim_mean, mean, atol=1e-12)
-        # the last step lands on Tweedie's estimate, with no noise
-        last, z0 = ld.ddim_step(s, z, eps, 0, -1, 0.7, noise)
-        np.testing.assert_allclose(last, z0, atol=1e-12)
-        np.testing.assert_allclose(z0, ld.predict_z0(s, z, eps, 0), atol=1e-12)
-
-
-@pytest.mark.parametrize("sampler", ["ddim", "ancestral"])
-def test_samplers_with_the_exact_noise_model_of_gaussian_data(sampler):
-    """z_0 ~ N(0, v I): the exact eps-hat is sqrt(1 - abar) z / (abar v + 1 - abar), every step
-    is linear in z, so the variance after each step follows a scalar recursion (float64); the
-    sampled variance must match it, and end near v."""
-    v, n, d, T = 0.25, 4000, 8, 200
-    s = ld.make_schedule(T, "cosine")
-    if sampler == "ddim":
-        ts = ld.ddim_timesteps(T, 40)
-        tp = np.r_[ts[1:], -1]
-    else:
-        ts, tp = np.arange(T - 1, -1, -1), np.arange(T - 2, -2, -1)
-
-    abar = np.r_[np.asarray(s.alphas_cumprod, np.float64), 1.0]  # abar[-1] = 1: clean
-    var = 1.0
-    for t, p in zip(ts, tp):
-        a_t, a_p = abar[t], abar[p]
-        gain = 1.0 / (a_t * v + 1 - a_t)  # z0_hat = sqrt(a_t) v gain z, eps = sqrt(1-a_t) gain z
-        if sampler == "ddim":
-            c = (np.sqrt(a_p * a_t) * v + np.sqrt((1 - a_p) * (1 - a_t))) * gain
-            var = c**2 * var
-        else:
-            beta, alpha = 1 - a_t / a_p, a_t / a_p
-            c = (1 - beta / np.sqrt(1 - a_t) * np.sqrt(1 - a_t) * gain) / np.sqrt(alpha)
-            var = c**2 * var + (1 - a_p) / (1 - a_t) * beta
-
-    def run(key):
-        k0, kloop = jax.random.split(key)
-        z = jax.random.normal(k0, (n, 1, 1, d))
-
-        def body(z, inp):
-            t, t_prev, k = inp
-            a = s.alphas_cumprod[t]
-            eps = jnp.sqrt(1 - a) * z / (a * v + 1 - a)
-            noise = jax.random.normal(k, z.shape)
-            if sampler == "ddim":
-                return ld.ddim_step(s, z, eps, t, t_prev, 0.0, noise)[0], None
-            return ld.ancestral_step(s, z, eps, t, noise)[0], None
-
-        keys = jax.random.split(kloop, len(ts))
-        return jax.lax.scan(body, z, (jnp.asarray(ts), jnp.asarray(tp), keys))[0]
-
-    z = jax.jit(run)(jax.random.key(2))
-    assert abs(float(jnp.var(z)) / var - 1) < 0.04, (float(jnp.var(z)), var)
-    assert abs(var / v - 1) < 0.15  # DDIM's deterministic steps shrink the variance a little
-    assert abs(float(jnp.mean(z))) < 0.02
-
-
-def test_clip_eps_bounds_tweedies_estimate():
-    s = ld.make_schedule(1000, "cosine")
-    k1, k2 = jax.random.split(jax.random.key(4))
-    z, eps = jax.random.normal(k1, (3, 2, 2, 1)), jax.random.normal(k2, (3, 2, 2, 1))
-    t = jnp.array([999, 500, 10])
-    np.testing.assert_array_equal(ld.clip_eps(s, z, eps, t, None), eps)
-    clipped = ld.clip_eps(s, z, eps, t, 4.0)
-    z0 = ld.predict_z0(s, z, clipped, t)
-    assert float(jnp.abs(z0).max()) <= 4.0 + 1e-2
-    # inside the bound nothing changes
-    inside = ld.clip_eps(s, z, eps, t, 1e6)
-    np.testing.assert_allclose(inside[1:], eps[1:], atol=1e-4)
-
-
-def test_ddim_timesteps():
-    np.testing.assert_array_equal(ld.ddim_timesteps(10, 10), np.arange(9, -1, -1))
-    ts = ld.ddim_timesteps(1000, 50)
-    assert len(ts) == 50 and ts[0] == 999 and ts[-1] == 0 and np.all(np.diff(ts) < 0)
-    for bad in (0, 11, 2.0):
-        with pytest.raises(ValueError, match="steps"):
-            ld.ddim_timesteps(10, bad)
 
 
 # --------------------------------------------------------------------------- trained model
@@ -290,11 +167,7 @@ def test_bad_config(kwargs, match):
         ld.LDMConfig(**kwargs)
 
 
-def test_bad_schedule_and_training_arguments():
-    with pytest.raises(ValueError, match="kind"):
-        ld.make_schedule(10, "sigmoid")
-    with pytest.raises(ValueError, match="timesteps"):
-        ld.make_schedule(1)
+def test_bad_training_arguments():
     with pytest.raises(ValueError, match="ae_steps"):
         ld.train(TINY, ae_steps=-1)
     with pytest.raises(ValueError, match="images"):

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxlib_ext.samplers import degradations as deg
 from jaxlib_ext.samplers import energy as en
+from jaxlib_ext.samplers import inverse
 from jaxlib_ext.samplers.energy import adaptive, blind, dps, langevin, levels, pc
 
 # ----------------------------------------------------------------------------- fixtures
@@ -160,9 +160,10 @@ def test_pc_mala_reproduces_gaussian_posterior(kind, order, shape_of_levels):
     u = en.gaussian_energy(mu, c)
     x = mu + (jnp.linalg.cholesky(c) @ jax.random.normal(jax.random.key(12), (16,))).reshape(
         shape)
-    op = (deg.box_inpainting(shape, 2) if kind == "pixel" else deg.gaussian_blur(shape, 0.7))
+    op = (inverse.box_inpainting(shape, 2) if kind == "pixel"
+          else inverse.gaussian_blur(shape, 0.7))
     sn = 0.1
-    y = deg.measure(jax.random.key(13), op, x[None], sn)
+    y = inverse.measure(jax.random.key(13), op, x[None], sn)
     prob = en.from_operator(y, op, sn, sigma_max=20.0)
     n = 1024
     res = jax.jit(lambda p, k: pc.sample(k, u, p, num_levels=40, sigma_end=0.01,
@@ -184,8 +185,8 @@ def _box_problem(seed, measure_seed, noise, chains):
     """A 4x4 Gaussian prior's energy and its 2x2-box inpainting of the prior mean, ``chains``
     copies."""
     mu, c = _gaussian(16, seed=seed, shape=(4, 4, 1))
-    op = deg.box_inpainting((4, 4, 1), 2)
-    y = deg.measure(jax.random.key(measure_seed), op, mu[None], noise)
+    op = inverse.box_inpainting((4, 4, 1), 2)
+    y = inverse.measure(jax.random.key(measure_seed), op, mu[None], noise)
     return en.gaussian_energy(mu, c), pc.repeat(en.from_operator(y, op, noise), chains)
 
 
@@ -213,10 +214,10 @@ def test_pc_and_adaptive_and_dps_run_and_denoise_gaussian(kind):
     shape = (4, 4, 1)
     mu, c = _gaussian(16, seed=19, shape=shape)
     u = en.gaussian_energy(mu, c)
-    op = deg.box_inpainting(shape, 2) if kind == "pixel" else deg.gaussian_blur(shape, 0.7)
+    op = inverse.box_inpainting(shape, 2) if kind == "pixel" else inverse.gaussian_blur(shape, 0.7)
     x = mu + (jnp.linalg.cholesky(c) @ jax.random.normal(jax.random.key(20), (16,))).reshape(
         shape)
-    y = deg.measure(jax.random.key(21), op, x[None], 0.05)
+    y = inverse.measure(jax.random.key(21), op, x[None], 0.05)
     m, _ = _posterior(mu, c, op, y, 0.05)
     prob = pc.repeat(en.from_operator(y, op, 0.05), 128)
     # each sampler jitted: one program apiece (eager, every op around their loops compiles)
@@ -284,12 +285,12 @@ def test_blind_argmin_recovers_true_scale_and_box():
     mu = mu + 1.5  # pixels far from 0, so a missing pixel is told from an observed one
     u = en.gaussian_energy(mu, c)
     sizes, noises = (1, 2, 3), jnp.array([0.03, 0.1, 0.3, 1.0])
-    ops = jnp.stack([deg.box_inpainting(shape, s).diagonal for s in sizes])
+    ops = jnp.stack([inverse.box_inpainting(shape, s).diagonal for s in sizes])
     hits = 0
     for trial, (bi, ni) in enumerate([(0, 1), (1, 0), (2, 2), (1, 3), (2, 1), (0, 2)]):
         k1, k2 = jax.random.split(jax.random.key(100 + trial))
         x = mu + (jnp.linalg.cholesky(c) @ jax.random.normal(k1, (16,))).reshape(shape)
-        y = deg.measure(k2, deg.box_inpainting(shape, sizes[bi]), x[None], noises[ni])
+        y = inverse.measure(k2, inverse.box_inpainting(shape, sizes[bi]), x[None], noises[ni])
         r = blind.blind_posterior(u, y, ops, noises, basis="pixel")
         hits += int(r.operator_index[0] == bi) * int(r.noise_index[0] == ni)
         np.testing.assert_allclose(r.posterior.sum(), 1.0, rtol=1e-5)
@@ -298,8 +299,8 @@ def test_blind_argmin_recovers_true_scale_and_box():
 
 def test_blind_posterior_under_jit_equals_eager():
     u = en.gaussian_energy(jnp.full((4, 4, 1), 0.5), 0.05 * jnp.eye(16) + 0.02)
-    op = deg.box_inpainting((4, 4, 1), 2)
-    y = deg.measure(jax.random.key(0), op, jnp.full((1, 4, 4, 1), 0.5), 0.05)
+    op = inverse.box_inpainting((4, 4, 1), 2)
+    y = inverse.measure(jax.random.key(0), op, jnp.full((1, 4, 4, 1), 0.5), 0.05)
     ops, ns = jnp.stack([op.diagonal] * 2), jnp.array([0.05, 0.1])
     eager = blind.blind_posterior(u, y, ops, ns, basis="pixel").posterior
     jitted = jax.jit(lambda yy, s: blind.blind_posterior(u, yy, ops, s, basis="pixel")
@@ -312,9 +313,9 @@ def test_blind_evidence_matches_gaussian_marginal_likelihood():
     shape = (4, 4, 1)
     mu, c = _gaussian(16, seed=29, shape=shape)
     u = en.gaussian_energy(mu, c)
-    for op in (deg.box_inpainting(shape, 2), deg.gaussian_blur(shape, 0.6)):
+    for op in (inverse.box_inpainting(shape, 2), inverse.gaussian_blur(shape, 0.6)):
         sn = 0.1
-        y = deg.measure(jax.random.key(30), op, mu[None], sn)
+        y = inverse.measure(jax.random.key(30), op, mu[None], sn)
         a = jax.vmap(lambda e, o=op: o.apply(e.reshape(shape)).reshape(-1))(jnp.eye(16)).T
         k = a @ c @ a.T + sn ** 2 * jnp.eye(16)
         r = y.reshape(-1) - a @ mu.reshape(-1)
@@ -327,10 +328,10 @@ def test_blind_evidence_matches_gaussian_marginal_likelihood():
 
 
 @pytest.mark.parametrize("make", [
-    lambda s: deg.box_inpainting(s, 3),
-    lambda s: deg.random_inpainting(jax.random.key(0), s, 0.5),
-    lambda s: deg.gaussian_blur(s, 1.2),
-    lambda s: deg.motion_blur(s, 4.0, 0.3),
+    lambda s: inverse.box_inpainting(s, 3),
+    lambda s: inverse.random_inpainting(jax.random.key(0), s, 0.5),
+    lambda s: inverse.gaussian_blur(s, 1.2),
+    lambda s: inverse.motion_blur(s, 4.0, 0.3),
 ])
 def test_problem_diagonal_view_reproduces_operator(make):
     shape = (7, 6, 1)
@@ -374,8 +375,8 @@ def test_chains_under_vmap_match_the_batched_run():
     shape = (4, 4, 1)
     mu, c = _gaussian(16, seed=31, shape=shape)
     u = en.gaussian_energy(mu, c)
-    op = deg.box_inpainting(shape, 2)
-    y = deg.measure(jax.random.key(32), op, mu[None], 0.1)
+    op = inverse.box_inpainting(shape, 2)
+    y = inverse.measure(jax.random.key(32), op, mu[None], 0.1)
     prob = en.from_operator(y, op, 0.1)
     run = jax.jit(jax.vmap(lambda k: pc.sample(k, u, prob, num_levels=2, metropolis=True,
                                                corrector_steps=1).denoised))
@@ -409,13 +410,13 @@ def test_bad_input_raises_clear_errors():
         en.score(u, y, jnp.ones((2, 4, 4, 1)))
     with pytest.raises(ValueError, match="a: shape"):  # a mask of the wrong size
         en.diagonal_problem(y, jnp.ones((5, 5, 1)), basis="pixel", noise_std=0.1)
-    op = deg.box_inpainting((4, 4, 1), 2)
+    op = inverse.box_inpainting((4, 4, 1), 2)
     with pytest.raises(ValueError, match="y: expected"):  # images of the wrong shape
         en.from_operator(jnp.zeros((2, 5, 4, 1)), op, 0.1)
     with pytest.raises(ValueError, match="noise_std"):
         en.from_operator(y, op, 0.0)
     with pytest.raises(ValueError, match="not diagonal"):
-        en.from_operator(jnp.zeros((2, 2, 2, 1)), deg.downsampling((4, 4, 1), 2), 0.1)
+        en.from_operator(jnp.zeros((2, 2, 2, 1)), inverse.downsampling((4, 4, 1), 2), 0.1)
     with pytest.raises(ValueError, match="at least 2"):  # a grid with one point
         blind.blind_posterior(u, y, op.diagonal[None], jnp.array([0.1]), basis="pixel")
     with pytest.raises(ValueError, match="log_prior"):

@@ -1,14 +1,14 @@
 """MCLC (arXiv 2601.04791) and the latent solvers on the linear-Gaussian latent model, whose
 posterior is closed-form: invariance of the posterior (moment errors shrink with the step),
 KL reduction from a perturbed ensemble, a non-increasing residual per corrector step, the
-solvers under jit/vmap (with the image operators of ``samplers.degradations``), bad inputs."""
+solvers under jit/vmap (with the image operators of ``samplers.inverse``), bad inputs."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxlib_ext.samplers import degradations
+from jaxlib_ext.samplers import inverse
 from jaxlib_ext.samplers import mclc as M
 
 D, N_PIX, K_MEAS = 4, 6, 2
@@ -221,7 +221,7 @@ def test_solver_z_init_and_deterministic_ddim(gauss):
 
 def test_image_latents_with_degradation_operators():
     """An image-shaped latent, a linear (transposed-convolution-like) decoder to 8x8 images and
-    the box-inpainting operator of ``samplers.degradations``; the Gaussian prior ``N(0, I)``
+    the box-inpainting operator of ``samplers.inverse``; the Gaussian prior ``N(0, I)``
     (``eps*(z, t) = sqrt(1 - abar_t) z``). Adjoint check, both solvers, the corrector."""
     latent = (4, 4, 2)
     w = jax.random.normal(jax.random.key(0), (2, 2, 2, 1)) * 0.5
@@ -234,14 +234,14 @@ def test_image_latents_with_degradation_operators():
         blocks = x.reshape(4, 2, 4, 2, 1)
         return jnp.einsum("hiwjo,ijco->hwc", blocks, w)
 
-    ab = M.vp_alpha_bars(200)
+    ab = inverse.linear_schedule(200).alphas_cumprod
 
     def eps_model(z, t):
         return jnp.sqrt(1.0 - ab[t]) * z
 
-    op = degradations.box_inpainting((8, 8, 1), 4)
+    op = inverse.box_inpainting((8, 8, 1), 4)
     x_true = decoder(jax.random.normal(jax.random.key(1), latent))
-    y = degradations.measure(jax.random.key(2), op, x_true, 0.05)
+    y = inverse.measure(jax.random.key(2), op, x_true, 0.05)
     prob = M.latent_inverse_problem(eps_model, decoder, op, y, ab, latent_shape=latent,
                                     encoder=encoder)
     for fn in (M.latent_dps, M.psld):
@@ -276,7 +276,7 @@ def test_inconsistent_adjoint_is_rejected(gauss):
     with pytest.raises(TypeError, match="operator"):
         M.latent_inverse_problem(*args, a, y, model.alpha_bars, latent_shape=(D,))
     # the real operators pass
-    M.check_adjoint(degradations.gaussian_blur((8, 8, 1), 1.0), (8, 8, 1))
+    inverse.check_adjoint(inverse.gaussian_blur((8, 8, 1), 1.0), (8, 8, 1))
 
 
 @pytest.mark.parametrize("kw,match", [

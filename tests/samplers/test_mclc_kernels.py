@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxlib_ext.samplers import inverse
 from jaxlib_ext.samplers import mclc as M
 from jaxlib_ext.samplers.mclc import corrector, solvers
 
@@ -93,7 +94,7 @@ def test_own_loop_over_the_sampler_matches_the_driver(prob, solver, corrected):
 def test_kernel_at_the_last_step_goes_to_the_clean_latent(prob):
     """At ``i = N - 1`` the kernel takes ``abar' = 1``: with ``ddim_eta = 0`` and no guidance
     to speak of it returns Tweedie's ``zhat_0`` (P.3), and the corrector does not run."""
-    ts = M.ddim_timesteps(prob.alpha_bars.shape[0], 3)
+    ts = inverse.ddim_timesteps(prob.alpha_bars.shape[0], 3)
     kernel = M.build_latent_dps_kernel(ts, step_size=1e-12, ddim_eta=0.0, corrector=M.mclc(1))
     z = jnp.linspace(-1.0, 1.0, D)
     state = solvers.init(z)._replace(step=jnp.asarray(2, jnp.int32))
@@ -131,7 +132,7 @@ def test_corrector_sampler_matches_mclc_correct(prob):
 
 
 def test_bad_kernel_and_sampler_arguments(prob):
-    ts = M.ddim_timesteps(prob.alpha_bars.shape[0], 4)
+    ts = inverse.ddim_timesteps(prob.alpha_bars.shape[0], 4)
     with pytest.raises(ValueError, match="timesteps"):
         M.build_latent_dps_kernel(ts[::-1])
     with pytest.raises(ValueError, match="timesteps"):

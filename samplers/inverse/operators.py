@@ -1,9 +1,10 @@
-"""Linear degradation operators ``y = A x + noise`` for image inverse problems, with adjoints.
+"""Linear operators ``y = A x + noise`` for inverse problems, with adjoints: the image
+degradations and operators given by their two maps.
 
-Images are channels-last, ``x [..., H, W, C]`` with any leading batch axes; every operator acts
-on the last three axes, the same way on each channel, and works under ``jit``/``vmap``/``grad``.
-An operator is a :class:`LinearOperator`, a frozen pytree (its array is a leaf, everything else
-static), so it can be passed straight into jitted functions.
+Images are channels-last, ``x [..., H, W, C]`` with any leading batch axes; every degradation
+acts on the last three axes, the same way on each channel, and works under
+``jit``/``vmap``/``grad``. An operator is a :class:`LinearOperator`, a frozen pytree (its array
+is a leaf, everything else static), so it can be passed straight into jitted functions.
 
 Operators that are diagonal in a known orthonormal basis say so, for samplers that build
 anisotropic covariances from them (arXiv 2605.15487, Sec. 3: pixel-diagonal covariances for
@@ -16,17 +17,24 @@ inpainting, Fourier-diagonal ones for deblurring):
   (circular convolution: periodic boundary). The adjoint multiplies by ``conj(d)``.
 * ``basis="none"``: no diagonal (``diagonal`` is ``None``): downsampling by ``f x f`` block
   averaging, ``[H, W, C] -> [H/f, W/f, C]``, whose adjoint spreads each value over its block
-  divided by ``f^2`` (so ``A A^T = I / f^2``).
+  divided by ``f^2`` (so ``A A^T = I / f^2``); or an operator given by its maps ``x -> A x``
+  and ``y -> A^T y`` (:func:`linear_operator`: a dense matrix, a decoder's measurement, any
+  shapes), which the latent solvers of :mod:`jaxlib_ext.samplers.mclc` apply to one
+  unbatched array at a time.
 
 ``op.gram_diagonal()`` is the diagonal of ``A^T A`` in the operator's basis (``d^2`` or ``|d|^2``).
 Constructors: :func:`inpainting` (any mask), :func:`box_inpainting`, :func:`random_inpainting`,
-:func:`gaussian_blur`, :func:`motion_blur`, :func:`downsampling`; noise: :func:`measure`.
+:func:`gaussian_blur`, :func:`motion_blur`, :func:`downsampling`, :func:`linear_operator` and
+:func:`as_linear_operator`; noise: :func:`measure`; the dot-product test of an adjoint:
+:func:`check_adjoint`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,12 +43,15 @@ import numpy as np
 __all__ = [
     "BASES",
     "LinearOperator",
+    "as_linear_operator",
     "box_inpainting",
+    "check_adjoint",
     "downsampling",
     "fourier_transform",
     "gaussian_blur",
     "inpainting",
     "inverse_fourier_transform",
+    "linear_operator",
     "measure",
     "motion_blur",
     "random_inpainting",
@@ -62,29 +73,39 @@ def inverse_fourier_transform(u: jax.Array) -> jax.Array:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LinearOperator:
-    """A linear map of images ``[..., *shape_in] -> [..., *shape_out]`` with its adjoint.
+    """A linear map ``[..., *shape_in] -> [..., *shape_out]`` with its adjoint.
 
     Attributes:
       diagonal: the operator's diagonal in ``basis``: ``[H, W, C]`` real for ``"pixel"``,
         ``[H, W]`` complex (the DFT of the convolution kernel) for ``"fourier"``, ``None`` for
         ``"none"``. The only pytree leaf.
-      shape_in: ``(H, W, C)`` of the images it takes.
-      shape_out: ``(H', W', C)`` of the measurements it gives.
+      shape_in: the trailing shape of the inputs (``(H, W, C)`` of the images a degradation
+        takes), or ``None``: not checked.
+      shape_out: the trailing shape of the outputs (``(H', W', C)`` of a degradation's
+        measurements), or ``None``: not checked.
       basis: ``"pixel"``, ``"fourier"`` or ``"none"`` (see the module docstring).
       name: what the operator is (``"box_inpainting"``, ``"gaussian_blur"``, ...).
       factor: the block size of downsampling (1 otherwise).
+      forward_fn: ``x -> A x`` of an operator given by its maps (:func:`linear_operator`),
+        ``None`` otherwise.
+      adjoint_fn: ``y -> A^T y`` of such an operator, ``None`` otherwise.
     """
 
     diagonal: jax.Array | None
-    shape_in: tuple[int, int, int] = dataclasses.field(metadata={"static": True})
-    shape_out: tuple[int, int, int] = dataclasses.field(metadata={"static": True})
+    shape_in: tuple[int, ...] | None = dataclasses.field(metadata={"static": True})
+    shape_out: tuple[int, ...] | None = dataclasses.field(metadata={"static": True})
     basis: str = dataclasses.field(metadata={"static": True})
     name: str = dataclasses.field(metadata={"static": True})
     factor: int = dataclasses.field(default=1, metadata={"static": True})
+    forward_fn: Callable | None = dataclasses.field(default=None, metadata={"static": True})
+    adjoint_fn: Callable | None = dataclasses.field(default=None, metadata={"static": True})
 
-    def _check(self, x: jax.Array, shape: tuple[int, ...], arg: str) -> jax.Array:
+    def _check(self, x, shape: tuple[int, ...] | None, arg: str):
+        if shape is None:
+            return x
         x = jnp.asarray(x)
-        if x.ndim < 3 or tuple(x.shape[-3:]) != tuple(shape):
+        n = len(shape)
+        if x.ndim < n or tuple(x.shape[x.ndim - n:]) != tuple(shape):
             raise ValueError(
                 f"{arg}: expected shape [..., {', '.join(map(str, shape))}] for {self.name}, "
                 f"got {tuple(x.shape)}"
@@ -94,6 +115,8 @@ class LinearOperator:
     def apply(self, x: jax.Array) -> jax.Array:
         """``A x`` for ``x [..., *shape_in]``; returns ``[..., *shape_out]``."""
         x = self._check(x, self.shape_in, "x")
+        if self.forward_fn is not None:
+            return self.forward_fn(x)
         if self.basis == "pixel":
             return self.diagonal * x
         if self.basis == "fourier":
@@ -105,6 +128,8 @@ class LinearOperator:
     def adjoint(self, y: jax.Array) -> jax.Array:
         """``A^T y`` for ``y [..., *shape_out]``; returns ``[..., *shape_in]``."""
         y = self._check(y, self.shape_out, "y")
+        if self.adjoint_fn is not None:
+            return self.adjoint_fn(y)
         if self.basis == "pixel":
             return self.diagonal * y
         if self.basis == "fourier":
@@ -151,6 +176,123 @@ def _positive(value, arg: str) -> float:
     if not (math.isfinite(v) and v > 0):
         raise ValueError(f"{arg}: expected a positive number, got {value!r}")
     return v
+
+
+def _trailing_shape(shape, arg: str) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    try:
+        out = tuple(int(s) for s in shape)
+    except TypeError as e:
+        raise ValueError(f"{arg}: expected a tuple of positive ints or None, got {shape!r}") from e
+    if not out or min(out) < 1:
+        raise ValueError(f"{arg}: expected a tuple of positive ints or None, got {shape!r}")
+    return out
+
+
+# --------------------------------------------------------------------------- operators by maps
+
+
+def linear_operator(forward: Callable, adjoint: Callable, *, shape_in=None, shape_out=None,
+                    name: str = "linear_operator") -> LinearOperator:
+    """The :class:`LinearOperator` of the maps ``x -> A x`` and ``y -> A^T y``.
+
+    Its ``basis`` is ``"none"`` (no known diagonal). ``apply`` and ``adjoint`` call the maps on
+    the arrays as given, so they take what the maps take (one unbatched array, for the latent
+    solvers); :func:`check_adjoint` tests that they are adjoint.
+
+    Args:
+      forward: ``x -> A x``.
+      adjoint: ``y -> A^T y``.
+      shape_in: the trailing shape ``apply`` checks its input against, or ``None``.
+      shape_out: the trailing shape ``adjoint`` checks its input against, or ``None``.
+      name: what the operator is.
+
+    Returns:
+      The :class:`LinearOperator`.
+
+    Raises:
+      TypeError: ``forward`` or ``adjoint`` is not callable.
+      ValueError: a shape is not a tuple of positive ints.
+    """
+    for arg, fn in (("forward", forward), ("adjoint", adjoint)):
+        if not callable(fn):
+            raise TypeError(f"{arg}: expected a callable, got {type(fn).__name__}")
+    return LinearOperator(None, _trailing_shape(shape_in, "shape_in"),
+                          _trailing_shape(shape_out, "shape_out"), "none", str(name),
+                          forward_fn=forward, adjoint_fn=adjoint)
+
+
+def as_linear_operator(operator: Any) -> LinearOperator:
+    """A :class:`LinearOperator` from one, from a ``(forward, adjoint)`` pair of callables, or
+    from any object with callable ``forward`` (or ``apply``) and ``adjoint`` attributes.
+
+    Args:
+      operator: the operator in one of those forms.
+
+    Returns:
+      ``operator`` itself if it is a :class:`LinearOperator`, else the
+      :func:`linear_operator` of its maps.
+
+    Raises:
+      TypeError: ``operator`` is none of those.
+    """
+    if isinstance(operator, LinearOperator):
+        return operator
+    if isinstance(operator, tuple) and len(operator) == 2 and all(map(callable, operator)):
+        return linear_operator(*operator)
+    fwd = getattr(operator, "forward", None) or getattr(operator, "apply", None)
+    adj = getattr(operator, "adjoint", None)
+    if callable(fwd) and callable(adj):
+        return linear_operator(fwd, adj, name=type(operator).__name__)
+    raise TypeError(
+        "operator: expected a LinearOperator, a (forward, adjoint) pair of callables or an "
+        f"object with forward and adjoint methods, got {type(operator).__name__}")
+
+
+def check_adjoint(operator, x_shape, *, dtype=jnp.float32, rtol: float = 1e-4,
+                  seed: int = 0) -> None:
+    """Raise ``ValueError`` unless ``<A x, u> = <x, A^T u>`` on two random pairs ``(x, u)``.
+
+    The mismatch is measured relative to ``||A x|| ||u|| + ||x|| ||A^T u||`` (float32 round-off
+    is far below the default ``rtol``). Also checks that ``A^T`` maps back to ``x_shape``.
+    Skipped (returns) when the operator's outputs are traced, e.g. built inside ``jit`` from
+    traced arrays.
+
+    Args:
+      operator: anything :func:`as_linear_operator` accepts.
+      x_shape: the shape of the forward map's input.
+      dtype: the dtype of the random vectors.
+      rtol: the relative tolerance of the dot-product test.
+      seed: the NumPy seed of the random vectors.
+
+    Raises:
+      ValueError: the adjoint maps to another shape, or fails the dot-product test.
+    """
+    op = as_linear_operator(operator)
+    x_shape = tuple(x_shape)
+    y_struct = jax.eval_shape(op.apply, jax.ShapeDtypeStruct(x_shape, dtype))
+    back = jax.eval_shape(op.adjoint, jax.ShapeDtypeStruct(y_struct.shape, dtype))
+    if tuple(back.shape) != x_shape:
+        raise ValueError(f"operator: adjoint maps measurements of shape {y_struct.shape} to "
+                         f"shape {tuple(back.shape)}, expected the forward's input shape "
+                         f"{x_shape}")
+    rng = np.random.default_rng(seed)
+    for _ in range(2):
+        x = jnp.asarray(rng.standard_normal(x_shape), dtype)
+        u = jnp.asarray(rng.standard_normal(y_struct.shape), dtype)
+        ax, atu = op.apply(x), op.adjoint(u)
+        if isinstance(ax, jax.core.Tracer) or isinstance(atu, jax.core.Tracer):
+            return
+        ax, atu = np.asarray(ax, np.float64), np.asarray(atu, np.float64)
+        xn, un = np.asarray(x, np.float64), np.asarray(u, np.float64)
+        lhs, rhs = float(np.sum(ax * un)), float(np.sum(xn * atu))
+        scale = np.linalg.norm(ax) * np.linalg.norm(un) + np.linalg.norm(xn) * np.linalg.norm(atu)
+        if not np.isfinite(lhs - rhs) or abs(lhs - rhs) > rtol * max(scale, 1e-30):
+            raise ValueError(
+                "operator: the adjoint is inconsistent with the forward map: "
+                f"<A x, u> = {lhs:.6g} but <x, A^T u> = {rhs:.6g} on random x, u "
+                f"(relative mismatch {abs(lhs - rhs) / max(scale, 1e-30):.3g} > {rtol:g})")
 
 
 # --------------------------------------------------------------------------- inpainting

@@ -1,4 +1,4 @@
-"""A helper the energy modules share: per-sample values broadcast against a batch."""
+"""A helper the sampler modules share: per-sample values broadcast against a batch."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ def expand_batch(v, x):
       x: the batch ``[B, ...]``.
 
     Returns:
-      ``v`` reshaped to ``v.shape + (1,) * (x.ndim - v.ndim)``.
+      ``v`` itself when it is a scalar (a Python number stays one: it keeps its weak type and
+      Python's arithmetic), else ``v`` reshaped to ``v.shape + (1,) * (x.ndim - v.ndim)``.
     """
+    if jnp.ndim(v) == 0:
+        return v
     return jnp.reshape(v, jnp.shape(v) + (1,) * (jnp.ndim(x) - jnp.ndim(v)))
