@@ -50,7 +50,21 @@ class GDNConfig(DeltaRuleConfig):
 
 
 def gdn_gates(a, b, *, A_log, dt_bias) -> tuple[jax.Array, jax.Array]:
-    """Gated DeltaNet gates (1)-(2): ``(g, beta)``, each ``[..., H]`` float32."""
+    """Gated DeltaNet gates (1)-(2): ``(g, beta)``, each ``[..., H]`` float32.
+
+    Args:
+      a: ``[..., H]`` decay pre-activations ``W_a x``.
+      b: ``[..., H]`` write-strength pre-activations ``W_b x``.
+      A_log: ``[H]`` log decay rates (eq. (1)).
+      dt_bias: ``[H]`` bias added to ``a`` before the softplus (eq. (1)).
+
+    Returns:
+      ``(g, beta)``: ``g = -exp(A_log) softplus(a + dt_bias)`` (log decay, ``<= 0``) and
+      ``beta = sigmoid(b)``, both computed in float32.
+
+    References:
+      Gated DeltaNet, arXiv 2412.06464 (ICLR 2025), Section 3.
+    """
     f32 = jnp.float32
     a, b = jnp.asarray(a, f32), jnp.asarray(b, f32)
     g = -jnp.exp(A_log.astype(f32)) * jax.nn.softplus(a + dt_bias.astype(f32))  # (1)

@@ -138,7 +138,17 @@ def momentum_transition_matrix(log_alpha, log_mu, beta, eta) -> jax.Array:
         [s_t]   [alpha (1 - beta eta)   -beta mu] [s_{t-1}]
         [m_t] = [alpha eta                   mu ] [m_{t-1}]
 
-    Returns ``[..., 2, 2]`` for gates of any common shape.
+    Args:
+      log_alpha: ``log alpha``, the log state decay, eq. (7).
+      log_mu: ``log mu``, the log momentum decay, eq. (3).
+      beta: write strength, eq. (6).
+      eta: key scale, eq. (4); the four gates broadcast to a common shape ``[...]``.
+
+    Returns:
+      The ``[..., 2, 2]`` transition matrices.
+
+    References:
+      arXiv 2605.05838, Appendix F.
     """
     alpha, mu = jnp.exp(log_alpha), jnp.exp(log_mu)
     row0 = jnp.stack([alpha * (1.0 - beta * eta), -beta * mu], axis=-1)
@@ -151,6 +161,16 @@ def momentum_eigenvalues(log_alpha, log_mu, beta, eta) -> jax.Array:
 
     ``lambda^2 - (alpha (1 - beta eta) + mu) lambda + alpha mu = 0``; complex-conjugate roots have
     modulus ``sqrt(alpha mu)``.
+
+    Args:
+      log_alpha: ``log alpha``, the log state decay, eq. (7).
+      log_mu: ``log mu``, the log momentum decay, eq. (3).
+      beta: write strength, eq. (6).
+      eta: key scale, eq. (4); the four gates broadcast to a common shape ``[...]``.
+
+    Returns:
+      The ``[..., 2]`` roots ``(tr + r) / 2`` and ``(tr - r) / 2``, complex128 for float64 gates,
+      complex64 otherwise.
     """
     alpha, mu = jnp.exp(log_alpha), jnp.exp(log_mu)
     tr = alpha * (1.0 - beta * eta) + mu

@@ -83,6 +83,14 @@ def fold(x: jax.Array, level: int, axis: int = -2) -> jax.Array:
     """Fold operator ``F``: zero-pad ``axis`` to a multiple of ``2**level``, average each block.
 
     The divisor is always ``2**level``, also for a partial last block (as the reference code).
+
+    Args:
+      x: array to fold.
+      level: fold level :math:`l >= 0`; blocks of :math:`2^l` entries (``0`` returns ``x``).
+      axis: axis of ``x`` that is folded (negative values count from the end).
+
+    Returns:
+      ``x`` with ``axis`` of size ``ceil(x.shape[axis] / 2**level)`` (see :func:`folded_shape`).
     """
     axis = _axis(axis, x.ndim)
     b = 2**level
@@ -99,7 +107,17 @@ def fold(x: jax.Array, level: int, axis: int = -2) -> jax.Array:
 
 
 def unfold(x: jax.Array, level: int, size: int, axis: int = -2) -> jax.Array:
-    """Unfold operator ``U``: repeat entries ``2**level`` times along ``axis``, crop to ``size``."""
+    """Unfold operator ``U``: repeat entries ``2**level`` times along ``axis``, crop to ``size``.
+
+    Args:
+      x: folded array.
+      level: fold level :math:`l >= 0` used by :func:`fold` (``0`` returns ``x``).
+      size: length of ``axis`` before folding; the repeated axis is cropped to it.
+      axis: axis of ``x`` that is unfolded (negative values count from the end).
+
+    Returns:
+      ``x`` with ``axis`` of length ``size``.
+    """
     axis = _axis(axis, x.ndim)
     b = 2**level
     if b == 1:
@@ -115,7 +133,16 @@ def unfold(x: jax.Array, level: int, size: int, axis: int = -2) -> jax.Array:
 
 
 def folded_shape(shape: tuple[int, ...], level: int, axis: int = -2) -> tuple[int, ...]:
-    """Shape of ``fold(x, level, axis)`` for ``x`` of ``shape``."""
+    """Shape of ``fold(x, level, axis)`` for ``x`` of ``shape``.
+
+    Args:
+      shape: shape of the unfolded array.
+      level: fold level :math:`l >= 0`.
+      axis: folded axis (negative values count from the end).
+
+    Returns:
+      ``shape`` with ``shape[axis]`` replaced by ``ceil(shape[axis] / 2**level)``.
+    """
     axis = _axis(axis, len(shape))
     shape = list(shape)
     shape[axis] = -(-shape[axis] // 2**level)
@@ -240,12 +267,36 @@ def foam(
     ``chain(scale_by_foam(...), scale_by_learning_rate(learning_rate), <HF weight decay>)``: the
     parameters move by :math:`-\eta_t u` and then, when ``weight_decay`` :math:`\lambda > 0`,
     are multiplied by :math:`1 - \eta_t\lambda` (the reference code's post-update decay, applied to
-    every leaf, folded or not). ``learning_rate`` may be an optax schedule. The paper's LLaMA runs
-    use ``level=2, scale=0.25, b2=0.95`` with a peak lr of 1e-2.
+    every leaf, folded or not). The paper's LLaMA runs use ``level=2, scale=0.25, b2=0.95`` with a
+    peak lr of 1e-2.
 
     With ``optax.inject_hyperparams`` always pass ``static_args=("level", "fold_axis")``:
     ``inject_hyperparams`` turns every numeric argument into an array, defaults included, and these
     two fix the state's shapes. The state has the same structure with or without the wrapper.
+
+    Args:
+      learning_rate: :math:`\eta_t`, a non-negative scalar or an optax schedule.
+      b1, b2: EMA decay rates of the first and second moments.
+      eps: added to :math:`\sqrt v` before the bias-correction factor (HF AdamW placement).
+      weight_decay: :math:`\lambda >= 0`, decoupled decay applied after the update.
+      level: fold level :math:`l >= 0`; block size :math:`2^l` (``level=0`` is HF AdamW).
+      scale: multiplies the update of folded leaves only (the reference scripts use 0.25).
+      res_scale: :math:`\alpha`, weight of the current residual added to the unfolded moments.
+      fold_axis: axis folded; ``-2`` is the input-feature axis of a Flax ``(in, out)`` kernel.
+      second_moment: ``"mean_of_squares"`` (code: :math:`F(g^2)`) or ``"square_of_mean"``
+        (paper text: :math:`F(g)^2`).
+      fold_mask: tree of bools / callable ``params -> tree`` choosing the folded leaves; default:
+        ``ndim >= 2`` and the key path does not name an embedding or the LM head.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Raises:
+      ValueError: on a bad ``learning_rate``, a negative ``weight_decay``, or any error of
+        :func:`scale_by_foam`.
+
+    References:
+      FOAM, arXiv 2512.07112.
 
     Example:
       >>> import jax.numpy as jnp, optax

@@ -128,8 +128,19 @@ def _layers(tree):
 
 
 def poet_labels(tree) -> Any:
-    """Tree of labels: ``"rotation"`` (``theta_*`` of a POET layer), ``"frozen"`` (its base
-    weight and permutations), ``"dense_decay"`` (other leaves with ``ndim >= 2``), ``"dense"``."""
+    """Labels each leaf of ``tree`` for ``optax.multi_transform``.
+
+    The labels are ``"rotation"`` (``theta_*`` of a POET layer), ``"frozen"`` (its base weight and
+    permutations), ``"dense_decay"`` (other leaves with ``ndim >= 2``) and ``"dense"``. A POET
+    layer is a sub-tree holding all of its base weight, ``theta_in``, ``theta_out`` and
+    permutation leaves.
+
+    Args:
+      tree: parameter pytree (arrays or shape-carrying leaves).
+
+    Returns:
+      A pytree of the structure of ``tree`` whose leaves are the label strings.
+    """
     layers, flat = _layers(tree)
     labels = []
     members = {i: name for layer in layers.values() for name, i in layer.items()}
@@ -566,12 +577,25 @@ def merge_clip_threshold(
     ``poet_torch/utils/model_utils.py``) evaluated on the completed-step count, as their
     driver does: the first update after a merge (``k = 0``) clips at :math:`f c`, the ramp is
     linear and reaches :math:`c` at :math:`k = W`; no warm-up before the first merge nor after
-    step ``until`` (their ``gd_warmup_steps``; ``None``: after every merge). ``count`` may be
-    traced; the other arguments are static.
+    step ``until`` (their ``gd_warmup_steps``; ``None``: after every merge).
+
+    Args:
+      count: :math:`t`, the number of completed steps; an integer scalar, may be traced.
+      max_norm: :math:`c > 0`, the threshold outside the warm-up (static).
+      merge_every: :math:`T_m >= 1`, steps between two merges (static).
+      start_fraction: :math:`f \in (0, 1]`, fraction of :math:`c` right after a merge (static).
+      warmup_steps: :math:`W >= 0`, length of the linear ramp (static).
+      until: last step with a warm-up, ``>= 0``; ``None``: after every merge (static).
+
+    Returns:
+      The float32 scalar threshold :math:`c_t`.
 
     Raises:
       ValueError: naming the argument, if ``max_norm <= 0``, ``merge_every < 1``,
         ``start_fraction`` is outside ``(0, 1]``, ``warmup_steps < 0`` or ``until < 0``.
+
+    References:
+      POET-X, arXiv 2603.05500.
     """
     merge_every, warmup_steps, until = _check_clip_warmup(
         max_norm, merge_every, start_fraction, warmup_steps, until)

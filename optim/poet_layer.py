@@ -181,7 +181,17 @@ def _linears(model):
 
 
 def poetize_report(model, block_size: int = 256, exclude: Sequence[str] = ("lm_head",)):
-    """Which ``nnx.Linear`` layers of ``model`` :func:`poetize` converts, and why others stay."""
+    """Which ``nnx.Linear`` layers of ``model`` :func:`poetize` converts, and why others stay.
+
+    Args:
+      model: an ``nnx.Module``.
+      block_size: POET block size; a layer is converted only if it divides both kernel sizes.
+      exclude: strings; a layer whose path has an entry containing one of them is skipped.
+
+    Returns:
+      A :class:`PoetizeReport` ``(converted, skipped)``: the paths of the layers to convert, and
+      ``(path, reason)`` pairs of those left dense.
+    """
     converted, skipped = [], []
     for path, lin in _linears(model):
         name = _path_str(path)
@@ -203,6 +213,14 @@ def poetize(model, block_size: int = 256, exclude: Sequence[str] = ("lm_head",),
     ``block_size`` divides both of its sizes. Each converted layer starts from its own kernel
     (normalised to unit-norm neurons), bias and sharding metadata; permutations come from
     ``seed``. Layers left dense are reported with a ``UserWarning`` (see :func:`poetize_report`).
+
+    Args:
+      model: an ``nnx.Module``, modified in place.
+      block_size: POET block size, an int ``>= 2``.
+      exclude: strings; a layer whose path has an entry containing one of them stays dense.
+      seed: seed of the ``nnx.Rngs`` that draws the permutations.
+      method: :data:`jaxlib_ext.pallas_kernels.poet.METHODS` entry for :func:`poet_linear`.
+      memory_saving: use the recomputing backward (``POET-X_mem``).
 
     Returns:
       ``model`` (modified in place).
@@ -244,6 +262,13 @@ def poetize(model, block_size: int = 256, exclude: Sequence[str] = ("lm_head",),
 
 
 def poet_layers(model) -> list[tuple[str, PoetLinear]]:
-    """``(path, layer)`` of every :class:`PoetLinear` in ``model``."""
+    """``(path, layer)`` of every :class:`PoetLinear` in ``model``.
+
+    Args:
+      model: an ``nnx.Module``.
+
+    Returns:
+      A list of ``(path string, PoetLinear)`` pairs in graph order.
+    """
     return [(_path_str(p), node) for p, node in nnx.iter_graph(model)
             if isinstance(node, PoetLinear)]

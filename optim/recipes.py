@@ -53,10 +53,16 @@ _POET_CLIP_KEYS = ("clip_warmup", "clip_warmup_start", "clip_warmup_steps", "cli
 
 
 def decay_mask(params) -> Any:
-    """Which parameters take weight decay: matrices (``ndim >= 2``), unless their NNX variable's
-    metadata says ``weight_decay=False`` (gate vectors, norms and biases are left alone).
+    """Which parameters take weight decay.
 
-    Accepts a tree of arrays or of ``nnx.Variable``; returns a tree of Python bools.
+    Matrices (``ndim >= 2``) do, unless their NNX variable's metadata says ``weight_decay=False``
+    (gate vectors, norms and biases are left alone).
+
+    Args:
+      params: a tree of arrays or of ``nnx.Variable``.
+
+    Returns:
+      A tree of the structure of ``params`` with Python bool leaves.
     """
     from flax import nnx  # imported here: `import jaxlib_ext.optim` does not load flax
 
@@ -71,12 +77,22 @@ def decay_mask(params) -> Any:
 
 
 def prepare_model(name: str, model, **hyperparams):
-    """The model recipe ``name`` trains: ``model`` itself for every recipe that trains the
-    model's own parameters; for ``"poet_x"``, ``model`` with its eligible dense layers replaced
-    in place by POET layers (:func:`jaxlib_ext.optim.poetize` with ``block_size``, ``method`` and
-    ``memory_saving`` from ``hyperparams``, the recipe's defaults otherwise; the other
-    hyperparameters are the optimizer's and ignored here). Call it on a freshly built model
-    before building the optimizer.
+    """The model recipe ``name`` trains.
+
+    ``model`` itself for every recipe that trains the model's own parameters; for ``"poet_x"``,
+    ``model`` with its eligible dense layers replaced in place by POET layers
+    (:func:`jaxlib_ext.optim.poetize`). Call it on a freshly built model before building the
+    optimizer.
+
+    Args:
+      name: recipe name, one of :data:`OPTIMIZER_NAMES`.
+      model: the freshly built ``nnx.Module``.
+      **hyperparams: recipe overrides; for ``"poet_x"``, ``block_size``, ``method`` and
+        ``memory_saving`` are read (the recipe's defaults otherwise); the optimizer's other
+        hyperparameters are ignored here.
+
+    Returns:
+      The model to train (``model``, modified in place for ``"poet_x"``).
 
     Raises:
       ValueError: if ``name`` is not one of :data:`OPTIMIZER_NAMES`.
@@ -98,12 +114,17 @@ def _smet_update_every(total_steps: int) -> int:
 def recipe_defaults(name: str, total_steps: int = 1000) -> dict[str, Any]:
     """The hyperparameters of recipe ``name`` a caller may override, with their defaults.
 
-    Values are Python ``float``, ``int`` or ``str``; the type of a default is the type the
-    override should have. ``total_steps`` only matters for SMET's ``update_every`` and
-    ``optimizer_warmup_steps``.
+    Args:
+      name: recipe name, one of :data:`OPTIMIZER_NAMES`.
+      total_steps: training length, an int ``>= 1``; it only matters for SMET's ``update_every``
+        and ``optimizer_warmup_steps``.
+
+    Returns:
+      A fresh ``dict`` from hyperparameter name to default. Values are Python ``float``, ``int``
+      or ``str``; the type of a default is the type the override should have.
 
     Raises:
-      ValueError: if ``name`` is not one of :data:`OPTIMIZER_NAMES`.
+      ValueError: if ``name`` is not one of :data:`OPTIMIZER_NAMES`, or ``total_steps < 1``.
     """
     _check_name(name)
     total_steps = _common.check_int("total_steps", total_steps, lo=1)

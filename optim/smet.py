@@ -127,12 +127,30 @@ class SparseSlots(NamedTuple):
 
 
 def num_active_blocks(num_blocks: int, density: float) -> int:
-    """``K = max(1, round(density * num_blocks))`` (static)."""
+    """``K = max(1, round(density * num_blocks))``, at most ``num_blocks`` (static).
+
+    Args:
+      num_blocks: number of blocks of the sparse tensor.
+      density: fraction :math:`d` of active blocks.
+
+    Returns:
+      ``K``, a Python int.
+    """
     return int(min(num_blocks, max(1, round(float(density) * num_blocks))))
 
 
 def prune_rate_at(count, total_steps, prune_rate, final_prune_rate):
-    """Cosine decay of the prune rate from ``prune_rate`` to ``final_prune_rate``, eq. (4)."""
+    """Cosine decay of the prune rate from ``prune_rate`` to ``final_prune_rate``, eq. (4).
+
+    Args:
+      count: step count; may be traced.
+      total_steps: horizon of the decay (values below 1 count as 1).
+      prune_rate: rate at ``count = 0``.
+      final_prune_rate: rate from ``count >= total_steps`` on.
+
+    Returns:
+      The float32 scalar prune rate.
+    """
     frac = jnp.clip(jnp.asarray(count, jnp.float32) / jnp.maximum(total_steps, 1), 0.0, 1.0)
     return final_prune_rate + 0.5 * (prune_rate - final_prune_rate) * (1.0 + jnp.cos(jnp.pi * frac))
 
@@ -189,8 +207,21 @@ def topology_update_slots(
 ) -> SparseSlots:
     """Prune the smallest active blocks (L1) and regrow as many random previously-inactive ones.
 
-    Pure function. ``param_blocks`` is the parameter reshaped to ``[num_blocks, block_size]``.
-    Regrown blocks take the pruned slots' positions with zero moments and the reset step.
+    Pure function. Regrown blocks take the pruned slots' positions with zero moments and the reset
+    step. ``max(1, floor(K (1 - rate)))`` slots are kept (at most as many pruned as there are
+    inactive blocks); nothing changes when every block is active.
+
+    Args:
+      slots: the leaf's :class:`SparseSlots` (``K`` active blocks).
+      param_blocks: the parameter reshaped to ``[num_blocks, block_size]``.
+      key: PRNG key of the random regrowth.
+      rate: prune fraction of this update, in ``[0, 1]``; may be traced.
+      count: global step count; the reset step of regrown slots when ``warmup_mode="none"``.
+      warmup_mode: ``"code"`` (regrown slots restart at step 1), ``"reset"`` (at step 0) or
+        ``"none"`` (they continue with ``count``).
+
+    Returns:
+      The updated :class:`SparseSlots`.
     """
     num_blocks = param_blocks.shape[0]
     k = slots.idx.shape[0]
@@ -492,11 +523,19 @@ def keep_inactive_zero(
 ) -> optax.GradientTransformationExtraArgs:
     """Make the weights SMET leaves inactive exactly zero after every step.
 
-    ``inner`` is a transformation whose state holds one :class:`ScaleBySmetState`, typically
-    ``chain(scale_by_smet(...), scale_by_learning_rate(lr))``. After ``inner``'s update, the update
-    of every entry of a sparse leaf outside the (new) active blocks, and of every compact slot
-    pruned at this step, becomes ``-p``, so ``apply_updates`` leaves exactly 0 there. The state is
-    ``inner``'s, unchanged; ``update`` needs ``params``.
+    After ``inner``'s update, the update of every entry of a sparse leaf outside the (new) active
+    blocks, and of every compact slot pruned at this step, becomes ``-p``, so ``apply_updates``
+    leaves exactly 0 there. The state is ``inner``'s, unchanged.
+
+    Args:
+      inner: a transformation whose state holds one :class:`ScaleBySmetState`, typically
+        ``chain(scale_by_smet(...), scale_by_learning_rate(lr))``.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    Raises:
+      ValueError: from ``update``, when it is called without ``params``.
     """
     inner = optax.with_extra_args_support(inner)
 
@@ -525,8 +564,14 @@ def keep_inactive_zero(
 def active_masks(state, params) -> Any:
     """Tree like ``params``: bool arrays marking active entries of sparse leaves, ``None`` else.
 
-    ``state`` is any optimizer state holding one :class:`ScaleBySmetState` (that of
-    :func:`smet`, of a chain around it, of ``optax.inject_hyperparams(smet)``...).
+    Args:
+      state: any optimizer state holding one :class:`ScaleBySmetState` (that of :func:`smet`, of a
+        chain around it, of ``optax.inject_hyperparams(smet)``...).
+      params: the parameters the state was built for.
+
+    Returns:
+      A tree of the structure of ``params``: a bool array of each sparse leaf's shape, ``None`` for
+      the other leaves.
     """
     treedef, kinds = _leaf_kinds(_find_state(state), params)
     out = []
@@ -536,7 +581,15 @@ def active_masks(state, params) -> Any:
 
 
 def sparsify(params, state) -> Any:
-    """Zero the inactive entries of the sparse leaves (e.g. right after ``init``)."""
+    """Zero the inactive entries of the sparse leaves (e.g. right after ``init``).
+
+    Args:
+      params: the parameters.
+      state: an optimizer state holding one :class:`ScaleBySmetState` (see :func:`active_masks`).
+
+    Returns:
+      ``params`` with the inactive entries of the sparse leaves set to zero, other leaves as given.
+    """
     masks = active_masks(state, params)
     return jax.tree.map(
         lambda p, m: p if m is None else jnp.where(m, p, jnp.zeros_like(p)),
@@ -550,6 +603,14 @@ def smet_regrown(state, params) -> Any:
     """Tree like ``params``: ``bool[K]`` of slots pruned at the last step for compact leaves.
 
     Pass it to ``jaxlib_ext.optim.smet_layer.regrow_sparse_indices`` after each step.
+
+    Args:
+      state: an optimizer state holding one :class:`ScaleBySmetState` (see :func:`active_masks`).
+      params: the parameters the state was built for.
+
+    Returns:
+      A tree of the structure of ``params``: ``bool[K]`` for compact leaves, ``None`` for the
+      others.
     """
     treedef, kinds = _leaf_kinds(_find_state(state), params)
     return treedef.unflatten([r if kind == "compact" else None for kind, *_, r in kinds])
@@ -576,12 +637,37 @@ def smet(
     r"""SMET optimizer (arXiv 2606.00888): dynamic sparse training with compact Adam state.
 
     ``keep_inactive_zero(chain(scale_by_smet(...), scale_by_learning_rate(learning_rate)))``: the
-    parameters move by :math:`-\eta_t u` at the active entries (``learning_rate`` may be an optax
-    schedule) and every inactive entry of a sparse leaf (and every compact slot pruned this step)
-    is set to exactly zero. ``update`` needs ``params``. The released runs use ``density=0.5``
-    with lr 2e-3 (130M, 350M) and ``update_every=100``. With ``optax.inject_hyperparams`` pass
+    parameters move by :math:`-\eta_t u` at the active entries and every inactive entry of a sparse
+    leaf (and every compact slot pruned this step) is set to exactly zero. ``update`` needs
+    ``params``. The released runs use ``density=0.5`` with lr 2e-3 (130M, 350M) and
+    ``update_every=100``. With ``optax.inject_hyperparams`` pass
     ``static_args=("density", "block_size")``: ``inject_hyperparams`` turns every numeric argument
     into an array, defaults included, and these two fix the state's shapes.
+
+    Args:
+      learning_rate: :math:`\eta_t`, a non-negative scalar or an optax schedule.
+      b1, b2, eps: Adam hyperparameters (PyTorch/optax eps placement).
+      density: fraction :math:`d \in (0, 1]` of active blocks per sparse tensor (static).
+      total_steps: horizon of the cosine prune-rate decay.
+      update_every: steps between topology updates.
+      prune_rate, final_prune_rate: start and end of the cosine-decayed prune fraction.
+      optimizer_warmup_steps: :math:`T_w` of the per-slot warm-up (``warmup_mode="code"``).
+      lr_density_power: :math:`p` in the density-aware scale :math:`d^{-p}` (sparse leaves only).
+      block_size: entries per block (row-major consecutive); 1 is unstructured (static).
+      warmup_mode: ``"code"`` (released code), ``"reset"`` (paper text) or ``"none"`` (naive DST).
+      sparse_mask: tree of bools / callable choosing sparse leaves; default: ``SparseLinear``
+        values and every ``ndim >= 2`` leaf that is not an embedding or LM head.
+      key: PRNG key of the initial masks and the random regrowth: a ``jax.random.key``, a raw
+        ``uint32[2]`` key or an int seed (``jax.random.key(seed)``).
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    Raises:
+      ValueError: on a bad ``learning_rate`` or any error of :func:`scale_by_smet`.
+
+    References:
+      SMET, arXiv 2606.00888.
 
     Example:
       >>> import jax, jax.numpy as jnp

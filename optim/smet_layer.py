@@ -58,7 +58,18 @@ def _rows_cols(indices, block_size: int, out_features: int):
 
 
 def dense_kernel(values, indices, in_features: int, out_features: int) -> jax.Array:
-    """Scatter ``[K, block_size]`` values into the dense ``(in, out)`` kernel (zeros elsewhere)."""
+    """Scatter ``[K, block_size]`` values into the dense ``(in, out)`` kernel (zeros elsewhere).
+
+    Args:
+      values: ``[K, block_size]`` values of the active blocks.
+      indices: ``int[K]`` indices of the active blocks in the row-major flattened kernel, in units
+        of ``block_size`` entries.
+      in_features: rows of the kernel.
+      out_features: columns of the kernel.
+
+    Returns:
+      The ``[in_features, out_features]`` kernel, of ``values``' dtype.
+    """
     block_size = values.shape[1]
     nb = in_features * out_features // block_size
     w = jnp.zeros((nb, block_size), values.dtype).at[indices].set(values)
@@ -68,8 +79,19 @@ def dense_kernel(values, indices, in_features: int, out_features: int) -> jax.Ar
 def sampled_weight_grad(x2, gy2, indices, block_size: int, out_features: int, slot_chunk: int):
     """SDDMM: ``dW[k, j] = sum_n x[n, r_k] * gy[n, c_k + j]`` for the active blocks only.
 
-    ``x2: [N, in]``, ``gy2: [N, out]``; processed ``slot_chunk`` slots at a time, so the
-    temporaries are ``N x slot_chunk x block_size``.
+    Processed ``slot_chunk`` slots at a time, so the temporaries are
+    ``N x slot_chunk x block_size``.
+
+    Args:
+      x2: ``[N, in]`` layer inputs.
+      gy2: ``[N, out]`` output cotangents.
+      indices: ``int[K]`` active block indices (see :func:`dense_kernel`).
+      block_size: entries per block.
+      out_features: columns of the kernel.
+      slot_chunk: slots processed at a time (clipped to ``[1, K]``).
+
+    Returns:
+      The ``[K, block_size]`` gradient of the block values.
     """
     k = indices.shape[0]
     chunk = max(1, min(slot_chunk, k))
@@ -90,7 +112,18 @@ def sampled_weight_grad(x2, gy2, indices, block_size: int, out_features: int, sl
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def sparse_matmul(x, values, indices, out_features: int, slot_chunk: int = 256):
-    """``x @ W`` with ``W`` given by block values and indices; see the module docstring."""
+    """``x @ W`` with ``W`` given by block values and indices; see the module docstring.
+
+    Args:
+      x: ``[..., in]`` inputs.
+      values: ``[K, block_size]`` values of the active blocks.
+      indices: ``int[K]`` active block indices (see :func:`dense_kernel`); no cotangent.
+      out_features: columns of ``W`` (static).
+      slot_chunk: slots per step of the backward's :func:`sampled_weight_grad` (static).
+
+    Returns:
+      The ``[..., out_features]`` product.
+    """
     in_features = x.shape[-1]
     return x @ dense_kernel(values, indices, in_features, out_features)
 
@@ -195,6 +228,15 @@ def regrow_indices(indices: jax.Array, regrown: jax.Array, num_blocks: int, key)
 
     Pure function: slots with ``regrown=False`` keep their index; the candidates exclude every
     block in ``indices`` (so a block pruned in this update cannot come straight back).
+
+    Args:
+      indices: ``int[K]`` active block indices.
+      regrown: ``bool[K]``, the slots that take a new index.
+      num_blocks: number of blocks of the kernel.
+      key: PRNG key of the draw.
+
+    Returns:
+      The ``int32[K]`` new indices (``indices`` unchanged when every block is active).
     """
     k = indices.shape[0]
     num_inactive = num_blocks - k

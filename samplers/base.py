@@ -41,9 +41,23 @@ class SamplingAlgorithm(NamedTuple):
 
 
 def scan_kernel(step: Callable, rng_key, state, num_steps: int):
-    """Run ``step(rng_key, state) -> (state, info)`` for ``num_steps`` steps under
-    ``lax.scan``; returns the last state and the stacked infos. Each step gets its own key, split
-    from ``rng_key``."""
+    """Run a transition kernel for ``num_steps`` steps under ``lax.scan``.
+
+    Each step gets its own key, split from ``rng_key``.
+
+    Args:
+      step: the kernel, ``step(rng_key, state) -> (state, info)``.
+      rng_key: a PRNG key.
+      state: the initial state.
+      num_steps: the number of steps, ``>= 1``.
+
+    Returns:
+      ``(state, infos)``: the last state and the infos stacked along a leading ``num_steps``
+      axis.
+
+    Raises:
+      ValueError: when ``num_steps < 1``.
+    """
     if int(num_steps) < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
 

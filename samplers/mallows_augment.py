@@ -25,7 +25,24 @@ __all__ = ["augment_mh", "check_augmentation_args", "top_k_recommendations"]
 
 
 def check_augmentation_args(rankings, blocks, prefer):
-    """Validate an initial augmented data set against its block or pairwise constraints."""
+    """Validate an initial augmented data set against its block or pairwise constraints.
+
+    Args:
+      rankings: initial complete 1-based rankings, ``[N, n]``.
+      blocks: :class:`~jaxlib_ext.samplers.rankings.Blocks` of shape ``[N, n]`` each, or
+        ``None``.
+      prefer: bool ``[N, n, n]`` pairwise preferences, or ``None``. Exactly one of ``blocks``
+        and ``prefer`` is given.
+
+    Returns:
+      ``(rankings, blocks, prefer)``: the rankings as ``int32`` numpy, and the given constraint
+      as ``jnp`` arrays (the other one ``None``).
+
+    Raises:
+      TypeError: for a traced, boolean or non-numeric ``rankings``.
+      ValueError: for invalid rankings, not exactly one of ``blocks`` and ``prefer``, wrong
+        shapes or dtype, or an initial ranking that breaks a block or a pairwise preference.
+    """
     R = validate_rankings(rankings, name="rankings")
     if R.ndim != 2:
         raise ValueError(f"rankings: expected [N, n] initial complete rankings, got {R.shape}")
@@ -53,8 +70,22 @@ def check_augmentation_args(rankings, blocks, prefer):
 
 
 def augment_mh(key, rho, rankings, alpha, num_swaps: int, *, prefer=None, blocks=None):
-    """``num_swaps`` Metropolis swap proposals on every user's latent ranking (see module
-    docstring). ``rankings`` ``[N, n]`` must be consistent with the data. jit/vmap-able."""
+    """``num_swaps`` Metropolis swap proposals on every user's latent ranking (module docstring).
+
+    jit/vmap-able.
+
+    Args:
+      key: a PRNG key.
+      rho: the consensus, 1-based ranks ``[n]``.
+      rankings: the current latent rankings ``[N, n]`` (1-based), consistent with the data.
+      alpha: Mallows scale, ``>= 0``.
+      num_swaps: the number of swap proposals per user.
+      prefer: bool ``[N, n, n]`` pairwise preferences, or ``None``.
+      blocks: :class:`~jaxlib_ext.samplers.rankings.Blocks` ``[N, n]`` each, or ``None``.
+
+    Returns:
+      The updated latent rankings, ``[N, n]``.
+    """
     R = jnp.asarray(rankings)
     N, n = R.shape
     rho_f = jnp.asarray(rho).astype(jnp.float32)
@@ -105,8 +136,22 @@ def top_k_recommendations(user_rank_probs, clicked, k: int):
     """Top-``k`` unclicked items per user (click data, arXiv 2205.13911).
 
     The score of an unclicked item is the posterior probability that it lands in ranks
-    ``n1+1..n1+k`` of the user's latent ranking (``n1`` = number of clicks). Returns
-    ``(items int32 [N, k], probabilities [N, k])``, best first.
+    ``n1+1..n1+k`` of the user's latent ranking (``n1`` = number of clicks).
+
+    Args:
+      user_rank_probs: ``[N, n, n]``, entry ``[j, i, r-1]`` the posterior probability that user
+        ``j``'s latent ranking puts item ``i`` at rank ``r`` (``AugmentedFit.user_rank_probs``).
+      clicked: bool ``[N, n]`` click data.
+      k: the number of recommendations, ``1..n``.
+
+    Returns:
+      ``(items int32 [N, k], probabilities [N, k])``, best first.
+
+    Raises:
+      ValueError: for mismatched shapes or ``k`` outside ``1..n``.
+
+    References:
+      arXiv 2205.13911 (Pseudo-Mallows).
     """
     P = jnp.asarray(user_rank_probs)
     c = jnp.asarray(clicked)

@@ -91,6 +91,16 @@ def footrule_distance_log_counts(n: int) -> tuple[np.ndarray, np.ndarray]:
     steps ``t`` with state (pending count ``k``, distance so far); per step the transitions are
     ``k -> k`` (weight ``1 + 2k``), ``k -> k - 1`` (weight ``k^2``), ``k -> k + 1`` (weight 1),
     each adding ``2 k_new`` to the distance (module docstring).
+
+    Args:
+      n: the number of items, ``>= 1``.
+
+    Returns:
+      ``(d, log_counts)``: the attained distances and ``log N_n(d)``, float64 numpy arrays of
+      the same length (at most ``floor(n^2/4) + 1``).
+
+    Raises:
+      ValueError: when ``n < 1``.
     """
     if n < 1:
         raise ValueError(f"n: expected >= 1, got {n}")
@@ -154,9 +164,22 @@ def footrule_log_partition(
 ) -> FootruleLogPartition:
     """``log Z_n(alpha) = log sum_sigma exp(-(alpha/n) d_F(sigma, id))`` as a callable.
 
-    ``method="exact"`` uses :func:`footrule_distance_log_counts` (any n). ``"importance"``
-    estimates it on ``alpha_grid`` (default ``linspace(0, 50, 101)``) with ``num_samples``
-    pseudo-Mallows proposals per point and interpolates linearly; it needs ``key``.
+    Args:
+      n: the number of items.
+      method: ``"exact"`` uses :func:`footrule_distance_log_counts` (any n); ``"importance"``
+        estimates ``log Z_n`` on ``alpha_grid`` with pseudo-Mallows proposals and interpolates
+        linearly.
+      key: a PRNG key; required for ``method="importance"``.
+      alpha_grid: the ``alpha`` values of the importance estimate; ``None`` is
+        ``linspace(0, 50, 101)``.
+      num_samples: pseudo-Mallows proposals per grid point for ``method="importance"``.
+
+    Returns:
+      A :class:`FootruleLogPartition`, a jit-able callable ``alpha -> log Z_n(alpha)``.
+
+    Raises:
+      ValueError: for an unknown ``method``, ``method="importance"`` without ``key``, or
+        ``n < 1`` with ``method="exact"``.
     """
     if method == "exact":
         d, lc = footrule_distance_log_counts(n)
@@ -722,7 +745,18 @@ def _run_scan(sample, state0: MallowsMHState, num_samples, num_warmup, thin):
 
 
 def rank_diagnostics(rho_samples):
-    """Split R-hat and ESS (NumPyro diagnostics) of each item's rank, ``[C, S, n]`` input."""
+    """Split R-hat and ESS (NumPyro diagnostics) of each item's rank.
+
+    Args:
+      rho_samples: consensus draws, ``[C, S, n]`` (chains, samples per chain, items).
+
+    Returns:
+      ``(r_hat, ess)``, float ``[n]`` each; an item whose rank never moves gets R-hat 1 and ESS
+      ``C * S``.
+
+    Raises:
+      ValueError: when ``rho_samples`` is not 3-D.
+    """
     x = np.asarray(rho_samples, np.float64)
     if x.ndim != 3:
         raise ValueError(f"rho_samples: expected [chains, samples, n], got {x.shape}")

@@ -93,11 +93,20 @@ def _is_permutation(x, start: int):
 
 
 def pseudo_mallows_log_prob(rho, alpha, D, order):
-    """``log q_o(rho)`` of (PM.2) for one rank vector ``rho`` (1-based, shape ``[n]``).
+    """``log q_o(rho)`` of (PM.2) for one rank vector ``rho``.
 
     Vectorised over steps: rank ``r`` is still free at step ``k`` iff it is used at step
-    ``>= k``, so every ``C_k`` is one masked log-sum-exp. O(n^2). ``-inf`` when ``rho`` is not
-    a permutation of ``1..n`` (outside the support).
+    ``>= k``, so every ``C_k`` is one masked log-sum-exp. O(n^2).
+
+    Args:
+      rho: one rank vector (1-based), integer ``[n]``.
+      alpha: Mallows scale (footrule, ``alpha/n`` scaling), ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` (``rankings.footrule_data_matrix``).
+      order: item order ``o``, a permutation of ``0..n-1``, ``[n]``.
+
+    Returns:
+      The scalar ``log q_o(rho)``; ``-inf`` when ``rho`` is not a permutation of ``1..n``
+      (outside the support).
     """
     logits = _step_logits(alpha, D, order)
     n = logits.shape[0]
@@ -130,7 +139,18 @@ def _sequential_sample(gumbel, logits, allowed=None):
 
 
 def pseudo_mallows_sample(key, alpha, D, order):
-    """One exact draw from ``q_o`` (PM.2): ``(rho int32 [n], sum_k log C_k)``. O(n^2)."""
+    """One exact draw from ``q_o`` (PM.2). O(n^2).
+
+    Args:
+      key: a PRNG key.
+      alpha: Mallows scale (footrule, ``alpha/n`` scaling), ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` (``rankings.footrule_data_matrix``).
+      order: item order ``o``, a permutation of ``0..n-1``, ``[n]``.
+
+    Returns:
+      ``(rho, sum_log_c)``: the rank vector ``int32 [n]`` (1-based) and the scalar
+      ``sum_k log C_k``.
+    """
     logits = _step_logits(alpha, D, order)
     n = logits.shape[0]
     r_seq, sum_log_c = _sequential_sample(jax.random.gumbel(key, (n, n)), logits)
@@ -141,10 +161,20 @@ def pseudo_mallows_sample(key, alpha, D, order):
 def v_order(scores, *, key=None, sigma: float = 0.0):
     """V-shaped order: middle consensus item first, extremes last (module docstring).
 
-    ``scores[i]`` is lower for better items (mean rank, ``D[:, 0]``, minus click counts). The
-    consensus rank ``c_i`` is the rank of ``scores``; items are sorted by ``|c_i - (n+1)/2|``
-    (+ ``sigma`` Gaussian jitter). Ties (the two items at the same distance) are broken at
-    random with ``key``, or towards the better item when ``key`` is None. jit-able.
+    The consensus rank ``c_i`` is the rank of ``scores``; items are sorted by
+    ``|c_i - (n+1)/2|`` (+ ``sigma`` Gaussian jitter). Ties (the two items at the same
+    distance) are broken at random with ``key``, or towards the better item when ``key`` is
+    None. jit-able.
+
+    Args:
+      scores: ``[n]``, lower for better items (mean rank, ``D[:, 0]``, minus click counts).
+      key: a PRNG key for the jitter and the random tie-break, or ``None`` for a deterministic
+        order.
+      sigma: standard deviation of the Gaussian jitter added to the distances; used only with
+        ``key``.
+
+    Returns:
+      The item order, ``int32 [n]``, a permutation of ``0..n-1``.
     """
     s = jnp.asarray(scores, jnp.float32)
     n = s.shape[0]
@@ -160,9 +190,19 @@ def v_order(scores, *, key=None, sigma: float = 0.0):
 
 
 def kl_objective(key, alpha, D, order, num_samples: int):
-    """Monte-Carlo ``E_{q_o}[sum_k log C_k]`` of (PM.3): ``(mean, standard error)``.
+    """Monte-Carlo ``E_{q_o}[sum_k log C_k]`` of (PM.3).
 
     Maximising it over ``o`` minimises ``KL(q_o || P)``; ``log Z_post`` is not needed.
+
+    Args:
+      key: a PRNG key.
+      alpha: Mallows scale (footrule, ``alpha/n`` scaling), ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` (``rankings.footrule_data_matrix``).
+      order: item order ``o``, a permutation of ``0..n-1``, ``[n]``.
+      num_samples: the number of draws from ``q_o``.
+
+    Returns:
+      ``(mean, standard error)`` of ``sum_k log C_k`` over the draws, scalars.
     """
     keys = jax.random.split(key, num_samples)
     _, s = jax.vmap(lambda k: pseudo_mallows_sample(k, alpha, D, order))(keys)
@@ -172,8 +212,17 @@ def kl_objective(key, alpha, D, order, num_samples: int):
 def kl_estimate(key, alpha, D, order, num_samples: int = 1000, log_z_post=None):
     """Monte-Carlo ``KL(q_o || P) = log Z_post - E_q sum_k log C_k`` (PM.3).
 
-    ``log_z_post`` defaults to the exact value from :func:`log_posterior_normaliser`
-    (n <= 20). Returns ``(kl, standard error)``.
+    Args:
+      key: a PRNG key.
+      alpha: Mallows scale (footrule, ``alpha/n`` scaling), ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` (``rankings.footrule_data_matrix``).
+      order: item order ``o``, a permutation of ``0..n-1``, ``[n]``.
+      num_samples: the number of draws from ``q_o``.
+      log_z_post: ``log Z_post`` of (PM.1); ``None`` computes the exact value with
+        :func:`log_posterior_normaliser` (n <= 20).
+
+    Returns:
+      ``(kl, standard error)``, scalars.
     """
     if log_z_post is None:
         log_z_post = log_posterior_normaliser(alpha, D)
@@ -217,7 +266,14 @@ class _Permutation(Constraint):
 
 
 def permutation(n: int) -> Constraint:
-    """The support of :class:`PseudoMallows`: rank vectors, permutations of ``1..n``."""
+    """The support of :class:`PseudoMallows`: rank vectors, permutations of ``1..n``.
+
+    Args:
+      n: the number of items.
+
+    Returns:
+      A NumPyro constraint with ``event_dim`` 1.
+    """
     return _Permutation(n, 1)
 
 
@@ -352,7 +408,23 @@ def local_search_order(key, alpha, D, order, *, num_samples: int = 256, max_swee
     Each sweep evaluates all ``n(n-1)/2`` transpositions of the current order on one fixed set
     of Gumbel variates (common random numbers make the sample-average objective a deterministic
     function of the order, so the search terminates) and moves to the best one while it
-    improves. Returns ``(order, objective history)``; the history is on those fixed variates.
+    improves.
+
+    Args:
+      key: a PRNG key for the fixed Gumbel variates.
+      alpha: Mallows scale (footrule, ``alpha/n`` scaling), ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` (``rankings.footrule_data_matrix``).
+      order: item order ``o``, a permutation of ``0..n-1``, ``[n]``. The starting order.
+      num_samples: the number of fixed Gumbel draws the objective averages over.
+      max_sweeps: the largest number of moves.
+
+    Returns:
+      ``(order, history)``: the final order ``int32 [n]`` and the list of objective values
+      (floats) after each move, starting from the initial order; the history is on those fixed
+      variates.
+
+    Raises:
+      ValueError: when ``alpha``, ``D`` or ``order`` fails the checks of :class:`PseudoMallows`.
     """
     PseudoMallows(alpha, D, order, validate_args=True)  # checks alpha, D and order
     D = jnp.asarray(D, jnp.result_type(float))
@@ -411,8 +483,20 @@ def _check_exact(alpha, D, limit=20):
 
 
 def log_posterior_normaliser(alpha, D) -> float:
-    """``log Z_post = log sum_rho exp(-(alpha/n) sum_i D[i, rho_i-1])`` exactly (a log
-    permanent), by a float64 DP over sets of used ranks, O(2^n n), n <= 20."""
+    """``log Z_post = log sum_rho exp(-(alpha/n) sum_i D[i, rho_i-1])`` exactly (a log permanent).
+
+    Computed by a float64 DP over sets of used ranks, O(2^n n), n <= 20.
+
+    Args:
+      alpha: Mallows scale, finite and ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` with ``n <= 20``.
+
+    Returns:
+      ``log Z_post`` as a Python float.
+
+    Raises:
+      ValueError: when ``D`` is not square, ``n > 20`` or ``alpha`` is negative or not finite.
+    """
     d = _check_exact(float(alpha), D)
     n = d.shape[0]
     lg = -(float(alpha) / n) * d
@@ -425,8 +509,23 @@ def log_posterior_normaliser(alpha, D) -> float:
 
 
 def exact_expected_log_normalisers(alpha, D, order) -> float:
-    """``E_{q_o}[sum_k log C_k]`` exactly: the law of the set of used ranks after ``k`` steps
-    is propagated by a DP (``C_k`` depends only on that set). O(2^n n), n <= 20."""
+    """``E_{q_o}[sum_k log C_k]`` exactly.
+
+    The law of the set of used ranks after ``k`` steps is propagated by a DP (``C_k`` depends
+    only on that set). O(2^n n), n <= 20.
+
+    Args:
+      alpha: Mallows scale, finite and ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` with ``n <= 20``.
+      order: item order ``o``, a permutation of ``0..n-1``.
+
+    Returns:
+      The expectation as a Python float.
+
+    Raises:
+      ValueError: when ``D`` is not square, ``n > 20``, ``alpha`` is negative or not finite, or
+        ``order`` is not a permutation of ``0..n-1``.
+    """
     d = _check_exact(float(alpha), D)
     n = d.shape[0]
     o = validate_permutation(order, n, zero_based=True, name="order")
@@ -449,12 +548,35 @@ def exact_expected_log_normalisers(alpha, D, order) -> float:
 
 
 def exact_kl(alpha, D, order) -> float:
-    """``KL(q_o || P)`` exactly via (PM.3) and the two DPs above (n <= 20)."""
+    """``KL(q_o || P)`` exactly via (PM.3) and the two DPs above (n <= 20).
+
+    Args:
+      alpha: Mallows scale, finite and ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` with ``n <= 20``.
+      order: item order ``o``, a permutation of ``0..n-1``.
+
+    Returns:
+      The KL divergence as a Python float.
+
+    Raises:
+      ValueError: as :func:`exact_expected_log_normalisers`.
+    """
     return log_posterior_normaliser(alpha, D) - exact_expected_log_normalisers(alpha, D, order)
 
 
 def exact_posterior_marginals(alpha, D) -> np.ndarray:
-    """Exact ``P(rho_i = r | R)`` of (PM.1), ``[n, n]``, by forward-backward over rank sets."""
+    """Exact ``P(rho_i = r | R)`` of (PM.1) by forward-backward over rank sets.
+
+    Args:
+      alpha: Mallows scale, finite and ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` with ``n <= 20``.
+
+    Returns:
+      float64 ``[n, n]`` numpy array, entry ``[i, r-1]``.
+
+    Raises:
+      ValueError: when ``D`` is not square, ``n > 20`` or ``alpha`` is negative or not finite.
+    """
     d = _check_exact(float(alpha), D)
     n = d.shape[0]
     lg = -(float(alpha) / n) * d
@@ -486,7 +608,19 @@ def exact_posterior_marginals(alpha, D) -> np.ndarray:
 
 
 def exhaustive_order_search(alpha, D):
-    """Exact KL of every order (n <= 7): ``(orders int32 [n!, n], kl float64 [n!])``."""
+    """Exact KL of every order (n <= 7).
+
+    Args:
+      alpha: Mallows scale, finite and ``>= 0``.
+      D: ``[n, n]`` data matrix ``D[i, r-1]`` with ``n <= 7``.
+
+    Returns:
+      ``(orders, kl)``: all orders ``int32 [n!, n]`` (lexicographic) and their exact
+      ``KL(q_o || P)``, ``float64 [n!]``.
+
+    Raises:
+      ValueError: when ``D`` is not square, ``n > 7`` or ``alpha`` is negative or not finite.
+    """
     d = _check_exact(float(alpha), D, limit=7)
     n = d.shape[0]
     orders = np.array(list(itertools.permutations(range(n))), dtype=np.int32)
@@ -512,8 +646,19 @@ class AugmentedFit(NamedTuple):
 
 
 def augment_blocks_pseudo(key, rho, alpha, blocks: Blocks):
-    """Resample every user's latent ranking within its blocks by the sequential pseudo
-    sampler with factors ``exp(-(alpha/n)|r - rho_i|)`` (random item order per user)."""
+    """Resample every user's latent ranking within its blocks by the sequential pseudo sampler.
+
+    The factors are ``exp(-(alpha/n)|r - rho_i|)``; the item order is random per user.
+
+    Args:
+      key: a PRNG key.
+      rho: the consensus, 1-based ranks ``[n]``.
+      alpha: Mallows scale, ``>= 0``.
+      blocks: :class:`~jaxlib_ext.samplers.rankings.Blocks`, integer ``[N, n]`` each.
+
+    Returns:
+      ``int32 [N, n]`` complete 1-based rankings, each consistent with its blocks.
+    """
     item_block = jnp.asarray(blocks.item_block)
     rank_block = jnp.asarray(blocks.rank_block)
     N, n = item_block.shape
@@ -547,11 +692,30 @@ def fit_augmented(
     Alternates (A) ``rho ~ q_o(. | D(R_aug))`` with the V order of the current data and (B) a
     fresh augmentation of every user's latent ranking: the sequential block sampler for
     ``blocks`` data, ``num_swaps`` Metropolis swaps per user for ``prefer`` (pairwise) data.
-    ``order`` fixes the item order (e.g. from :func:`local_search_order` on the data after a
-    short run); by default the V order of the current data is used at every iteration.
-    The first ``burnin`` iterations (default half) are discarded. ``rankings`` is an initial
-    complete ranking per user consistent with the data. jit-compiled; returns
-    :class:`AugmentedFit`.
+    jit-compiled.
+
+    Args:
+      key: a PRNG key.
+      rankings: an initial complete ranking per user consistent with the data, ``[N, n]``
+        (1-based).
+      alpha: Mallows scale, finite and ``>= 0``.
+      num_iter: the number of iterations, ``>= 2``.
+      blocks: block data (missing ranks, top-k, clicks); exactly one of ``blocks`` and
+        ``prefer`` is given.
+      prefer: pairwise data, bool ``[N, n, n]`` (see ``rankings.pairwise_closure``).
+      burnin: the number of first iterations discarded; ``None`` is ``num_iter // 2``.
+      num_swaps: Metropolis swaps per user and iteration for ``prefer`` data; ``None`` is ``n``.
+      order: a fixed item order, a permutation of ``0..n-1`` (e.g. from
+        :func:`local_search_order` on the data after a short run); ``None`` uses the V order of
+        the current data at every iteration.
+
+    Returns:
+      :class:`AugmentedFit`.
+
+    Raises:
+      ValueError: for rankings inconsistent with the data, not exactly one of ``blocks`` and
+        ``prefer``, an invalid ``alpha``, ``num_iter < 2`` or an ``order`` that is not a
+        permutation.
     """
     from jaxlib_ext.samplers.mallows_augment import augment_mh, check_augmentation_args
 

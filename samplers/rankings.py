@@ -79,10 +79,22 @@ def _as_int_array(x, name: str) -> np.ndarray:
 
 
 def validate_rankings(rankings, *, allow_missing: bool = False, name: str = "rankings"):
-    """Check a ``[N, n]`` (or ``[n]``) array of 1-based ranks and return it as ``int32`` numpy.
+    """Check an array of 1-based ranks and return it as ``int32`` numpy.
 
-    Raises ``ValueError`` for ranks outside ``1..n``, repeated ranks within a row (ties) and,
-    unless ``allow_missing``, the :data:`MISSING` sentinel.
+    Args:
+      rankings: ranks, shape ``[N, n]`` (``N`` assessors, ``n`` items) or ``[n]``; integer or
+        integral float values in ``1..n``, or :data:`MISSING`. Must be concrete (not traced).
+      allow_missing: whether the :data:`MISSING` sentinel is accepted.
+      name: the argument name used in error messages.
+
+    Returns:
+      The ranks as an ``int32`` numpy array of the input shape.
+
+    Raises:
+      TypeError: for a traced, boolean or non-numeric input.
+      ValueError: for a shape other than ``[N, n]`` or ``[n]``, NaN/Inf or non-integral values,
+        ranks outside ``1..n``, repeated ranks within a row (ties) and, unless ``allow_missing``,
+        the :data:`MISSING` sentinel.
     """
     a = _as_int_array(rankings, name)
     if a.ndim not in (1, 2):
@@ -114,7 +126,21 @@ def validate_rankings(rankings, *, allow_missing: bool = False, name: str = "ran
 
 
 def validate_permutation(x, n: int | None = None, *, zero_based: bool, name: str):
-    """Check that ``x`` is a permutation of ``0..n-1`` (``zero_based``) or ``1..n``."""
+    """Check that ``x`` is a permutation of ``0..n-1`` (``zero_based``) or ``1..n``.
+
+    Args:
+      x: a concrete 1-D integer (or integral float) array.
+      n: the expected length; ``None`` takes the length of ``x``.
+      zero_based: whether the values must be ``0..n-1`` (``True``) or ``1..n`` (``False``).
+      name: the argument name used in error messages.
+
+    Returns:
+      ``x`` as an ``int32`` numpy array of shape ``[n]``.
+
+    Raises:
+      TypeError: for a traced, boolean or non-numeric input.
+      ValueError: when ``x`` is not 1-D, has a length other than ``n`` or is not a permutation.
+    """
     a = _as_int_array(x, name)
     if a.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D permutation, got shape {a.shape}")
@@ -133,12 +159,28 @@ def validate_permutation(x, n: int | None = None, *, zero_based: bool, name: str
 
 
 def footrule_distance(r1, r2):
-    """Spearman footrule ``sum_i |r1_i - r2_i|`` over the last axis (broadcasts)."""
+    """Spearman footrule ``sum_i |r1_i - r2_i|`` over the last axis.
+
+    Args:
+      r1: rank vectors, shape ``[..., n]``.
+      r2: rank vectors broadcastable against ``r1``.
+
+    Returns:
+      The footrule distances, of the broadcast shape without its last axis.
+    """
     return jnp.sum(jnp.abs(jnp.asarray(r1) - jnp.asarray(r2)), axis=-1)
 
 
 def kendall_distance(r1, r2):
-    """Kendall tau distance: number of item pairs ordered differently (last axis)."""
+    """Kendall tau distance: number of item pairs ordered differently (last axis).
+
+    Args:
+      r1: rank vectors, shape ``[..., n]``.
+      r2: rank vectors broadcastable against ``r1``.
+
+    Returns:
+      The integer number of discordant pairs, of the broadcast shape without its last axis.
+    """
     r1, r2 = jnp.asarray(r1), jnp.asarray(r2)
     d1 = r1[..., :, None] - r1[..., None, :]
     d2 = r2[..., :, None] - r2[..., None, :]
@@ -146,9 +188,18 @@ def kendall_distance(r1, r2):
 
 
 def footrule_data_matrix(rankings):
-    """``D[i, r-1] = sum_j |R[j, i] - r|`` (arXiv 2205.13911), shape ``[n, n]``.
+    """Footrule data matrix ``D[i, r-1] = sum_j |R[j, i] - r|`` (arXiv 2205.13911).
 
     Pure ``jnp``, jit-able; the posterior exponent is ``-(alpha/n) sum_i D[i, rho_i - 1]``.
+
+    Args:
+      rankings: complete 1-based rankings ``R``, integer ``[N, n]``.
+
+    Returns:
+      ``D``, float ``[n, n]`` (float64 under ``jax_enable_x64``).
+
+    References:
+      arXiv 2205.13911 (Pseudo-Mallows).
     """
     R = jnp.asarray(rankings)
     n = R.shape[-1]
@@ -158,14 +209,32 @@ def footrule_data_matrix(rankings):
 
 
 def all_permutations(n: int) -> np.ndarray:
-    """All ``n!`` rank vectors (1-based), lexicographic, as ``int32 [n!, n]`` (``n <= 9``)."""
+    """All ``n!`` rank vectors (1-based) in lexicographic order.
+
+    Args:
+      n: the number of items, ``1 <= n <= 9``.
+
+    Returns:
+      ``int32 [n!, n]`` numpy array, one rank vector per row.
+
+    Raises:
+      ValueError: when ``n`` lies outside ``1..9``.
+    """
     if not 1 <= n <= 9:
         raise ValueError(f"n: enumeration supports 1..9 items, got {n}")
     return np.array(list(itertools.permutations(range(1, n + 1))), dtype=np.int32)
 
 
 def rank_marginals(samples, n: int | None = None):
-    """Empirical ``P(rho_i = r)`` from samples ``[..., n]`` of 1-based ranks: ``[n, n]``."""
+    """Empirical rank marginals ``P(rho_i = r)`` from samples of 1-based ranks.
+
+    Args:
+      samples: rank vectors, integer ``[..., n]`` with values in ``1..n``.
+      n: the number of items; ``None`` takes the last axis of ``samples``.
+
+    Returns:
+      ``float32 [n, n]``: entry ``[i, r-1]`` is the fraction of samples with ``rho_i = r``.
+    """
     s = jnp.asarray(samples)
     n = s.shape[-1] if n is None else n
     s = s.reshape(-1, n)
@@ -184,8 +253,20 @@ class Blocks(NamedTuple):
 
 
 def blocks_from_partial(rankings) -> Blocks:
-    """Blocks for rankings with :data:`MISSING` entries: each observed item is a singleton
-    block holding its rank; all missing items of a row share block ``0`` with the unused ranks.
+    """Blocks for rankings with :data:`MISSING` entries.
+
+    Each observed item is a singleton block holding its rank; all missing items of a row share
+    block ``0`` with the unused ranks.
+
+    Args:
+      rankings: 1-based ranks with :data:`MISSING` entries, ``[N, n]`` or ``[n]``.
+
+    Returns:
+      :class:`Blocks` with ``item_block`` and ``rank_block``, ``int32 [N, n]`` each.
+
+    Raises:
+      TypeError: for a traced, boolean or non-numeric input (see :func:`validate_rankings`).
+      ValueError: for invalid ranks (see :func:`validate_rankings`).
     """
     R = validate_rankings(rankings, allow_missing=True)
     R = R.reshape(-1, R.shape[-1])
@@ -201,8 +282,24 @@ def blocks_from_partial(rankings) -> Blocks:
 
 
 def blocks_from_clicks(clicked) -> Blocks:
-    """Blocks for clicking data (arXiv 2205.13911): clicked items take ranks ``1..n1`` (block 1),
-    the others ``n1+1..n`` (block 0). ``clicked`` is boolean ``[N, n]``."""
+    """Blocks for clicking data (arXiv 2205.13911).
+
+    Clicked items take ranks ``1..n1`` (block 1), the others ``n1+1..n`` (block 0).
+
+    Args:
+      clicked: boolean ``[N, n]``; ``clicked[j, i]`` says whether assessor ``j`` clicked item
+        ``i``. Each row must leave at least one item unclicked.
+
+    Returns:
+      :class:`Blocks` with ``item_block`` and ``rank_block``, ``int32 [N, n]`` each.
+
+    Raises:
+      TypeError: when ``clicked`` is not a boolean 2-D array.
+      ValueError: when a row clicks every item.
+
+    References:
+      arXiv 2205.13911 (Pseudo-Mallows).
+    """
     c = np.asarray(clicked)
     if c.ndim != 2 or c.dtype != bool:
         raise TypeError(f"clicked: expected a boolean [N, n] array, got {c.dtype} {c.shape}")
@@ -214,7 +311,15 @@ def blocks_from_clicks(clicked) -> Blocks:
 
 
 def initial_rankings_from_blocks(key, blocks: Blocks):
-    """A random complete ranking per assessor consistent with the blocks (jit-able)."""
+    """A random complete ranking per assessor consistent with the blocks (jit-able).
+
+    Args:
+      key: a PRNG key.
+      blocks: :class:`Blocks` with ``item_block`` and ``rank_block``, integer ``[N, n]`` each.
+
+    Returns:
+      ``int32 [N, n]`` complete 1-based rankings; each item takes a rank of its own block.
+    """
     item_block = jnp.asarray(blocks.item_block)
     rank_block = jnp.asarray(blocks.rank_block)
     N, n = item_block.shape
@@ -234,9 +339,20 @@ def initial_rankings_from_blocks(key, blocks: Blocks):
 def pairwise_closure(prefs, num_items: int, num_assessors: int | None = None) -> np.ndarray:
     """Transitive closure of pairwise preferences.
 
-    ``prefs`` is ``int [M, 3]`` with rows ``(assessor, top_item, bottom_item)``, all 0-based.
-    Returns ``prefer[j, a, b]`` (bool ``[N, n, n]``). Raises ``ValueError`` on a cycle
-    (an assessor preferring ``a`` over ``b`` and, transitively, ``b`` over ``a``).
+    Args:
+      prefs: ``int [M, 3]`` with rows ``(assessor, top_item, bottom_item)``, all 0-based.
+      num_items: the number of items ``n``; items must lie in ``0..n-1``.
+      num_assessors: the number of assessors ``N``; ``None`` takes the largest assessor index
+        plus one.
+
+    Returns:
+      ``prefer[j, a, b]`` (bool ``[N, n, n]`` numpy): assessor ``j`` ranks ``a`` above ``b``.
+
+    Raises:
+      TypeError: for a traced, boolean or non-numeric ``prefs``.
+      ValueError: for a shape other than ``[M, 3]``, out-of-range items or assessors, an item
+        preferred over itself, or a cycle (an assessor preferring ``a`` over ``b`` and,
+        transitively, ``b`` over ``a``).
     """
     p = _as_int_array(prefs, "prefs")
     if p.ndim != 2 or p.shape[1] != 3:
@@ -257,8 +373,17 @@ def pairwise_closure(prefs, num_items: int, num_assessors: int | None = None) ->
 
 
 def initial_rankings_from_pairwise(prefer) -> np.ndarray:
-    """A complete ranking per assessor consistent with ``prefer`` (a topological order:
-    items sorted by how many items they must beat, descending; valid for a closed relation)."""
+    """A complete ranking per assessor consistent with ``prefer``.
+
+    The ranking is a topological order: items sorted by how many items they must beat,
+    descending; valid for a transitively closed relation.
+
+    Args:
+      prefer: bool ``[N, n, n]``, transitively closed (see :func:`pairwise_closure`).
+
+    Returns:
+      ``int32 [N, n]`` complete 1-based rankings (numpy).
+    """
     P = np.asarray(prefer)
     wins = P.sum(axis=2)  # a preferred over b => wins[a] > wins[b] when closed
     order = np.argsort(-wins, axis=1, kind="stable")
@@ -268,7 +393,15 @@ def initial_rankings_from_pairwise(prefer) -> np.ndarray:
 
 
 def satisfies_pairwise(rankings, prefer):
-    """Bool ``[N]``: each full ranking respects every preference of its assessor."""
+    """Whether each full ranking respects every preference of its assessor.
+
+    Args:
+      rankings: complete 1-based rankings, integer ``[N, n]``.
+      prefer: bool ``[N, n, n]``; ``prefer[j, a, b]`` says assessor ``j`` ranks ``a`` above ``b``.
+
+    Returns:
+      Bool ``[N]``.
+    """
     R = jnp.asarray(rankings)
     above = R[:, :, None] < R[:, None, :]
     return jnp.all(above | ~jnp.asarray(prefer), axis=(1, 2))
@@ -286,8 +419,19 @@ def _read_csv(name: str) -> tuple[list[str], list[list[str]]]:
 
 
 def load_potato(kind: str = "visual") -> np.ndarray:
-    """Potato data: ``int32 [12, 20]`` ranks (1 = heaviest) by ``kind`` ``"visual"`` or
-    ``"weighing"``. Source: {src}."""
+    """Potato data: ranks of 20 potatoes by 12 assessors (1 = heaviest).
+
+    Args:
+      kind: ``"visual"`` (ranked by looking) or ``"weighing"`` (ranked by weighing in the hand).
+
+    Returns:
+      ``int32 [12, 20]`` ranks.
+
+    Raises:
+      ValueError: for a ``kind`` other than ``"visual"`` or ``"weighing"``.
+
+    Source: {src}.
+    """
     if kind not in ("visual", "weighing"):
         raise ValueError(f"kind: expected 'visual' or 'weighing', got {kind!r}")
     _, rows = _read_csv(f"potato_{kind}.csv")

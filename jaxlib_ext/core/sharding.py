@@ -128,13 +128,27 @@ def make_mesh(spec: str | None = None, devices: Sequence | None = None) -> Mesh:
 
 
 def data_parallel_size(mesh: Mesh) -> int:
-    """The number of batch shards: the product of the ``data``, ``fsdp`` and ``expert`` sizes
-    of ``mesh``."""
+    """The number of batch shards.
+
+    Args:
+      mesh: a device mesh.
+
+    Returns:
+      The product of the ``data``, ``fsdp`` and ``expert`` axis sizes of ``mesh`` (absent axes
+      count as 1).
+    """
     return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.shape)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
-    """The fully replicated ``NamedSharding`` of ``mesh``."""
+    """The fully replicated ``NamedSharding`` of ``mesh``.
+
+    Args:
+      mesh: a device mesh.
+
+    Returns:
+      ``NamedSharding(mesh, PartitionSpec())``.
+    """
     return NamedSharding(mesh, P())
 
 

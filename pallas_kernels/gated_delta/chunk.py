@@ -69,6 +69,20 @@ def gated_delta_rule_chunk(
 
     ``T`` is zero-padded to a multiple of ``chunk_size``; a padded step (``g = 0``, ``beta = 0``,
     zero vectors) leaves the state unchanged. No validation (the public op does it).
+
+    Args:
+      q, k: ``[B, T, H, K]`` queries and keys.
+      v: ``[B, T, H, V]`` values.
+      g: ``[B, T, H]`` log decay ``log alpha``.
+      beta: ``[B, T, H]`` write strengths.
+      scale: query scale; ``None`` means ``K ** -0.5``.
+      initial_state: ``[B, H, K, V]`` or ``None`` for zeros.
+      output_final_state: also return ``S_T`` (``[B, H, K, V]``).
+      chunk_size: chunk length, a positive int.
+
+    Returns:
+      ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` float32
+      (float64 when any input is float64) or ``None``.
     """
     dt = compute_dtype(q, k, v, g, beta, initial_state)
     B, T, H, K = q.shape

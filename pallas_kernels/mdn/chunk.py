@@ -59,12 +59,22 @@ from jaxlib_ext.pallas_kernels._common import (
 
 
 def chunk_prepare(qs, kt, v, p, la, lm, beta, *, precision=None):
-    """Everything that does not depend on the entering states, for all chunks at once: the
-    one XLA chunk preparation (the Pallas path's differentiable mirror runs it too).
+    """Everything that does not depend on the entering states, for all chunks at once.
 
-    Shapes: ``qs, kt, p`` ``[..., C, K]``; ``v`` ``[..., C, V]``; ``la, lm, beta`` ``[..., C]``
-    (``qs = scale q``, ``kt = eta k``). ``precision`` is that of every matmul. Returns a dict
-    of the per-chunk quantities named as in the module docstring, plus ``u`` (``U_t``).
+    The one XLA chunk preparation (the Pallas path's differentiable mirror runs it too).
+
+    Args:
+      qs: ``[..., C, K]`` scaled queries ``scale q``.
+      kt: ``[..., C, K]`` scaled keys ``eta k``.
+      v: ``[..., C, V]`` values.
+      p: ``[..., C, K]`` momentum keys.
+      la: ``[..., C]`` log state decays ``log alpha``.
+      lm: ``[..., C]`` log momentum decays ``log mu``.
+      beta: ``[..., C]`` write strengths.
+      precision: that of every matmul.
+
+    Returns:
+      A dict of the per-chunk quantities named as in the module docstring, plus ``u`` (``U_t``).
     """
     einsum = functools.partial(jnp.einsum, precision=precision)
     D1 = jnp.exp(segsum(la))  # A_t / A_i for i <= t
@@ -143,10 +153,24 @@ def momentum_delta_rule_chunk(
 
     Same arguments and results as
     :func:`jaxlib_ext.pallas_kernels.mdn.reference.momentum_delta_rule_recurrent`, plus
-    ``chunk_size`` (any positive int works here; the public op allows 16, 32, 64, 128). ``T`` need
-    not be a multiple of ``chunk_size``: the sequence is zero-padded, and a padded step
-    (``alpha = mu = 1``, ``beta = eta = 0``, zero vectors) leaves ``(S, M)`` unchanged, so the
-    final state is the state at step ``T``. No validation (the public op does it).
+    ``chunk_size``. ``T`` need not be a multiple of ``chunk_size``: the sequence is zero-padded,
+    and a padded step (``alpha = mu = 1``, ``beta = eta = 0``, zero vectors) leaves ``(S, M)``
+    unchanged, so the final state is the state at step ``T``. No validation (the public op does
+    it).
+
+    Args:
+      q, k, p: ``[B, T, H, K]`` queries, keys and momentum keys.
+      v: ``[B, T, H, V]`` values.
+      log_alpha, log_mu, beta, eta: ``[B, T, H]`` gates.
+      scale: query scale; ``None`` means ``K ** -0.5``.
+      initial_state: ``[2, B, H, K, V]`` holding ``(S_0, M_0)``, or ``None`` for zeros.
+      output_final_state: also return ``(S_T, M_T)`` stacked as ``[2, B, H, K, V]``.
+      chunk_size: chunk length; any positive int works here (the public op allows 16, 32, 64,
+        128).
+
+    Returns:
+      ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` in the compute
+      dtype (float32, or float64 when any input is float64), or ``None``.
     """
     dt = compute_dtype(q, k, v, p, log_alpha, log_mu, beta, eta, initial_state)
     B, T, H, K = q.shape

@@ -81,20 +81,45 @@ MOSAIC_KERNELS = ("mdn_state_fwd_mosaic",)
 
 
 def default_block_v(kp: int) -> int:
-    """V-tile of the sequence kernels for a padded K: the two float32 [K, block_v] states and
-    the dot operands stay in registers."""
+    """V-tile of the sequence kernels for a padded K.
+
+    The two float32 [K, block_v] states and the dot operands stay in registers.
+
+    Args:
+      kp: the padded K.
+
+    Returns:
+      64 for ``kp <= 64``, 32 for ``kp <= 128``, else 16.
+    """
     return 64 if kp <= 64 else 32 if kp <= 128 else 16
 
 
 def default_backward(kp: int) -> str:
-    """The fused chunk-parallel backward up to padded K = 128; beyond, the split one, whose two
-    kernels each need less shared memory."""
+    """The chunk-parallel backward for a padded K.
+
+    The fused one up to padded K = 128; beyond, the split one, whose two kernels each need less
+    shared memory.
+
+    Args:
+      kp: the padded K.
+
+    Returns:
+      ``"pallas"`` for ``kp <= 128``, else ``"pallas_split"``.
+    """
     return "pallas" if kp <= 128 else "pallas_split"
 
 
 def launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
-    """``(num_warps, num_stages)`` of kernel ``name`` at padded K ``kp``; entries
-    ``(name, warps, stages)`` of ``launch`` override the table."""
+    """``(num_warps, num_stages)`` of a kernel.
+
+    Args:
+      name: the kernel name, one of ``KERNELS`` or ``MOSAIC_KERNELS``.
+      kp: the padded K; above 128 ``LAUNCH_WIDE_K`` takes precedence over ``LAUNCH``.
+      launch: entries ``(name, warps, stages)`` that override the tables.
+
+    Returns:
+      ``(num_warps, num_stages)``.
+    """
     for kernel, warps, stages in launch:
         if kernel == name:
             return warps, stages
@@ -104,7 +129,16 @@ def launch_params(name: str, kp: int, launch=()) -> tuple[int, int]:
 
 
 def register_bound(name: str, chunk: int | None) -> int | None:
-    """The ``.maxnreg`` bound of kernel ``name`` at this chunk size, or None (ptxas chooses)."""
+    """The ``.maxnreg`` bound of a kernel at a chunk size.
+
+    Args:
+      name: the kernel name.
+      chunk: the chunk size, or ``None``.
+
+    Returns:
+      ``MAX_REGISTERS[name]`` below chunk size ``REGISTER_BOUND_BELOW_CHUNK``, else ``None``
+      (ptxas chooses).
+    """
     if chunk is not None and chunk < REGISTER_BOUND_BELOW_CHUNK:
         return MAX_REGISTERS.get(name)
     return None

@@ -56,12 +56,24 @@ _TMA_ROWS = 256  # a TMA box spans at most 256 elements per dimension
 
 
 def smem_bytes(chunk: int, kp: int, block_v: int, n_chunks: int, stages: int = 2) -> int:
-    """Shared memory of ``state_fwd_mosaic`` (bfloat16 operands): ``stages`` slots of the
-    pipeline's Uv (float32) and Y, Z, Kgs, Kgm tiles and of the outputs Vt, hs, hm, and the
-    gate scalars (16 bytes per chunk). The float32 staging of the entering and final states is
-    allocated outside the pipeline's lifetime and is smaller. Mosaic GPU's own count at chunk
-    64, K 128, 64 chunks, 2 stages: 246824 B at block_v 64 (this gives 246848), refused;
-    185 KiB at block_v 32."""
+    """Shared memory of ``state_fwd_mosaic`` (bfloat16 operands).
+
+    ``stages`` slots of the pipeline's Uv (float32) and Y, Z, Kgs, Kgm tiles and of the outputs
+    Vt, hs, hm, and the gate scalars (16 bytes per chunk). The float32 staging of the entering
+    and final states is allocated outside the pipeline's lifetime and is smaller. Mosaic GPU's
+    own count at chunk 64, K 128, 64 chunks, 2 stages: 246824 B at block_v 64 (this gives
+    246848), refused; 185 KiB at block_v 32.
+
+    Args:
+      chunk: the chunk size C.
+      kp: the padded K.
+      block_v: the V-tile.
+      n_chunks: the number of chunks N.
+      stages: the slots of the pipeline and of the output buffers, 1 or 2.
+
+    Returns:
+      The bytes of shared memory per block.
+    """
     inputs = chunk * block_v * 4 + 4 * chunk * kp * 2
     outputs = (chunk + 2 * kp) * block_v * 2
     return stages * (inputs + outputs) + 16 * n_chunks + 64  # + barriers, alignment
@@ -70,7 +82,22 @@ def smem_bytes(chunk: int, kp: int, block_v: int, n_chunks: int, stages: int = 2
 def check_supported(
     *, dot_dtype, chunk: int, kp: int, block_v: int, n_chunks: int, stages: int = 2
 ) -> None:
-    """Raise ValueError, naming the argument, where the Mosaic GPU kernel cannot run."""
+    """Check that the Mosaic GPU kernel can run with these settings.
+
+    Args:
+      dot_dtype: the dtype of the dot operands; only bfloat16 is supported.
+      chunk: the chunk size, a multiple of 64.
+      kp: the padded K, a multiple of 64.
+      block_v: the V-tile.
+      n_chunks: the number of chunks.
+      stages: the slots of the pipeline, 1 or 2.
+
+    Raises:
+      ValueError: naming the argument (``launch``, ``state_kernel``, ``chunk_size``, ``k`` or
+        ``block_v``), where the kernel cannot run: ``stages`` not 1 or 2, dot operands other
+        than bfloat16, ``chunk`` or ``kp`` not a multiple of 64, or :func:`smem_bytes` over the
+        H200's 227 KiB.
+    """
     if stages not in _STAGES:
         raise ValueError(
             f"launch: mdn_state_fwd_mosaic takes num_stages in {_STAGES}, got {stages}"
@@ -111,13 +138,26 @@ def _chunk_end(vec, chunk):
 
 
 def state_fwd_mosaic(prep, s0, m0, *, chunk, block_v, stages=2, interpret=False):
-    """Forward state recurrence; returns ``(vt, hs, hm, st, mt)`` exactly as the Triton
-    ``state.state_fwd_call`` (vt [B, Tp, H, Vp] and the per-chunk entering states hs, hm
-    [B, H, N*Kp, Vp] in bfloat16; the final states st, mt [B, H, Kp, Vp] float32).
+    """Forward state recurrence on the Mosaic GPU backend.
 
-    ``prep``: the outputs of the preparation kernel (Uv, Y, Z, Kgs, Kgm, ..., A_t, b_t, U_t).
-    ``stages``: 2 (prefetch the next chunk, double-buffered outputs) or 1 (single buffers,
-    half the shared memory); see the module docstring.
+    Same results as the Triton ``state.state_fwd_call``.
+
+    Args:
+      prep: the outputs of the preparation kernel (``ChunkPrep``: Uv, Y, Z, Kgs, Kgm, ...,
+        A_t, b_t, U_t), on [B, Tp, H, *] arrays in the dot dtype (bfloat16).
+      s0, m0: the entering states, [B, H, Kp, Vp].
+      chunk: the chunk size, a multiple of 64 dividing Tp.
+      block_v: the V-tile, dividing Vp.
+      stages: 2 (prefetch the next chunk, double-buffered outputs) or 1 (single buffers, half
+        the shared memory); see the module docstring.
+      interpret: run JAX's GPU interpreter with its race detector.
+
+    Returns:
+      ``(vt, hs, hm, st, mt)``: vt [B, Tp, H, Vp] and the per-chunk entering states hs, hm
+      [B, H, N*Kp, Vp] in bfloat16; the final states st, mt [B, H, Kp, Vp] float32.
+
+    Raises:
+      ValueError: where :func:`check_supported` refuses the settings.
     """
     uv, y, z, kgs, kgm, _, _, _, avec, bvec, uvec = prep
     b, tp, h, kp = y.shape

@@ -25,7 +25,23 @@ def _out_kernel(qa_ref, qb_ref, attn_ref, hs_ref, hm_ref, vt_ref, o_ref, *, prec
 
 
 def out_call(prep, hs, hm, vt, out_dtype, *, chunk, block_v, precision, config):
-    """Equation (10) for every chunk: ``o`` [B, Tp, H, Vp] in ``out_dtype``."""
+    """Equation (10) for every chunk.
+
+    Args:
+      prep: the ``ChunkPrep`` of every chunk; ``qa, qb`` [B, Tp, H, Kp], ``attn``
+        [B, Tp, H, chunk].
+      hs, hm: the states entering each chunk, [B, H, N*Kp, Vp].
+      vt: the pseudo-values Vt, [B, Tp, H, Vp].
+      out_dtype: the dtype of ``o``.
+      chunk: the chunk size C (Tp a multiple of it).
+      block_v: the V-tile, dividing Vp.
+      precision: the ``lax.Precision`` of the in-kernel dots; it selects the dot dtype
+        (bfloat16 for ``DEFAULT``, else float32).
+      config: the ``MDNKernelConfig`` (with ``interpret`` set).
+
+    Returns:
+      ``o`` [B, Tp, H, Vp] in ``out_dtype``.
+    """
     b, tp, h, kp = prep.qa.shape
     vp = vt.shape[-1]
     # grid (chunk, batch * head, V-block): at most three grid axes for Triton.

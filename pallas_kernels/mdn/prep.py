@@ -29,7 +29,26 @@ def _prep_kernel(*refs, scale, precision, inverse):
 
 
 def prep_call(q, k, v, p, la, lm, beta, eta, *, chunk, scale, precision, inverse, config):
-    """``ChunkPrep`` of every chunk, on [B, Tp, H, *] arrays (Tp a multiple of ``chunk``)."""
+    """``ChunkPrep`` of every chunk, on [B, Tp, H, *] arrays (Tp a multiple of ``chunk``).
+
+    Args:
+      q, k, p: [B, Tp, H, Kp] queries, keys and probe keys.
+      v: [B, Tp, H, Vp] values.
+      la, lm: [B, Tp, H] log decays of S and M.
+      beta: [B, Tp, H] step sizes.
+      eta: [B, Tp, H] momentum input gains.
+      chunk: the chunk size C.
+      scale: the query scale.
+      precision: the ``lax.Precision`` of the in-kernel dots; it selects the dot dtype
+        (bfloat16 for ``DEFAULT``, else float32).
+      inverse: the in-kernel unit-lower-triangular inverse of (9), ``"substitution"`` or
+        ``"neumann"``.
+      config: the ``MDNKernelConfig`` (with ``interpret`` set).
+
+    Returns:
+      ``ChunkPrep``: uv [B, Tp, H, Vp] float32; y, z, kgs, kgm, qa, qb [B, Tp, H, Kp] and attn
+      [B, Tp, H, C] in the dot dtype; a, b, u [B, Tp, H] float32.
+    """
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
     tok = lambda d: pl.BlockSpec((None, chunk, None, d), lambda i, j, l: (j, i, l, 0))

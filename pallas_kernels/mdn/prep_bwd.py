@@ -345,6 +345,27 @@ def _grad_specs(b, tp, h, kp, vp, tok, gate):
 def chunk_bwd_call(
     args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, inverse, config
 ):
+    """``backward="pallas"``: the fused chunk-parallel backward (mdn_chunk_bwd).
+
+    Args:
+      args: the op's inputs ``(q, k, v, p, la, lm, beta, eta)`` on [B, Tp, H, *] arrays: q, k,
+        p [B, Tp, H, Kp]; v [B, Tp, H, Vp]; the log decays, beta and eta [B, Tp, H].
+      do: the output cotangent, [B, Tp, H, Vp].
+      vt, dvt: the pseudo-values Vt and their cotangent, [B, Tp, H, Vp].
+      hs, hm: the states entering each chunk, [B, H, N*Kp, Vp].
+      dhs, dhm: the chunk-end state cotangents, [B, H, N*Kp, Vp].
+      chunk: the chunk size C.
+      block_v: the V-tile of the kernel's loop over V, dividing Vp.
+      scale: the query scale.
+      precision: the ``lax.Precision`` of the in-kernel dots.
+      inverse: the in-kernel unit-lower-triangular inverse of (9), ``"substitution"`` or
+        ``"neumann"``.
+      config: the ``MDNKernelConfig`` (with ``interpret`` set).
+
+    Returns:
+      The gradients ``(dq, dk, dv, dp, dla, dlm, dbeta, deta)``, float32: dq, dk, dp
+      [B, Tp, H, Kp], dv [B, Tp, H, Vp], the four gate gradients [B, Tp, H].
+    """
     q, k, v, p, la, lm, beta, eta = args
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
@@ -371,9 +392,30 @@ def chunk_bwd_call(
 def chunk_bwd_split_call(
     args, do, vt, dvt, hs, hm, dhs, dhm, *, chunk, block_v, scale, precision, inverse, config
 ):
-    """``backward="pallas_split"``: mdn_chunk_bwd_v writes the ``Reduced`` cotangents
-    (float32: [C, K] x 4, [C, C] x 2, [C] x 5 per chunk), mdn_prep_bwd turns them into the
-    gradients."""
+    """``backward="pallas_split"``: the chunk-parallel backward in two kernels.
+
+    mdn_chunk_bwd_v writes the ``Reduced`` cotangents (float32: [C, K] x 4, [C, C] x 2, [C] x 5
+    per chunk), mdn_prep_bwd turns them into the gradients.
+
+    Args:
+      args: the op's inputs ``(q, k, v, p, la, lm, beta, eta)`` on [B, Tp, H, *] arrays: q, k,
+        p [B, Tp, H, Kp]; v [B, Tp, H, Vp]; the log decays, beta and eta [B, Tp, H].
+      do: the output cotangent, [B, Tp, H, Vp].
+      vt, dvt: the pseudo-values Vt and their cotangent, [B, Tp, H, Vp].
+      hs, hm: the states entering each chunk, [B, H, N*Kp, Vp].
+      dhs, dhm: the chunk-end state cotangents, [B, H, N*Kp, Vp].
+      chunk: the chunk size C.
+      block_v: the V-tile of the kernel's loop over V, dividing Vp.
+      scale: the query scale.
+      precision: the ``lax.Precision`` of the in-kernel dots.
+      inverse: the in-kernel unit-lower-triangular inverse of (9), ``"substitution"`` or
+        ``"neumann"``.
+      config: the ``MDNKernelConfig`` (with ``interpret`` set).
+
+    Returns:
+      The gradients ``(dq, dk, dv, dp, dla, dlm, dbeta, deta)``, float32: dq, dk, dp
+      [B, Tp, H, Kp], dv [B, Tp, H, Vp], the four gate gradients [B, Tp, H].
+    """
     q, k, v, p, la, lm, beta, eta = args
     b, tp, h, kp = q.shape
     vp = v.shape[-1]
@@ -417,8 +459,23 @@ def chunk_bwd_split_call(
 
 
 def param_cotangents_xla(do, vt, dvt, hs, hm, dhs, dhm, chunk, precision):
-    """Cotangents of the preparation outputs from the state-side quantities, as batched XLA
-    einsums (the ``backward="xla"`` path; the Pallas path does this inside _chunk_bwd_kernel)."""
+    """Cotangents of the preparation outputs from the state-side quantities, as batched XLA einsums.
+
+    The ``backward="xla"`` path; the Pallas path does this inside _chunk_bwd_kernel.
+
+    Args:
+      do: the output cotangent, [B, Tp, H, Vp].
+      vt, dvt: the pseudo-values Vt and their cotangent, [B, Tp, H, Vp].
+      hs, hm: the states entering each chunk, [B, H, N*Kp, Vp].
+      dhs, dhm: the chunk-end state cotangents, [B, H, N*Kp, Vp].
+      chunk: the chunk size C (Tp a multiple of it).
+      precision: the ``lax.Precision`` of the einsums.
+
+    Returns:
+      The cotangents of the ``ChunkPrep`` fields in their order (uv, y, z, kgs, kgm, qa, qb,
+      attn, a, b, u): ``dvt`` itself for uv, float32 [B, Tp, H, Kp] for y .. qb,
+      [B, Tp, H, C] for attn and [B, Tp, H] for a, b, u (zero but at each chunk's last step).
+    """
     b, tp, h, vp = vt.shape
     kp = hs.shape[2] // (tp // chunk)
     n = tp // chunk

@@ -125,8 +125,21 @@ def _sequence_out_shapes(b, tp, h, kp, vp, n, dot):
 
 
 def state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, config):
-    """Forward recurrence; returns ``(Vt, hs, hm, S_T, M_T)``: Vt [B, Tp, H, Vp], the states
-    entering each chunk [B, H, N*Kp, Vp] (dot dtype) and the final states (float32)."""
+    """Forward recurrence (11), (7), (8) over the chunks.
+
+    Args:
+      prep: the ``ChunkPrep`` of every chunk, on [B, Tp, H, *] arrays.
+      s0, m0: the entering states, [B, H, Kp, Vp].
+      chunk: the chunk size C (Tp a multiple of it).
+      block_v: the V-tile, dividing Vp.
+      precision: the ``lax.Precision`` of the in-kernel dots; it selects the dot dtype
+        (bfloat16 for ``DEFAULT``, else float32).
+      config: the ``MDNKernelConfig`` (with ``interpret`` set).
+
+    Returns:
+      ``(Vt, hs, hm, S_T, M_T)``: Vt [B, Tp, H, Vp] and the states entering each chunk
+      [B, H, N*Kp, Vp] in the dot dtype; the final states [B, H, Kp, Vp] float32.
+    """
     b, tp, h, kp = prep.y.shape
     vp = prep.uv.shape[-1]
     n = tp // chunk
@@ -148,9 +161,23 @@ def state_fwd_call(prep, s0, m0, *, chunk, block_v, precision, config):
 
 
 def state_bwd_call(prep, do, dst, dmt, *, chunk, block_v, precision, config):
-    """Reverse recurrence from the output cotangent ``do`` and those of the final states;
-    returns ``(dVt, dhs, dhm, dS_0, dM_0)``: the chunk-end state cotangents in the layout of
-    the forward's per-chunk states."""
+    """Reverse recurrence from the output cotangent and those of the final states.
+
+    Args:
+      prep: the ``ChunkPrep`` of every chunk, on [B, Tp, H, *] arrays.
+      do: the output cotangent, [B, Tp, H, Vp].
+      dst, dmt: the cotangents of the final states S_T, M_T, [B, H, Kp, Vp].
+      chunk: the chunk size C (Tp a multiple of it).
+      block_v: the V-tile, dividing Vp.
+      precision: the ``lax.Precision`` of the in-kernel dots; it selects the dot dtype
+        (bfloat16 for ``DEFAULT``, else float32).
+      config: the ``MDNKernelConfig`` (with ``interpret`` set).
+
+    Returns:
+      ``(dVt, dhs, dhm, dS_0, dM_0)``: dVt [B, Tp, H, Vp] and the chunk-end state cotangents
+      dhs, dhm [B, H, N*Kp, Vp] (in the layout of the forward's per-chunk states) in the dot
+      dtype; dS_0, dM_0 [B, H, Kp, Vp] float32.
+    """
     b, tp, h, kp = prep.y.shape
     vp = do.shape[-1]
     n = tp // chunk

@@ -79,6 +79,19 @@ def mlstm_parallel(
     Same arguments and results as
     :func:`jaxlib_ext.pallas_kernels.mlstm.reference.mlstm_recurrent`. No validation (the
     public op does it).
+
+    Args:
+      q, k: ``[B, T, H, K]`` queries and keys.
+      v: ``[B, T, H, V]`` values.
+      i_gate, f_gate: ``[B, T, H]`` input- and forget-gate pre-activations.
+      scale: query scale; ``None`` means ``K ** -0.5``.
+      initial_state: an :class:`MLSTMState` (or ``(C, n, m)``), or ``None`` for zeros.
+      output_final_state: also return the state after step ``T``.
+
+    Returns:
+      ``(h, final_state)``: ``h`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` an
+      :class:`MLSTMState` in the compute dtype (float32, or float64 when any input is float64),
+      or ``None``.
     """
     state_arrays = () if initial_state is None else tuple(initial_state)
     dt = compute_dtype(q, k, v, i_gate, f_gate, *state_arrays)

@@ -47,7 +47,18 @@ class MLSTMState(NamedTuple):
 
 
 def zero_state(batch: int, heads: int, key_dim: int, value_dim: int, dtype=jnp.float32):
-    """The initial state ``C = 0, n = 0, m = 0``."""
+    """The initial state ``C = 0, n = 0, m = 0``.
+
+    Args:
+      batch: ``B``.
+      heads: ``H``.
+      key_dim: ``K``.
+      value_dim: ``V``.
+      dtype: dtype of the three arrays.
+
+    Returns:
+      An :class:`MLSTMState` with ``C`` ``[B, H, K, V]``, ``n`` ``[B, H, K]`` and ``m`` ``[B, H]``.
+    """
     return MLSTMState(
         jnp.zeros((batch, heads, key_dim, value_dim), dtype),
         jnp.zeros((batch, heads, key_dim), dtype),
@@ -56,7 +67,15 @@ def zero_state(batch: int, heads: int, key_dim: int, value_dim: int, dtype=jnp.f
 
 
 def cast_state(state, dtype) -> MLSTMState:
-    """``state`` (any 3-sequence ``(C, n, m)``) as an :class:`MLSTMState` in ``dtype``."""
+    """``state`` as an :class:`MLSTMState` in ``dtype``.
+
+    Args:
+      state: any 3-sequence ``(C, n, m)`` of arrays.
+      dtype: the target dtype.
+
+    Returns:
+      The :class:`MLSTMState` ``(C, n, m)``, each cast to ``dtype``.
+    """
     C, n, m = state
     return MLSTMState(C.astype(dtype), n.astype(dtype), m.astype(dtype))
 

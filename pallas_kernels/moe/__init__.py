@@ -96,15 +96,36 @@ def _check_group_sizes(group_sizes, num_groups: int, m: int):
 
 
 def gmm_xla(lhs, rhs, group_sizes):
-    """``gmm`` in plain XLA: ``ragged_dot`` on GPU/TPU, the tiled form on CPU (module
-    docstring). No argument checks (:func:`gmm` does them)."""
+    """``gmm`` in plain XLA: ``ragged_dot`` on GPU/TPU, the tiled form on CPU (module docstring).
+
+    No argument checks (:func:`gmm` does them).
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      rhs: ``[G, K, N]`` per-group weights (cast to ``lhs``'s dtype).
+      group_sizes: ``int[G]`` rows per group.
+
+    Returns:
+      The ``[M, N]`` products, of ``lhs``'s dtype.
+    """
     if jax.default_backend() == "cpu":
         return gmm_tiled(lhs, rhs.astype(lhs.dtype), group_sizes)
     return gmm_ragged_dot(lhs, rhs.astype(lhs.dtype), group_sizes)
 
 
 def tgmm_xla(lhs, grad, group_sizes):
-    """``tgmm`` in plain XLA: ``ragged_dot_general`` on GPU/TPU, the tiled form on CPU."""
+    """``tgmm`` in plain XLA: ``ragged_dot_general`` on GPU/TPU, the tiled form on CPU.
+
+    No argument checks (:func:`tgmm` does them).
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      grad: ``[M, N]`` output cotangents (cast to ``lhs``'s dtype).
+      group_sizes: ``int[G]`` rows per group.
+
+    Returns:
+      The ``[G, K, N]`` per-group products, of ``lhs``'s dtype.
+    """
     if jax.default_backend() == "cpu":
         return tgmm_tiled(lhs, grad.astype(lhs.dtype), group_sizes)
     return tgmm_ragged_dot(lhs, grad.astype(lhs.dtype), group_sizes)

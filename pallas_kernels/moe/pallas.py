@@ -240,10 +240,20 @@ def _config(config):
 
 
 def gmm_pallas(lhs, rhs, group_sizes, *, config: GMMKernelConfig | None = None):
-    """Grouped matmul ``[M, K] x [G, K, N] -> [M, N]`` by the Pallas kernel (module docstring);
-    differentiable in ``lhs`` and ``rhs``. ``config`` defaults to ``GMMKernelConfig()``,
-    interpreted where the backend is not a GPU. Arguments are not validated here (``moe.gmm``
-    does)."""
+    """Grouped matmul ``[M, K] x [G, K, N] -> [M, N]`` by the Pallas kernel (module docstring).
+
+    Differentiable in ``lhs`` and ``rhs``. Arguments are not validated here (``moe.gmm`` does).
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      rhs: ``[G, K, N]`` per-group weights (cast to ``lhs``'s dtype).
+      group_sizes: ``int[G]`` rows per group.
+      config: tile sizes and launch parameters; ``None``: ``GMMKernelConfig()``, interpreted where
+        the backend is not a GPU.
+
+    Returns:
+      The ``[M, N]`` products.
+    """
     group_sizes = group_sizes.astype(jnp.int32)
     lhs, rhs = like_varying((lhs, rhs.astype(lhs.dtype)), lhs, rhs, group_sizes)
     return _gmm(lhs, rhs, group_sizes, _config(config))
@@ -270,9 +280,19 @@ _tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
 
 
 def tgmm_pallas(lhs, grad, group_sizes, *, config: GMMKernelConfig | None = None):
-    """Per-group ``lhs^T grad``, ``[M, K] x [M, N] -> [G, K, N]``, by the Pallas kernel;
-    differentiable in ``lhs`` and ``grad`` (module docstring). ``config`` as in
-    :func:`gmm_pallas`."""
+    """Per-group ``lhs^T grad``, ``[M, K] x [M, N] -> [G, K, N]``, by the Pallas kernel.
+
+    Differentiable in ``lhs`` and ``grad`` (module docstring).
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      grad: ``[M, N]`` output cotangents.
+      group_sizes: ``int[G]`` rows per group.
+      config: as in :func:`gmm_pallas`.
+
+    Returns:
+      The ``[G, K, N]`` per-group products.
+    """
     group_sizes = group_sizes.astype(jnp.int32)
     lhs, grad = like_varying((lhs, grad), lhs, grad, group_sizes)
     return _tgmm(lhs, grad, group_sizes, _config(config))

@@ -28,13 +28,32 @@ def _acc_dtype(*arrays):
 
 
 def row_groups(group_sizes, m: int) -> jax.Array:
-    """``[M]`` int32: the group of each row, ``G`` for rows past ``sum(group_sizes)``."""
+    """``[M]`` int32: the group of each row, ``G`` for rows past ``sum(group_sizes)``.
+
+    Args:
+      group_sizes: ``int[G]`` rows per group, in row order.
+      m: number of rows ``M``.
+
+    Returns:
+      The ``int32[M]`` group index of each row.
+    """
     ends = jnp.cumsum(group_sizes.astype(jnp.int32))
     return jnp.searchsorted(ends, jnp.arange(m, dtype=jnp.int32), side="right").astype(jnp.int32)
 
 
 def gmm_loop(lhs, rhs, group_sizes, *, precision=lax.Precision.HIGHEST):
-    """``gmm`` as a Python loop over groups: one masked dense matmul per group."""
+    """``gmm`` as a Python loop over groups: one masked dense matmul per group.
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      rhs: ``[G, K, N]`` per-group weights.
+      group_sizes: ``int[G]`` rows per group; rows past their sum give zeros.
+      precision: ``lax.Precision`` of the matmuls.
+
+    Returns:
+      The ``[M, N]`` products, of ``lhs``'s dtype (accumulated in float32, float64 for float64
+      operands).
+    """
     acc = _acc_dtype(lhs, rhs)
     groups = row_groups(group_sizes, lhs.shape[0])
     out = jnp.zeros((lhs.shape[0], rhs.shape[2]), acc)
@@ -45,7 +64,17 @@ def gmm_loop(lhs, rhs, group_sizes, *, precision=lax.Precision.HIGHEST):
 
 
 def tgmm_loop(lhs, grad, group_sizes, *, precision=lax.Precision.HIGHEST):
-    """``tgmm`` as a Python loop over groups: one masked ``lhs^T grad`` per group."""
+    """``tgmm`` as a Python loop over groups: one masked ``lhs^T grad`` per group.
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      grad: ``[M, N]`` output cotangents.
+      group_sizes: ``int[G]`` rows per group; rows past their sum contribute to no group.
+      precision: ``lax.Precision`` of the matmuls.
+
+    Returns:
+      The ``[G, K, N]`` per-group products, of ``lhs``'s dtype.
+    """
     acc = _acc_dtype(lhs, grad)
     groups = row_groups(group_sizes, lhs.shape[0])
     outs = []
@@ -56,7 +85,17 @@ def tgmm_loop(lhs, grad, group_sizes, *, precision=lax.Precision.HIGHEST):
 
 
 def gmm_ragged_dot(lhs, rhs, group_sizes, *, precision=None):
-    """``gmm`` by ``jax.lax.ragged_dot`` (XLA's grouped matmul; differentiable)."""
+    """``gmm`` by ``jax.lax.ragged_dot`` (XLA's grouped matmul; differentiable).
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      rhs: ``[G, K, N]`` per-group weights.
+      group_sizes: ``int[G]`` rows per group.
+      precision: ``lax.Precision`` of the product, ``None`` for the default.
+
+    Returns:
+      The ``[M, N]`` products, of ``lhs``'s dtype.
+    """
     acc = _acc_dtype(lhs, rhs)
     out = lax.ragged_dot(
         lhs, rhs, group_sizes.astype(jnp.int32), precision=precision, preferred_element_type=acc
@@ -65,8 +104,19 @@ def gmm_ragged_dot(lhs, rhs, group_sizes, *, precision=None):
 
 
 def tgmm_ragged_dot(lhs, grad, group_sizes, *, precision=None):
-    """``tgmm`` by ``jax.lax.ragged_dot_general`` with the ragged axis contracted; rows past the
-    sum are zeroed first, so they contribute to no group."""
+    """``tgmm`` by ``jax.lax.ragged_dot_general`` with the ragged axis contracted.
+
+    Rows past the sum are zeroed first, so they contribute to no group.
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      grad: ``[M, N]`` output cotangents.
+      group_sizes: ``int[G]`` rows per group.
+      precision: ``lax.Precision`` of the product, ``None`` for the default.
+
+    Returns:
+      The ``[G, K, N]`` per-group products, of ``lhs``'s dtype.
+    """
     acc = _acc_dtype(lhs, grad)
     sizes = group_sizes.astype(jnp.int32)
     valid = jnp.arange(lhs.shape[0]) < jnp.sum(sizes)

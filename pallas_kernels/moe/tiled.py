@@ -29,8 +29,17 @@ __all__ = ["default_block_m", "gmm_tiled", "tgmm_tiled"]
 
 
 def default_block_m(m: int, num_groups: int) -> int:
-    """The largest power of two in ``[8, 128]`` at most ``m / (8 G)``: boundary tiles add at
-    most ``G * block_m <= m / 8`` rows of work."""
+    """The largest power of two in ``[8, 128]`` at most ``m / (8 G)``.
+
+    Boundary tiles then add at most ``G * block_m <= m / 8`` rows of work.
+
+    Args:
+      m: number of rows ``M``.
+      num_groups: number of groups ``G``.
+
+    Returns:
+      The row tile ``block_m``, a Python int.
+    """
     target = max(m // max(8 * num_groups, 1), 1)
     return int(min(128, max(8, 1 << (target.bit_length() - 1))))
 
@@ -55,7 +64,18 @@ def _as_tiles(x, tiles, block_m):
 
 
 def gmm_tiled(lhs, rhs, group_sizes, *, block_m=None, precision=None):
-    """``gmm`` (``reference.py``'s contract) by the tiled work items: ``[M, N]``."""
+    """``gmm`` (``reference.py``'s contract) by the tiled work items: ``[M, N]``.
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      rhs: ``[G, K, N]`` per-group weights (cast to ``lhs``'s dtype).
+      group_sizes: ``int[G]`` rows per group.
+      block_m: row tile; ``None``: :func:`default_block_m`.
+      precision: ``lax.Precision`` of the tile products, ``None`` for the default.
+
+    Returns:
+      The ``[M, N]`` products, of ``lhs``'s dtype.
+    """
     m = lhs.shape[0]
     block_m = block_m or default_block_m(m, rhs.shape[0])
     acc = _acc_dtype(lhs, rhs)
@@ -71,7 +91,18 @@ def gmm_tiled(lhs, rhs, group_sizes, *, block_m=None, precision=None):
 
 
 def tgmm_tiled(lhs, grad, group_sizes, *, block_m=None, precision=None):
-    """``tgmm`` (``reference.py``'s contract) by the tiled work items: ``[G, K, N]``."""
+    """``tgmm`` (``reference.py``'s contract) by the tiled work items: ``[G, K, N]``.
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      grad: ``[M, N]`` output cotangents (cast to ``lhs``'s dtype).
+      group_sizes: ``int[G]`` rows per group.
+      block_m: row tile; ``None``: :func:`default_block_m`.
+      precision: ``lax.Precision`` of the tile products, ``None`` for the default.
+
+    Returns:
+      The ``[G, K, N]`` per-group products, of ``lhs``'s dtype.
+    """
     m = lhs.shape[0]
     num_groups = group_sizes.shape[0]
     block_m = block_m or default_block_m(m, num_groups)

@@ -23,7 +23,15 @@ __all__ = ["PoetKernelConfig", "pow2_tile"]
 
 
 def pow2_tile(size: int, cap: int = 64) -> int:
-    """Largest power of two dividing ``size`` and at most ``cap``."""
+    """Largest power of two dividing ``size`` and at most ``cap``.
+
+    Args:
+      size: the dimension to tile.
+      cap: upper bound of the tile.
+
+    Returns:
+      The tile, a Python int ``>= 1``.
+    """
     tile = 1
     while tile * 2 <= cap and size % (tile * 2) == 0:
         tile *= 2

@@ -57,7 +57,16 @@ def _params(config):
 
 
 def block_apply_pallas(z, g, config: PoetKernelConfig | None = None):
-    """``[..., k b] x [k, b, b] -> [..., k b]``, ``out[..., k, :] = z[..., k, :] @ G_k``."""
+    """``[..., k b] x [k, b, b] -> [..., k b]``, ``out[..., k, :] = z[..., k, :] @ G_k``.
+
+    Args:
+      z: ``[..., k b]`` row vectors.
+      g: ``[k, b, b]`` blocks (cast to ``z``'s dtype).
+      config: tile sizes and launch parameters; ``None``: ``PoetKernelConfig()`` fitted to ``b``.
+
+    Returns:
+      The ``[..., k b]`` products, of ``z``'s dtype.
+    """
     k, b, _ = g.shape
     cfg = _config(config, b)
     tt, tc, tk = cfg.block_tokens, cfg.block_cols, cfg.block_k
@@ -99,7 +108,17 @@ def _apply_call(z2, g, tt, tc, tk, acc_dtype, cfg):
 
 
 def block_gram_pallas(z, dy, k: int, config: PoetKernelConfig | None = None):
-    """``[..., k b] x [..., k b] -> [k, b, b]``: ``dG_k = sum_t z_k^T dy_k`` in float32."""
+    """``[..., k b] x [..., k b] -> [k, b, b]``: ``dG_k = sum_t z_k^T dy_k`` in float32.
+
+    Args:
+      z: ``[..., k b]`` inputs of the block product.
+      dy: ``[..., k b]`` output cotangents (cast to ``z``'s dtype).
+      k: number of blocks.
+      config: tile sizes and launch parameters; ``None``: ``PoetKernelConfig()`` fitted to ``b``.
+
+    Returns:
+      The ``[k, b, b]`` sums, accumulated in float32 (float64 for float64 ``z``).
+    """
     b = z.shape[-1] // k
     cfg = _config(config, b)
     tt, tc, tr = cfg.block_tokens, cfg.block_cols, cfg.block_k
@@ -142,7 +161,16 @@ def block_rotate_pallas(z, g, config: PoetKernelConfig | None = None):
     """Differentiable ``out[..., k, :] = z[..., k, :] @ G_k`` on the Pallas kernels.
 
     Inside ``jax.shard_map`` ``z`` and ``G`` first take the varying axes of both, so the
-    cotangent of a replicated ``G`` is summed over the devices."""
+    cotangent of a replicated ``G`` is summed over the devices.
+
+    Args:
+      z: ``[..., k b]`` row vectors.
+      g: ``[k, b, b]`` blocks.
+      config: tile sizes and launch parameters; ``None``: ``PoetKernelConfig()`` fitted to ``b``.
+
+    Returns:
+      The ``[..., k b]`` products.
+    """
     z, g = like_varying((z, g), z, g)
     return _block_rotate(z, g, config)
 

@@ -34,6 +34,13 @@ def block_apply(z: jax.Array, g: jax.Array) -> jax.Array:
     Differentiable: ``dz = block_apply(dy, G^T)``, ``dG = block_gram(z, dy)``. Inside
     ``jax.shard_map`` ``z`` and ``G`` first take the varying axes of both, so the cotangent of
     a replicated ``G`` is summed over the devices.
+
+    Args:
+      z: ``[..., k b]`` row vectors.
+      g: ``[k, b, b]`` blocks (cast to ``z``'s dtype).
+
+    Returns:
+      The ``[..., k b]`` products, of ``z``'s dtype.
     """
     z, g = like_varying((z, g), z, g)
     return _block_apply(z, g)
@@ -60,9 +67,19 @@ _block_apply.defvjp(_apply_fwd, _apply_bwd)
 
 
 def block_gram(z: jax.Array, dy: jax.Array, k: int) -> jax.Array:
-    """``[..., k b] x [..., k b] -> [k, b, b]``: ``sum over tokens of z_k^T dy_k`` (the cotangent
-    of ``G_k`` in :func:`block_apply`), accumulated in float32 (or float64). One ``[b, T] x
-    [T, b]`` product per block (XLA lays these out better than one batched einsum)."""
+    """``[..., k b] x [..., k b] -> [k, b, b]``: ``sum over tokens of z_k^T dy_k``.
+
+    The cotangent of ``G_k`` in :func:`block_apply`, accumulated in float32 (or float64). One
+    ``[b, T] x [T, b]`` product per block (XLA lays these out better than one batched einsum).
+
+    Args:
+      z: ``[..., k b]`` inputs of the block product.
+      dy: ``[..., k b]`` output cotangents (cast to ``z``'s dtype).
+      k: number of blocks.
+
+    Returns:
+      The ``[k, b, b]`` sums, float32 (float64 for float64 ``z``).
+    """
     b = z.shape[-1] // k
     z2 = z.reshape(-1, z.shape[-1])
     d2 = dy.reshape(-1, dy.shape[-1]).astype(z.dtype)
@@ -82,8 +99,17 @@ def _gather(z, perm):
 
 @jax.custom_vjp
 def permute(z, perm, inv):
-    """``z[..., perm]`` whose cotangent is the gather ``dz[..., inv]`` (``inv`` the inverse of
-    ``perm``) instead of autodiff's scatter-add."""
+    """``z[..., perm]`` whose cotangent is the gather ``dz[..., inv]`` instead of autodiff's
+    scatter-add.
+
+    Args:
+      z: ``[..., n]`` array.
+      perm: ``int[n]`` permutation.
+      inv: ``int[n]``, the inverse of ``perm``.
+
+    Returns:
+      ``z[..., perm]``.
+    """
     return _gather(z, perm)
 
 
@@ -102,15 +128,38 @@ permute.defvjp(_permute_fwd, _permute_bwd)
 
 def rotate(z, theta, perm, block_size: int, apply=block_apply):
     """``rot(z) = unpermute(blockdiag(z[..., perm]))``; autodiff except for the gathers
-    (:func:`permute`). ``apply(z, G)``: the block product (:func:`block_apply` or a kernel)."""
+    (:func:`permute`).
+
+    Args:
+      z: ``[..., n]`` row vectors.
+      theta: ``[n / b, b(b-1)/2]`` block parameters.
+      perm: ``int[n]`` permutation.
+      block_size: ``b``.
+      apply: ``apply(z, G)``, the block product (:func:`block_apply` or a kernel).
+
+    Returns:
+      The ``[..., n]`` rotated vectors.
+    """
     g = cayley_neumann(theta, block_size)
     inv = inverse_permutation(perm)
     return permute(apply(permute(z, perm, inv), g), inv, perm)
 
 
 def poet_linear_xla(x, w, theta_in, theta_out, perm_in, perm_out, *, block_size: int):
-    """``rot_out(rot_in(x) @ w)``; gradients by autodiff (``POET-X_fast``: keeps the
-    intermediates)."""
+    """``rot_out(rot_in(x) @ w)``; gradients by autodiff (``POET-X_fast``: keeps the intermediates).
+
+    Args:
+      x: ``[..., n]`` inputs.
+      w: ``[n, m]`` base weight (cast to ``x``'s dtype).
+      theta_in: ``[n / b, b(b-1)/2]`` input-rotation parameters.
+      theta_out: ``[m / b, b(b-1)/2]`` output-rotation parameters.
+      perm_in: ``int[n]`` input permutation.
+      perm_out: ``int[m]`` output permutation.
+      block_size: ``b``.
+
+    Returns:
+      The ``[..., m]`` outputs.
+    """
     h = jnp.matmul(rotate(x, theta_in, perm_in, block_size), w.astype(x.dtype))
     return rotate(h, theta_out, perm_out, block_size)
 
@@ -130,9 +179,23 @@ def poet_linear_memory(x, w, theta_in, theta_out, perm_in, perm_out, *, block_si
 
     Residuals: ``x``, ``w``, the thetas and permutations (no activation-sized intermediate).
     The cotangent of ``w`` is zero (frozen base weight), those of the permutations are ``float0``.
-    ``config``: the ``PoetKernelConfig`` of ``impl="pallas"``. Inside ``jax.shard_map`` the
-    floating arguments first take the varying axes of all of them, so the cotangents of
-    replicated parameters are summed over the devices.
+    Inside ``jax.shard_map`` the floating arguments first take the varying axes of all of them, so
+    the cotangents of replicated parameters are summed over the devices.
+
+    Args:
+      x: ``[..., n]`` inputs.
+      w: ``[n, m]`` base weight (cast to ``x``'s dtype).
+      theta_in: ``[n / b, b(b-1)/2]`` input-rotation parameters.
+      theta_out: ``[m / b, b(b-1)/2]`` output-rotation parameters.
+      perm_in: ``int[n]`` input permutation.
+      perm_out: ``int[m]`` output permutation.
+      block_size: ``b``.
+      impl: ``"xla"`` (:func:`block_apply`, :func:`block_gram`) or ``"pallas"`` (the Pallas block
+        kernels).
+      config: the ``PoetKernelConfig`` of ``impl="pallas"``.
+
+    Returns:
+      The ``[..., m]`` outputs.
     """
     x, w, theta_in, theta_out = like_varying((x, w, theta_in, theta_out), x, w, theta_in,
                                              theta_out, perm_in, perm_out)

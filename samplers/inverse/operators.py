@@ -61,12 +61,26 @@ BASES = ("pixel", "fourier", "none")
 
 
 def fourier_transform(x: jax.Array) -> jax.Array:
-    """Orthonormal 2-D DFT of ``x [..., H, W, C]`` over ``(H, W)`` (complex, same shape)."""
+    """Orthonormal 2-D DFT of ``x [..., H, W, C]`` over ``(H, W)`` (complex, same shape).
+
+    Args:
+      x: ``[..., H, W, C]`` images.
+
+    Returns:
+      The complex ``[..., H, W, C]`` transform.
+    """
     return jnp.fft.fft2(x, axes=(-3, -2), norm="ortho")
 
 
 def inverse_fourier_transform(u: jax.Array) -> jax.Array:
-    """Inverse of :func:`fourier_transform` (complex; take ``.real`` for a real image)."""
+    """Inverse of :func:`fourier_transform` (complex; take ``.real`` for a real image).
+
+    Args:
+      u: ``[..., H, W, C]`` spectra.
+
+    Returns:
+      The complex ``[..., H, W, C]`` inverse transform.
+    """
     return jnp.fft.ifft2(u, axes=(-3, -2), norm="ortho")
 
 
@@ -301,8 +315,19 @@ def check_adjoint(operator, x_shape, *, dtype=jnp.float32, rtol: float = 1e-4,
 def inpainting(mask, shape=None, *, name: str = "inpainting") -> LinearOperator:
     """Pixel-diagonal operator ``A x = mask * x`` (1 = observed, 0 = missing).
 
-    ``mask`` is ``[H, W]`` (the same for every channel) or ``[H, W, C]``, any real values (a
-    soft mask is allowed). ``shape`` ``(H, W, C)``, when given, must agree with it.
+    Args:
+      mask: ``[H, W]`` (the same for every channel) or ``[H, W, C]``, any real or boolean values
+        (a soft mask is allowed).
+      shape: image shape ``(H, W, C)``; when given, it must agree with ``mask``; ``None``: taken
+        from ``mask`` (``C = 1`` for a 2-D mask).
+      name: the operator's name.
+
+    Returns:
+      The pixel-diagonal :class:`LinearOperator` on ``shape``.
+
+    Raises:
+      TypeError: if ``mask`` is neither real nor boolean.
+      ValueError: if ``mask`` is not 2-D or 3-D or does not fit ``shape``.
     """
     m = jnp.asarray(mask)
     if not (jnp.issubdtype(m.dtype, jnp.floating) or jnp.issubdtype(m.dtype, jnp.integer)
@@ -323,8 +348,17 @@ def inpainting(mask, shape=None, *, name: str = "inpainting") -> LinearOperator:
 def box_inpainting(shape, box_size, *, corner=None) -> LinearOperator:
     """Inpainting with a missing square box of side ``box_size`` pixels (or ``(bh, bw)``).
 
-    The box is centred (offsets ``(H - bh) // 2``, ``(W - bw) // 2``) unless ``corner`` gives its
-    top-left pixel ``(row, col)``; it must fit inside the image.
+    Args:
+      shape: image shape ``(H, W, C)``.
+      box_size: side of the box, a positive int, or ``(bh, bw)``.
+      corner: top-left pixel ``(row, col)`` of the box; ``None``: centred (offsets
+        ``(H - bh) // 2``, ``(W - bw) // 2``). The box must fit inside the image.
+
+    Returns:
+      The inpainting :class:`LinearOperator`.
+
+    Raises:
+      ValueError: if ``box_size`` is not positive or the box leaves the image.
     """
     h, w, c = shape = _image_shape(shape)
     bh, bw = (box_size, box_size) if np.ndim(box_size) == 0 else tuple(box_size)
@@ -342,8 +376,19 @@ def box_inpainting(shape, box_size, *, corner=None) -> LinearOperator:
 
 
 def random_inpainting(key: jax.Array, shape, missing_fraction: float) -> LinearOperator:
-    """Inpainting that drops each pixel (all its channels) with probability ``missing_fraction``
-    in ``[0, 1)``, drawn with ``key``."""
+    """Inpainting that drops each pixel (all its channels) at random.
+
+    Args:
+      key: PRNG key of the mask.
+      shape: image shape ``(H, W, C)``.
+      missing_fraction: probability that a pixel is dropped, in ``[0, 1)``.
+
+    Returns:
+      The inpainting :class:`LinearOperator`.
+
+    Raises:
+      ValueError: if ``missing_fraction`` is outside ``[0, 1)``.
+    """
     shape = _image_shape(shape)
     p = float(missing_fraction)
     if not 0.0 <= p < 1.0:
@@ -368,12 +413,22 @@ def _wrapped_offsets(n: int) -> np.ndarray:
 
 
 def gaussian_blur(shape, sigma: float, *, kernel_size: int | None = None) -> LinearOperator:
-    """Blur with a normalised isotropic Gaussian kernel of width ``sigma`` pixels, periodic
-    boundary.
+    """Blur with a normalised isotropic Gaussian kernel, periodic boundary.
 
     The kernel is ``exp(-(di^2 + dj^2) / (2 sigma^2))`` on the wrapped offsets ``|di|, |dj| <=
-    kernel_size // 2`` (odd ``kernel_size``; by default the smallest odd size covering
-    ``3 sigma`` either side, capped by the image), then divided by its sum.
+    kernel_size // 2``, capped by the image, then divided by its sum.
+
+    Args:
+      shape: image shape ``(H, W, C)``.
+      sigma: width of the kernel in pixels, ``> 0``.
+      kernel_size: odd positive int; ``None``: the smallest odd size covering ``3 sigma`` either
+        side.
+
+    Returns:
+      The blur :class:`LinearOperator`.
+
+    Raises:
+      ValueError: if ``sigma`` is not positive or ``kernel_size`` is not a positive odd int.
     """
     h, w, c = shape = _image_shape(shape)
     sigma = _positive(sigma, "sigma")
@@ -390,12 +445,23 @@ def gaussian_blur(shape, sigma: float, *, kernel_size: int | None = None) -> Lin
 
 
 def motion_blur(shape, length: float, angle: float = 0.0, *, samples: int = 64) -> LinearOperator:
-    """Linear motion blur: the average of the image shifted along a centred segment of
-    ``length`` pixels at ``angle`` radians from the horizontal, periodic boundary.
+    """Linear motion blur along a centred segment, periodic boundary.
 
-    The segment is sampled at ``samples`` evenly spaced points whose sub-pixel positions are
-    spread bilinearly onto the grid; the kernel is point-symmetric (its transfer function is
-    real) and sums to 1.
+    The average of the image shifted along the segment. The segment is sampled at ``samples``
+    evenly spaced points whose sub-pixel positions are spread bilinearly onto the grid; the kernel
+    is point-symmetric (its transfer function is real) and sums to 1.
+
+    Args:
+      shape: image shape ``(H, W, C)``.
+      length: length of the segment in pixels, ``> 0``.
+      angle: direction of the segment, radians from the horizontal.
+      samples: points on the segment, an int ``>= 2``.
+
+    Returns:
+      The blur :class:`LinearOperator`.
+
+    Raises:
+      ValueError: if ``length`` is not positive or ``samples < 2``.
     """
     h, w, c = shape = _image_shape(shape)
     length = _positive(length, "length")
@@ -418,8 +484,17 @@ def motion_blur(shape, length: float, angle: float = 0.0, *, samples: int = 64) 
 def downsampling(shape, factor: int) -> LinearOperator:
     """Average over non-overlapping ``factor x factor`` blocks: ``[H, W, C] -> [H/f, W/f, C]``.
 
-    ``H`` and ``W`` must be multiples of ``factor``. ``A A^T = I / factor^2``, so
-    ``factor^2 A^T`` is a right inverse.
+    ``A A^T = I / factor^2``, so ``factor^2 A^T`` is a right inverse.
+
+    Args:
+      shape: image shape ``(H, W, C)``; ``H`` and ``W`` must be multiples of ``factor``.
+      factor: the block side ``f``, a positive int.
+
+    Returns:
+      The downsampling :class:`LinearOperator`.
+
+    Raises:
+      ValueError: if ``factor`` is not a positive int or does not divide ``H`` and ``W``.
     """
     h, w, c = shape = _image_shape(shape)
     if isinstance(factor, bool) or not isinstance(factor, int | np.integer) or factor < 1:
@@ -436,8 +511,19 @@ def downsampling(shape, factor: int) -> LinearOperator:
 def measure(key: jax.Array, op: LinearOperator, x: jax.Array, noise_std) -> jax.Array:
     """A noisy measurement ``y = A x + noise_std * n``, ``n ~ N(0, I)`` of ``y``'s shape.
 
-    ``noise_std`` is a non-negative scalar (or an array broadcasting against ``y``, e.g. ``[B,
-    1, 1, 1]`` for one level per image).
+    Args:
+      key: PRNG key of the noise.
+      op: the :class:`LinearOperator` ``A``.
+      x: images ``[..., H, W, C]`` of the operator's input shape.
+      noise_std: a non-negative scalar, or an array broadcasting against ``y`` (e.g.
+        ``[B, 1, 1, 1]`` for one level per image).
+
+    Returns:
+      The measurement ``y``, of ``A x``'s shape and dtype.
+
+    Raises:
+      TypeError: if ``op`` is not a :class:`LinearOperator`.
+      ValueError: if a known ``noise_std`` has negative values.
     """
     if not isinstance(op, LinearOperator):
         raise TypeError(f"op: expected a LinearOperator, got {type(op).__name__}")

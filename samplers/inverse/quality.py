@@ -48,9 +48,21 @@ def _check(x, ref, data_range, min_size=1):
 
 
 def psnr(x, ref, *, data_range: float = 1.0):
-    """Peak signal-to-noise ratio in dB of ``x`` (clipped to ``[0, data_range]``) against
-    ``ref``, one value per image (``[...]`` for ``[..., H, W, C]``); identical images give
-    ``10 log10(data_range^2 / 1e-12)`` rather than infinity."""
+    """Peak signal-to-noise ratio in dB of ``x`` against ``ref``, one value per image.
+
+    Identical images give ``10 log10(data_range^2 / 1e-12)`` rather than infinity.
+
+    Args:
+      x: ``[..., H, W, C]`` images, clipped to ``[0, data_range]``.
+      ref: reference images of the same ``(H, W, C)``; leading axes broadcast against ``x``'s.
+      data_range: peak value, a finite number ``> 0``.
+
+    Returns:
+      The PSNR, ``[...]``.
+
+    Raises:
+      ValueError: on mismatched shapes or a bad ``data_range``.
+    """
     x, ref = _check(x, ref, data_range)
     mse = jnp.mean((x - ref) ** 2, axis=(-3, -2, -1))
     return 10.0 * jnp.log10(data_range ** 2 / jnp.maximum(mse, 1e-12))
@@ -63,10 +75,28 @@ def _gaussian_window(size: int, sigma: float) -> jax.Array:
 
 
 def ssim(x, ref, *, data_range: float = 1.0, window: int = 11, sigma: float = 1.5):
-    """Mean structural similarity (Wang et al. 2004, eq. 13 and 17; module docstring) of ``x``
-    (clipped to ``[0, data_range]``) against ``ref``, one value per image, in ``[-1, 1]`` and 1
-    exactly when ``x == ref``. ``window`` (odd, at most the image side) and ``sigma`` set the
-    Gaussian window."""
+    """Mean structural similarity of ``x`` against ``ref``, one value per image.
+
+    Wang et al. 2004, eq. 13 and 17 (module docstring); in ``[-1, 1]`` and 1 exactly when
+    ``x == ref``.
+
+    Args:
+      x: ``[..., H, W, C]`` images, clipped to ``[0, data_range]``.
+      ref: reference images of the same ``(H, W, C)``; leading axes broadcast against ``x``'s.
+      data_range: peak value, a finite number ``> 0``.
+      window: side of the Gaussian window, odd, at most the image side.
+      sigma: width of the Gaussian window, a finite number ``> 0``.
+
+    Returns:
+      The mean SSIM, ``[...]``.
+
+    Raises:
+      ValueError: on mismatched shapes, a bad ``data_range``, ``window`` or ``sigma``.
+
+    References:
+      Wang, Bovik, Sheikh, Simoncelli, Image quality assessment: from error visibility to
+      structural similarity, IEEE TIP 2004.
+    """
     if isinstance(window, bool) or not isinstance(window, int) or window < 1 or window % 2 == 0:
         raise ValueError(f"window: expected an odd positive int, got {window!r}")
     if not (isinstance(sigma, int | float) and np.isfinite(sigma) and sigma > 0):

@@ -33,18 +33,45 @@ __all__ = ["per_particle_potential_grad", "reward_tuning_grad", "weighted_mean",
 
 
 def weighted_mean(tree, weights):
-    """``sum_i W_i tree[i]`` for every leaf (leading axis ``N``)."""
+    """``sum_i W_i tree[i]`` for every leaf (leading axis ``N``).
+
+    Args:
+      tree: pytree whose leaves have a leading axis ``N``.
+      weights: ``(N,)`` weights (cast to each leaf's dtype).
+
+    Returns:
+      A pytree like ``tree`` without the leading axis.
+    """
     return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), tree)
 
 
 def per_particle_potential_grad(potential: Callable, params, particles):
-    """``grad_theta U_theta(X_i)`` for every particle: a params-shaped pytree with a leading
-    axis ``N``."""
+    """``grad_theta U_theta(X_i)`` for every particle.
+
+    Args:
+      potential: ``U(params, x)`` for one particle (a scalar).
+      params: ``theta``, a pytree.
+      particles: pytree of the ``X_i``, leading axis ``N``.
+
+    Returns:
+      A params-shaped pytree with a leading axis ``N``.
+    """
     return jax.vmap(jax.grad(potential), in_axes=(None, 0))(params, particles)
 
 
 def weighted_potential_grad(potential: Callable) -> Callable:
-    """The default estimator (G.1) as an ``objective_grad(params, particles, weights, key)``."""
+    """The default estimator (G.1) as an ``objective_grad(params, particles, weights, key)``.
+
+    Args:
+      potential: ``U(params, x)`` for one particle (a scalar).
+
+    Returns:
+      ``objective_grad(params, particles, weights, key=None)``: ``sum_i W_i grad_theta
+      U_theta(X_i)``; ``key`` is unused.
+
+    Raises:
+      TypeError: if ``potential`` is not callable.
+    """
     if not callable(potential):
         raise TypeError(f"potential: expected a callable U(params, x), got {type(potential)}")
 

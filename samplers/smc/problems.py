@@ -103,8 +103,21 @@ def _check_positive_int(name, v, minimum=1):
 
 def gaussian_mmle(y=None, *, key=None, num_data: int = 20, theta_true: float = 1.0,
                   theta0: float = 0.0) -> Problem:
-    """The Gaussian MMLE toy (module docstring, 1). ``y``: the data (1-D), or drawn from the
-    model at ``theta_true`` with ``key`` (default ``key(0)``)."""
+    """The Gaussian MMLE toy (module docstring, 1).
+
+    Args:
+      y: the data (a finite 1-D array), or ``None`` to draw it from the model at ``theta_true``.
+      key: PRNG key of the drawn data; ``None``: ``key(0)``.
+      num_data: size of the drawn data, an int ``>= 1`` (used when ``y`` is ``None``).
+      theta_true: parameter of the drawn data.
+      theta0: the initial parameter.
+
+    Returns:
+      The :class:`Problem` ``"gaussian-mmle"``.
+
+    Raises:
+      ValueError: if ``y`` is not a finite non-empty 1-D array or ``num_data < 1``.
+    """
     if y is None:
         _check_positive_int("num_data", num_data)
         key = jax.random.key(0) if key is None else key
@@ -146,9 +159,21 @@ def _load_sklearn(dataset: str) -> np.ndarray:
 
 
 def ppca_mmle(dataset: str = "wine", *, latent_dim: int = 2, key=None) -> Problem:
-    """PPCA maximum marginal likelihood on a standardised scikit-learn dataset (module
-    docstring, 2). ``theta_0``: ``W`` with N(0, 0.1^2) entries (from ``key``, default
-    ``key(0)``), ``mu = 0``, ``psi = 1``."""
+    """PPCA maximum marginal likelihood on a standardised scikit-learn dataset.
+
+    Module docstring, 2. ``theta_0``: ``W`` with N(0, 0.1^2) entries, ``mu = 0``, ``psi = 1``.
+
+    Args:
+      dataset: ``"wine"``, ``"diabetes"``, ``"breast_cancer"`` or ``"iris"``.
+      latent_dim: ``k``, an int in ``[1, d)`` for data of dimension ``d``.
+      key: PRNG key of the initial ``W``; ``None``: ``key(0)``.
+
+    Returns:
+      The :class:`Problem` ``"ppca-<dataset>"``.
+
+    Raises:
+      ValueError: for an unknown ``dataset`` or a ``latent_dim`` out of range.
+    """
     y_np = _load_sklearn(dataset)
     n, d = y_np.shape
     _check_positive_int("latent_dim", latent_dim)
@@ -270,9 +295,26 @@ REWARDS = ("hard", "smooth", "multimodal")
 def mixture2d_reward(reward: str = "hard", *, kl_weight: float = 0.1, radius: float = 3.0,
                      variance: float = 0.15, num_reference: int = 256,
                      num_eval_draws: int = 4096) -> Problem:
-    """The 2-D mixture EBM with a toy reward (module docstring, 3). Components: ``radius``
-    (cos, sin)(j pi / 3), ``j = 0..5``, isotropic ``variance``; bump centre ``c = (radius, 0)``
-    (``multimodal``: also ``radius (cos, sin)(4 pi / 3)``)."""
+    """The 2-D mixture EBM with a toy reward (module docstring, 3).
+
+    Components: ``radius`` (cos, sin)(j pi / 3), ``j = 0..5``, isotropic ``variance``; bump centre
+    ``c = (radius, 0)`` (``multimodal``: also ``radius (cos, sin)(4 pi / 3)``).
+
+    Args:
+      reward: ``"hard"``, ``"smooth"`` or ``"multimodal"``.
+      kl_weight: ``lam >= 0``, weight of the KL term to the initial model.
+      radius: distance of the component means from the origin, ``> 0``.
+      variance: the components' isotropic variance, ``> 0``.
+      num_reference: reference draws per objective-gradient evaluation.
+      num_eval_draws: fixed draws per component for the loss.
+
+    Returns:
+      The :class:`Problem` ``"mixture2d-<reward>"``.
+
+    Raises:
+      ValueError: for an unknown ``reward``, a non-positive ``radius`` or ``variance``, or a
+        negative or non-finite ``kl_weight``.
+    """
     if reward not in REWARDS:
         raise ValueError(f"reward: expected one of {REWARDS}, got {reward!r}")
     if not (radius > 0 and variance > 0):
@@ -302,10 +344,26 @@ def mixture2d_reward(reward: str = "hard", *, kl_weight: float = 0.1, radius: fl
 def digits_reward(target: int = 3, *, num_components: int = 20, kl_weight: float = 0.05,
                   min_variance: float = 0.02, num_reference: int = 256,
                   num_eval_draws: int = 256) -> Problem:
-    """The digits EBM tuned toward a classifier's ``P(digit = target | x)`` (module docstring,
-    4). The mixture is fitted with ``GaussianMixture(num_components, covariance_type="diag",
+    """The digits EBM tuned toward a classifier's ``P(digit = target | x)`` (module docstring, 4).
+
+    The mixture is fitted with ``GaussianMixture(num_components, covariance_type="diag",
     reg_covar=min_variance, random_state=0)``; the classifier is
-    ``LogisticRegression(C=1.0, max_iter=2000)`` on all 1797 images (both deterministic)."""
+    ``LogisticRegression(C=1.0, max_iter=2000)`` on all 1797 images (both deterministic).
+
+    Args:
+      target: the digit, an int in ``0..9``.
+      num_components: mixture components, an int ``>= 2``.
+      kl_weight: ``lam >= 0``, weight of the KL term to the fitted mixture.
+      min_variance: ``reg_covar`` of the fit, ``> 0``.
+      num_reference: reference draws per objective-gradient evaluation.
+      num_eval_draws: fixed draws per component for the loss.
+
+    Returns:
+      The :class:`Problem` ``"digits-<target>"``.
+
+    Raises:
+      ValueError: for a bad ``target``, ``num_components``, ``min_variance`` or ``kl_weight``.
+    """
     from sklearn.datasets import load_digits
     from sklearn.linear_model import LogisticRegression
     from sklearn.mixture import GaussianMixture

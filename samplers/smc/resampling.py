@@ -52,14 +52,42 @@ def _invert(w, u):
 
 
 def multinomial(key, weights, num_samples: int) -> jax.Array:
-    """``num_samples`` i.i.d. ancestors from ``Categorical(weights)``."""
+    """``num_samples`` i.i.d. ancestors from ``Categorical(weights)``.
+
+    Args:
+      key: PRNG key.
+      weights: ``(N,)`` float normalised weights (non-negative, summing to 1).
+      num_samples: ``M``, the number of ancestors drawn, a positive int.
+
+    Returns:
+      The ``int32[M]`` ancestor indices, non-decreasing.
+
+    Raises:
+      ValueError: if ``weights`` is not of shape ``(N,)``, ``num_samples`` is not a positive int,
+        or known weights are negative, non-finite or do not sum to 1 (within ``1e-3``).
+      TypeError: if ``weights`` is not a float array.
+    """
     w = _check(weights, num_samples)
     u = jnp.sort(jax.random.uniform(key, (num_samples,), dtype=w.dtype))
     return _invert(w, u)
 
 
 def stratified(key, weights, num_samples: int) -> jax.Array:
-    """Stratified resampling: one uniform per stratum ``[m/M, (m+1)/M)``."""
+    """Stratified resampling: one uniform per stratum ``[m/M, (m+1)/M)``.
+
+    Args:
+      key: PRNG key.
+      weights: ``(N,)`` float normalised weights (non-negative, summing to 1).
+      num_samples: ``M``, the number of ancestors drawn, a positive int.
+
+    Returns:
+      The ``int32[M]`` ancestor indices, non-decreasing.
+
+    Raises:
+      ValueError: if ``weights`` is not of shape ``(N,)``, ``num_samples`` is not a positive int,
+        or known weights are negative, non-finite or do not sum to 1 (within ``1e-3``).
+      TypeError: if ``weights`` is not a float array.
+    """
     w = _check(weights, num_samples)
     u = (jnp.arange(num_samples, dtype=w.dtype)
          + jax.random.uniform(key, (num_samples,), dtype=w.dtype)) / num_samples
@@ -67,7 +95,21 @@ def stratified(key, weights, num_samples: int) -> jax.Array:
 
 
 def systematic(key, weights, num_samples: int) -> jax.Array:
-    """Systematic resampling: one uniform offset shared by all strata."""
+    """Systematic resampling: one uniform offset shared by all strata.
+
+    Args:
+      key: PRNG key.
+      weights: ``(N,)`` float normalised weights (non-negative, summing to 1).
+      num_samples: ``M``, the number of ancestors drawn, a positive int.
+
+    Returns:
+      The ``int32[M]`` ancestor indices, non-decreasing.
+
+    Raises:
+      ValueError: if ``weights`` is not of shape ``(N,)``, ``num_samples`` is not a positive int,
+        or known weights are negative, non-finite or do not sum to 1 (within ``1e-3``).
+      TypeError: if ``weights`` is not a float array.
+    """
     w = _check(weights, num_samples)
     u = (jnp.arange(num_samples, dtype=w.dtype)
          + jax.random.uniform(key, (), dtype=w.dtype)) / num_samples
@@ -80,8 +122,19 @@ SCHEMES = {"multinomial": multinomial, "stratified": stratified, "systematic": s
 def resample(key, particles, log_weights, scheme: str = "multinomial"):
     """Resamples a particle pytree (leading axis ``N``) by its log-weights.
 
-    Returns ``(particles, log_weights, indices)`` with the new log-weights uniform
-    (``-log N``, normalised) and ``indices`` the ancestors.
+    Args:
+      key: PRNG key.
+      particles: pytree whose leaves have a leading axis ``N``.
+      log_weights: ``(N,)`` float log-weights, ``N >= 2`` (see ``check_log_weights``).
+      scheme: one of ``"multinomial"``, ``"stratified"``, ``"systematic"``.
+
+    Returns:
+      ``(particles, log_weights, indices)``: the resampled pytree, the new log-weights uniform
+      (``-log N``, normalised) and the ``int32[N]`` ancestors.
+
+    Raises:
+      ValueError: for an unknown ``scheme`` or invalid ``log_weights``.
+      TypeError: if ``log_weights`` is not a float array.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme: expected one of {sorted(SCHEMES)}, got {scheme!r}")

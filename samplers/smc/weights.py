@@ -42,9 +42,18 @@ __all__ = [
 
 
 def concrete_values(x) -> np.ndarray | None:
-    """``x`` as a NumPy array when its values are known (an array, or a constant closed over
-    by a ``jit``-ed function), ``None`` for a tracer. The checks then run in NumPy: a ``jnp``
-    operation inside a trace returns a tracer even on constants, which ``bool()`` rejects."""
+    """``x`` as a NumPy array when its values are known, ``None`` for a tracer.
+
+    Values are known for an array, or a constant closed over by a ``jit``-ed function. The checks
+    then run in NumPy: a ``jnp`` operation inside a trace returns a tracer even on constants,
+    which ``bool()`` rejects.
+
+    Args:
+      x: an array, a constant or a tracer.
+
+    Returns:
+      ``np.asarray(x)``, or ``None`` when ``x`` is a tracer.
+    """
     if isinstance(x, jax.core.Tracer):
         return None
     return np.asarray(x)
@@ -53,12 +62,22 @@ def concrete_values(x) -> np.ndarray | None:
 def check_log_weights(log_weights, name: str = "log_weights", min_size: int = 2) -> jax.Array:
     """Validates a 1-D array of log-weights and returns it as a float array.
 
-    Rules: a 1-D float array with at least ``min_size`` entries (2 for a particle system; 1
-    for a one-chain baseline); no NaN, no ``+inf``; ``-inf`` (zero weight)
-    is allowed but not for every entry. The value checks run whenever the values are known,
-    constants closed over by a ``jit``-ed function included; on traced arguments (under
-    ``jit``/``vmap``) only the shape check runs.
-    Raises ``ValueError``/``TypeError`` naming ``name``.
+    Rules: a 1-D float array with at least ``min_size`` entries; no NaN, no ``+inf``; ``-inf``
+    (zero weight) is allowed but not for every entry. The value checks run whenever the values
+    are known, constants closed over by a ``jit``-ed function included; on traced arguments
+    (under ``jit``/``vmap``) only the shape check runs.
+
+    Args:
+      log_weights: the array to check.
+      name: argument name used in the error messages.
+      min_size: least number of entries (2 for a particle system; 1 for a one-chain baseline).
+
+    Returns:
+      ``log_weights`` as a ``jax.Array``.
+
+    Raises:
+      ValueError: naming ``name``, on a bad shape or bad known values.
+      TypeError: naming ``name``, if the array is not a float array.
     """
     lw = jnp.asarray(log_weights)
     if not jnp.issubdtype(lw.dtype, jnp.floating):
@@ -75,19 +94,53 @@ def check_log_weights(log_weights, name: str = "log_weights", min_size: int = 2)
 
 
 def normalize(log_weights) -> jax.Array:
-    """``log w - logsumexp(log w)``: the log of (W.1)."""
+    """``log w - logsumexp(log w)``: the log of (W.1).
+
+    Args:
+      log_weights: ``(N,)`` float log-weights, ``N >= 2``; no NaN or ``+inf``, not all ``-inf``.
+
+    Returns:
+      The ``(N,)`` normalised log-weights.
+
+    Raises:
+      ValueError: if ``log_weights`` has a bad shape or (when known) bad values.
+      TypeError: if ``log_weights`` is not a float array.
+    """
     lw = check_log_weights(log_weights)
     return lw - jax.nn.logsumexp(lw)
 
 
 def weights(log_weights) -> jax.Array:
-    """Normalised weights ``W`` (W.1), shape ``(N,)``, summing to one."""
+    """Normalised weights ``W`` (W.1), shape ``(N,)``, summing to one.
+
+    Args:
+      log_weights: ``(N,)`` float log-weights, ``N >= 2``; no NaN or ``+inf``, not all ``-inf``.
+
+    Returns:
+      The ``(N,)`` weights ``softmax(log_weights)``.
+
+    Raises:
+      ValueError: if ``log_weights`` has a bad shape or (when known) bad values.
+      TypeError: if ``log_weights`` is not a float array.
+    """
     return jax.nn.softmax(check_log_weights(log_weights))
 
 
 def ess(log_weights) -> jax.Array:
-    """Effective sample size (W.2), ``1 / sum W_i^2``, computed in log space:
-    ``exp(2 logsumexp(lw) - logsumexp(2 lw))``."""
+    """Effective sample size (W.2), ``1 / sum W_i^2``, computed in log space.
+
+    ``exp(2 logsumexp(lw) - logsumexp(2 lw))``.
+
+    Args:
+      log_weights: ``(N,)`` float log-weights, ``N >= 2``; no NaN or ``+inf``, not all ``-inf``.
+
+    Returns:
+      The scalar ESS, in ``[1, N]``.
+
+    Raises:
+      ValueError: if ``log_weights`` has a bad shape or (when known) bad values.
+      TypeError: if ``log_weights`` is not a float array.
+    """
     lw = check_log_weights(log_weights)
     return jnp.exp(2.0 * jax.nn.logsumexp(lw) - jax.nn.logsumexp(2.0 * lw))
 
@@ -97,6 +150,15 @@ def invariant_log_increment(potential: Callable, params_old, params_new, particl
 
     Exactly zero when ``params_new`` equals ``params_old`` (the same program on the same
     inputs), which keeps the weights exactly uniform for frozen parameters.
+
+    Args:
+      potential: ``U(params, x)`` for one particle (a scalar).
+      params_old: ``theta_k``.
+      params_new: ``theta_{k+1}``.
+      particles: pytree of the ``X_i``, leading axis ``N``.
+
+    Returns:
+      The ``(N,)`` log-weight increments.
     """
     u = jax.vmap(potential, in_axes=(None, 0))
     return u(params_old, particles) - u(params_new, particles)
@@ -114,9 +176,19 @@ def ula_log_increment(potential: Callable, params_old, params_new, particles, mo
                       step_size) -> jax.Array:
     """(W.4) for every particle: ``a_k(X, X') - a_{k+1}(X', X)``, shape ``(N,)``.
 
-    ``particles`` are the ``X`` (before the ULA move at ``params_old`` with step ``step_size``),
-    ``moved`` the ``X'``. With ``params_new == params_old`` this is the log of the ratio that
-    corrects ULA's bias: the weighted particles still target ``pi_theta`` exactly.
+    With ``params_new == params_old`` this is the log of the ratio that corrects ULA's bias: the
+    weighted particles still target ``pi_theta`` exactly.
+
+    Args:
+      potential: ``U(params, x)`` for one particle (a scalar, differentiable in ``x``).
+      params_old: ``theta_k``, the parameters of the ULA move.
+      params_new: ``theta_{k+1}``.
+      particles: pytree of the ``X`` before the ULA move, leading axis ``N``.
+      moved: pytree of the ``X'`` after the move, same structure.
+      step_size: the ULA step size.
+
+    Returns:
+      The ``(N,)`` log-weight increments.
     """
     def one(x, xp):
         return (_a(potential, params_old, x, xp, step_size)
