@@ -1,6 +1,7 @@
 # Two entry points: `make demo` (the main job on its embedded default) and
 # `make test` (the default test run: all but `gpu` and `slow`). Both build .venv themselves.
-# `make test-all` adds the `slow` sweeps.
+# `make test-all` adds the `slow` sweeps; `make docs` builds the site, `make notebooks` reruns
+# the notebooks.
 #
 # Python >= 3.12 is required (JAX >= 0.11). The first of these that is >= 3.12
 # is used: $(PYTHON) if given, python3.14 ... python3, then the oldest pyenv 3.12+.
@@ -8,7 +9,7 @@
 
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS ?= test,lint,kernel-check,milp,distill
+EXTRAS ?= test,lint,kernel-check,milp,distill,docs
 PYTEST_ARGS ?=
 
 define FIND_PYTHON
@@ -22,7 +23,7 @@ if command -v pyenv >/dev/null 2>&1; then \
 exit 1
 endef
 
-.PHONY: demo test test-all lint layers venv clean notebooks xla-aot
+.PHONY: demo test test-all lint layers venv clean docs notebooks xla-aot
 
 $(VENV)/.installed: pyproject.toml
 	@py=$$( $(FIND_PYTHON) ) || { echo "error: need Python >= 3.12 (set PYTHON=...)" >&2; exit 1; }; \
@@ -74,8 +75,21 @@ xla-aot: venv
 	    install -q --no-deps --target $$nd nvidia-cuda-nvdisasm==$(NVDISASM_VERSION) || rm -rf $$nd; \
 	  PYTHONPATH=$$dir:$$nd $(BIN)/python -m tools.kernel_audit.xla_aot $(XLA_AOT_ARGS)
 
+# The site, offline, into docs/_build/html, warnings as errors (a public name without a
+# docstring, a broken link). The site runs every notebook in FAST mode (FAST=1: shrunk,
+# minutes on a CPU); DOCS_EXECUTE=0 runs none and renders the outputs stored in the
+# .ipynb files instead (what tests/test_docs.py builds).
+DOCS_EXECUTE ?= 1
+docs: venv
+	FAST=1 JAXLIB_EXT_DOCS_EXECUTE=$(DOCS_EXECUTE) \
+	  $(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+# Every notebooks/*.ipynb regenerated from its jupytext .py and run in full (not FAST), so the
+# committed .ipynb files carry a full run's outputs and plots (GitHub, Colab, the site with
+# DOCS_EXECUTE=0). Long on a CPU; NOTEBOOK_TIMEOUT bounds each notebook (seconds).
+NOTEBOOK_TIMEOUT ?= 7200
 notebooks: venv
-	$(BIN)/jupytext --sync notebooks/*.py
+	$(BIN)/python tools/execute_notebooks.py --timeout $(NOTEBOOK_TIMEOUT) notebooks/*.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs .cache
+	rm -rf $(VENV) build *.egg-info runs .cache docs/_build docs/api docs/notebooks/*.ipynb

@@ -139,10 +139,11 @@ class LMConfig:
       norm_eps: the RMSNorm epsilon, positive (default 1e-6).
       tie_embeddings: the output head is the transposed embedding (Llama presets) instead of
         its own ``[d_model, vocab]`` matrix (default False).
-      mixer: the mixer's config, a ``config`` class of :data:`~jaxlib_ext.models.registry.
-        MIXER_REGISTRY` (its ``kind`` is the mixer's name).
-      ffn: the FFN's config, a ``config`` class of :data:`~jaxlib_ext.models.registry.
-        FFN_REGISTRY` (``kind``: ``"swiglu"``, ``"moe"`` or ``"latent_moe"``).
+      mixer: the mixer's config, a ``config`` class of
+        :data:`~jaxlib_ext.models.registry.MIXER_REGISTRY` (its ``kind`` is the mixer's name).
+      ffn: the FFN's config, a ``config`` class of
+        :data:`~jaxlib_ext.models.registry.FFN_REGISTRY` (``kind``: ``"swiglu"``, ``"moe"`` or
+        ``"latent_moe"``).
 
     A part's field reads through the config too (``cfg.num_experts`` is
     ``cfg.ffn.num_experts``); :meth:`replace` takes flat keys. :meth:`to_dict` is JSON-ready

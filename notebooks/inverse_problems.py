@@ -31,12 +31,15 @@
 # adaptive schedule, and a final check on a Gaussian prior whose posterior is known exactly.
 
 # %%
-try:
-    import jaxlib_ext  # noqa: F401
-except ImportError:  # on Colab:
-    # !pip install "jaxlib-ext @ git+https://github.com/jaxlib-ext/jaxlib_ext"
-    raise
+# On Colab, `%pip install jaxlib-ext` from PyPI; elsewhere this cell does nothing.
+import sys
 
+if "google.colab" in sys.modules:
+    from IPython import get_ipython
+
+    get_ipython().run_line_magic("pip", "install jaxlib-ext")
+
+# %%
 import os
 
 import jax

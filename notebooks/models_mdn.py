@@ -1,10 +1,12 @@
 # ---
 # jupyter:
 #   jupytext:
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -32,12 +34,13 @@
 # `FAST=1` shrinks everything so the notebook runs in under a minute on one CPU core.
 
 # %%
-# On Colab, install the library from the repository first:
-# !pip install "jaxlib-ext @ git+https://github.com/jaxlib-ext/jaxlib_ext.git"
-try:
-    import jaxlib_ext  # noqa: F401
-except ImportError as err:  # pragma: no cover
-    raise SystemExit("install jaxlib_ext first (see the commented pip line above)") from err
+# On Colab, `%pip install jaxlib-ext` from PyPI; elsewhere this cell does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    from IPython import get_ipython
+
+    get_ipython().run_line_magic("pip", "install jaxlib-ext")
 
 # %%
 import os

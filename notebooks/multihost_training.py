@@ -22,7 +22,15 @@
 # for a pod slice; on several hosts the same code runs after `jaxlib_ext.core.distributed.initialize`.
 
 # %%
-# On Colab: !pip install "jaxlib-ext @ git+<this repository's URL>"
+# On Colab, `%pip install jaxlib-ext` from PyPI; elsewhere this cell does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    from IPython import get_ipython
+
+    get_ipython().run_line_magic("pip", "install jaxlib-ext")
+
+# %%
 import os
 
 # Must be set before JAX starts: 8 simulated CPU devices (ignored on GPU/TPU hosts).

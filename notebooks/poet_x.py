@@ -27,12 +27,13 @@
 # `jaxlib_ext.optim.PoetLinear`, `poetize(model)` and the Optax transform `poet_x`.
 
 # %%
-# On Colab: install the library from the repository first.
-try:
-    import jaxlib_ext  # noqa: F401
-except ImportError:  # pragma: no cover
-    # !pip install "jaxlib-ext @ git+https://github.com/jaxlib-ext/jaxlib_ext"
-    raise
+# On Colab, `%pip install jaxlib-ext` from PyPI; elsewhere this cell does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    from IPython import get_ipython
+
+    get_ipython().run_line_magic("pip", "install jaxlib-ext")
 
 # %%
 import os

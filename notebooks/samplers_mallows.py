@@ -22,12 +22,15 @@
 # 2018). Data: 12 assessors rank 20 potatoes by weight, judging by eye (BayesMallows, GPL-3).
 
 # %%
-try:
-    import jaxlib_ext  # noqa: F401
-except ImportError:  # on Colab:
-    # !pip install "git+https://github.com/<org>/jaxlib_ext.git"
-    raise
+# On Colab, `%pip install jaxlib-ext` from PyPI; elsewhere this cell does nothing.
+import sys
 
+if "google.colab" in sys.modules:
+    from IPython import get_ipython
+
+    get_ipython().run_line_magic("pip", "install jaxlib-ext")
+
+# %%
 import os
 import time
 

@@ -29,12 +29,15 @@
 # certificate, and a final check against the exact optimum.
 
 # %%
-try:
-    import jaxlib_ext  # noqa: F401
-except ImportError:  # on Colab:
-    # !pip install "jaxlib-ext[milp] @ git+https://github.com/jaxlib-ext/jaxlib_ext"
-    raise
+# On Colab, `%pip install "jaxlib-ext[milp]"` from PyPI; elsewhere this cell does nothing.
+import sys
 
+if "google.colab" in sys.modules:
+    from IPython import get_ipython
+
+    get_ipython().run_line_magic("pip", 'install "jaxlib-ext[milp]"')
+
+# %%
 import os
 
 import jax

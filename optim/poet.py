@@ -164,8 +164,9 @@ def merge_poet_layer(w, theta_in, theta_out, perm_in, perm_out, key):
     """Merge-then-reinitialize of one layer, equations (1)-(2) of the module docstring.
 
     Args:
-      w: ``[n, m]`` base weight; ``theta_*`` as in :func:`~jaxlib_ext.pallas_kernels.poet.
-        poet_linear`; ``perm_*`` permutations (integer or float holding integers).
+      w: ``[n, m]`` base weight; ``theta_*`` as in
+        :func:`~jaxlib_ext.pallas_kernels.poet.poet_linear`; ``perm_*`` permutations (integer or
+        float holding integers).
       key: PRNG key for the new permutations.
 
     Returns:

@@ -575,10 +575,10 @@ class MallowsMH(MCMCKernel):
     ``{"rho": int32[n], "alpha": float}``. With ``chain_method="vectorized"`` the states carry
     a leading chain axis and the kernel is vmapped over it.
 
-    Args:
-      rankings, D, num_assessors, alpha, leap_size, update_alpha, sigma_alpha, alpha_rate,
-        alpha_jump, log_partition, blocks, prefer, num_swaps, rho_steps, key_importance: as in
-        :func:`mallows_mh`.
+    Its arguments (``rankings``, ``D``, ``num_assessors``, ``alpha``, ``leap_size``,
+    ``update_alpha``, ``sigma_alpha``, ``alpha_rate``, ``alpha_jump``, ``log_partition``,
+    ``blocks``, ``prefer``, ``num_swaps``, ``rho_steps``, ``key_importance``) are those of
+    :func:`mallows_mh`.
     """
 
     sample_field = "position"
@@ -689,8 +689,8 @@ def run_mallows_mcmc(
 
     Args:
       key: PRNG key, split into one key per chain.
-      rankings, D, num_assessors, alpha, key_importance, **kernel_kwargs: as in
-        :func:`mallows_mh`.
+      rankings: as in :func:`mallows_mh`, as are ``D``, ``num_assessors``, ``alpha``,
+        ``key_importance`` and the keyword arguments ``kernel_kwargs``.
       num_chains: chains, from uniformly random permutations.
       num_samples: draws kept per chain.
       num_warmup: steps dropped per chain first.

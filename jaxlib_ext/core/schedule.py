@@ -2,7 +2,7 @@
 
 A :class:`WarmupCosine` is a plain frozen record (kind, peak learning rate, warm-up,
 total steps, end value) that builds the optax schedule and round-trips through a
-checkpoint's JSON metadata, so a resumed run can check that it follows the same curve:
+checkpoint's JSON metadata, so a resumed run can check that it follows the same curve::
 
     lr(t) = peak * t / warmup                                      for t < warmup
     lr(t) = end + (peak - end) * (1 + cos(pi * (t - warmup) / (total - warmup))) / 2

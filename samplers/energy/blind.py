@@ -2,8 +2,8 @@
 
 arXiv 2605.15487 (blind inverse problems by Bayes' rule): because ``U`` is normalised, the
 evidence of a measurement under each candidate operator ``(A_i, sigma_j)`` is
-``p(y | i, j) = exp(-nll_ij)`` with ``nll_ij`` from (P.2) of :mod:`.problem`, and with a prior
-``pi_ij`` (flat by default)::
+``p(y | i, j) = exp(-nll_ij)`` with ``nll_ij`` from (P.2) of
+:mod:`~jaxlib_ext.samplers.energy.problem`, and with a prior ``pi_ij`` (flat by default)::
 
     p(i, j | y) ∝ pi_ij exp(-nll_ij),      (i, j)_hat = argmax_ij p(i, j | y)               (B.1)
 

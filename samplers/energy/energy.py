@@ -15,7 +15,7 @@ gives ``b = 0``; one returning ``(f, b)`` with ``b`` of shape ``[B]`` gives its 
 ``b = 0`` the form is exact for Gaussian data with ``m`` the mean (``f`` linear in ``y``); the
 covariance score-matching term of the loss is what trains ``b``.
 
-From ``U`` by automatic differentiation (one ``value_and_grad`` for all three):
+From ``U`` by automatic differentiation (one ``value_and_grad`` for all three)::
 
     score            grad_y U(y, Sigma)                                                (E.2)
     Tweedie          x_hat(y, Sigma) = y - Sigma grad_y U   (= E[x | y], anisotropic)   (E.3)

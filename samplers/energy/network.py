@@ -1,8 +1,8 @@
 """Covariance-conditioned energy networks ``f(y, Sigma)`` in Flax NNX: an MLP and a U-Net.
 
-Both return ``f`` of ``y``'s shape for (E.1) of :mod:`.energy`, preconditioned so the trainable
-part is of order one at every noise level (the data-variance scaling of Karras et al.,
-arXiv 2206.00364, applied per coefficient of the covariance's basis)::
+Both return ``f`` of ``y``'s shape for (E.1) of :mod:`~jaxlib_ext.samplers.energy.energy`,
+preconditioned so the trainable part is of order one at every noise level (the data-variance
+scaling of Karras et al., arXiv 2206.00364, applied per coefficient of the covariance's basis)::
 
     f(y, Sigma) = (v I + Sigma)^{-1} (y - m)
                   + Sigma^{-1/2} g((v I + Sigma)^{-1/2} (y - m), log s)                      (N.1)

@@ -103,13 +103,14 @@ class SOSMCState(NamedTuple):
 class SOSMCInfo(NamedTuple):
     """Diagnostics of one outer step.
 
-    ess: ESS after the reweighting, before any resampling (W.2).
-    step_size: ``h`` after the step-size rule (S.2).
-    resampled: whether the particles were resampled.
-    acceptance_rate: mean acceptance probability of the move (1 for ULA).
-    log_z_increment: SMC estimate of ``log Z_{theta_{k+1}} - log Z_{theta_k}`` (NaN where the
-      method has no weights).
-    finite: whether the new state (params, particles, log-weights) is finite.
+    Attributes:
+      ess: ESS after the reweighting, before any resampling (W.2).
+      step_size: ``h`` after the step-size rule (S.2).
+      resampled: whether the particles were resampled.
+      acceptance_rate: mean acceptance probability of the move (1 for ULA).
+      log_z_increment: SMC estimate of ``log Z_{theta_{k+1}} - log Z_{theta_k}`` (NaN where
+        the method has no weights).
+      finite: whether the new state (params, particles, log-weights) is finite.
     """
 
     ess: jax.Array
@@ -123,11 +124,12 @@ class SOSMCInfo(NamedTuple):
 class RunResult(NamedTuple):
     """What :func:`run` returns.
 
-    state: the last state (the last finite one when a step produced NaN/inf).
-    infos: the :class:`SOSMCInfo` of every step, stacked along a leading axis ``num_steps``.
-    params: ``theta`` after every step (leading axis ``num_steps``; after a non-finite step,
-      the frozen last finite parameters).
-    objective: ``objective_fn`` after every step, ``(num_steps,)``; NaN when none is given.
+    Attributes:
+      state: the last state (the last finite one when a step produced NaN/inf).
+      infos: the :class:`SOSMCInfo` of every step, stacked along a leading axis ``num_steps``.
+      params: ``theta`` after every step (leading axis ``num_steps``; after a non-finite step,
+        the frozen last finite parameters).
+      objective: ``objective_fn`` after every step, ``(num_steps,)``; NaN when none is given.
     """
 
     state: SOSMCState
