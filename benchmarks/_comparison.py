@@ -261,11 +261,16 @@ class ComparisonResult:
 
     def verdict(self, a: str, b: str, *, key: str = "test", fmt: str = ".4f") -> str:
         """One line comparing ``a`` and ``b`` at their best rates: a winner only when the
-        mean ± std intervals do not overlap, otherwise "within spread"."""
+        mean ± std intervals do not overlap, "within spread" when they do, and no verdict
+        when a side is not finite on some seed (a diverged run is not a tie)."""
         stats = {m: mean_std(self.at_best(m, key)) for m in (a, b)}
         (ma, sa), (mb, sb) = stats[a], stats[b]
         tail = f"each at its best lr, {len(self.spec.seeds)} seeds"
-        if not all(map(math.isfinite, (ma, sa, mb, sb))) or abs(ma - mb) <= sa + sb:
+        bad = [m for m in (a, b) if not all(map(math.isfinite, stats[m]))]
+        if bad:
+            return (f"{a} vs {b}: no verdict, {' and '.join(bad)} not finite ({key} "
+                    f"{self.metric} {ma:{fmt}} ± {sa:{fmt}} vs {mb:{fmt}} ± {sb:{fmt}}, {tail})")
+        if abs(ma - mb) <= sa + sb:
             return (f"{a} vs {b}: within spread ({key} {self.metric} {ma:{fmt}} ± {sa:{fmt}} "
                     f"vs {mb:{fmt}} ± {sb:{fmt}}, {tail})")
         winner, loser = (a, b) if (ma > mb) == self.higher_is_better else (b, a)

@@ -5,6 +5,7 @@ import importlib.util
 import math
 import pathlib
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ def _load(name):
     spec = importlib.util.spec_from_file_location(f"benchmarks.{name}",
                                                   ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -85,3 +87,17 @@ def test_timing_counts_calls_and_orders_its_quantiles():
         _harness.summarize([])
     peak = _harness.peak_bytes(jax.jit(lambda a: a * 2), jnp.ones((4, 4)))
     assert math.isnan(peak) or peak >= 2 * 4 * 4 * 4  # at least the argument and the output
+
+
+def test_comparison_verdicts_name_a_winner_a_tie_or_a_diverged_side():
+    comparison = _load("_comparison")
+    spec = comparison.Comparison(methods=("a", "b", "c"), lrs=(1 / 3, 1.0, 3.0),
+                                 seeds=(0, 1, 2), budget="-")
+    test = {"a": (10.0, 10.2, 10.1), "b": (12.0, 12.2, 12.1), "c": (10.1, math.nan, 10.0)}
+    records = {(m, lr, s): {"val": v[s], "test": v[s]}
+               for m, v in test.items() for lr in spec.lrs for s in spec.seeds}
+    result = comparison.ComparisonResult(spec, records, {}, higher_is_better=True,
+                                         metric="PSNR")
+    assert result.verdict("a", "b").startswith("b better than a")
+    assert result.verdict("a", "a").startswith("a vs a: within spread")
+    assert result.verdict("a", "c").startswith("a vs c: no verdict, c not finite")
