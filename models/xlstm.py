@@ -9,8 +9,17 @@ projections (copied by :func:`from_teacher`)::
 
     q, k, v   = RoPE(W_q x), RoPE(W_k x), W_v x                  (grouped-query heads)
     y_swa     = softmax attention of q over the keys in the window and the sink tokens
-    y_mlstm   = mLSTM(q, k, v, i~, f~),  i~ = cap(W_i x + b_i),  f~ = cap(W_f x + b_f)
+    phi_h(z)  = softmax(z W_h + b_h)                         (over the feature axis, head h)
+    y_mlstm   = mLSTM(phi_q(q), phi_k(k), v, i~, f~)
+    i~, f~    = cap(W_i x + b_i), cap(W_f x + b_f)
     y         = W_o( g * y_mlstm + (1 - g) * y_swa )              g in [0, 1] per head
+
+The feature maps ``phi_q`` (one per query head) and ``phi_k`` (one per key/value head) are
+learnable head-wise maps with a softmax over the feature axis, as in the paper after Hedgehog
+(Zhang et al., arXiv 2402.04347); they start at ``W_h = I``, ``b_h = 0`` (Hedgehog's
+initialisation: ``phi_h(z) = softmax(z)``). Only the mLSTM reads the mapped q, k; the SWA
+branch reads the rotated q, k themselves. ``feature_map="none"`` is the ablation without maps
+(``y_mlstm = mLSTM(q, k, v, i~, f~)``).
 
 The paper's exact gating formula, window and number of sinks are not public; this module
 implements the form ``g = sigmoid(W_g x + b_g)`` per head by default and makes the rest
@@ -22,9 +31,28 @@ pure-mLSTM student (no attention at all: ``y = W_o y_mlstm``).
 
 Choices where the paper is silent, and why:
 - The mLSTM reads the same (rotated) q, k, v as the attention, the key/value heads repeated to
-  the query heads (``mlstm_rope=False`` feeds it the un-rotated q, k instead). Its normaliser
-  ``max(|n^T q|, 1)`` keeps ``y_mlstm`` a weighted average of values like ``y_swa``, so no
-  extra norm sits before the shared ``W_o``.
+  the query heads after their feature map (``mlstm_rope=False`` feeds the maps the un-rotated
+  q, k instead). Its normaliser ``max(|n^T q|, 1)`` keeps ``y_mlstm`` a weighted average of
+  values like ``y_swa``, so no extra norm sits before the shared ``W_o``.
+- A feature map is ``softmax(z W_h + b_h)`` of width ``D`` with a bias (as Hedgehog's
+  ``Linear``), not the two-sided map of Hedgehog's reference code (a softmax over
+  ``[u, -u]``, ``u = z W_h + b_h``, of width ``2 D``): the mLSTM state keeps the teacher's head
+  width. It is computed in float32 and handed to the mLSTM in the dtype of q, k.
+- With the feature maps the mLSTM's query scale is 1, not its default ``D ** -0.5``: softmax
+  features are non-negative and sum to 1, so ``phi(k)^T phi(q)`` lies in ``[0, 1]`` already
+  and Hedgehog's linear attention divides by no ``sqrt(D)``; a further ``D ** -0.5`` would
+  only shrink ``n^T q`` below the normaliser's floor of 1. (``feature_map="none"`` keeps the
+  default scale.) Even at scale 1, ``n_t^T q_t = sum_{s <= t} F_st i_s phi(k_s)^T phi(q_t)``
+  (``F_st`` the product of the forget gates after ``s``) is of order ``t / D`` early in a
+  sequence (near-uniform features, forget gates near 1, ``i_s`` near 1), so the
+  floor ``max(|n^T q|, 1)`` dominates for the first ``~ D / exp(b_i)`` tokens and shrinks
+  ``y_mlstm`` there; the trained input-gate bias ``b_i`` (initialised to
+  :attr:`XLSTMConfig.input_gate_bias_init`) scales ``n^T q`` by ``exp(b_i)``, and no other
+  parameter is added for it.
+- The feature maps and their biases carry ``weight_decay=False`` metadata
+  (:func:`jaxlib_ext.optim.recipes.decay_mask`): decay would pull ``W_h`` towards 0, that is
+  towards uniform features under which all keys look alike, not towards the identity they
+  start at.
 - The mLSTM gate pre-activations are soft-capped ``c tanh(x / c)`` with ``c = 15`` as in
   xLSTM 7B (arXiv 2503.13427); the forget-gate biases start at ``linspace(3, 6)`` over heads
   (forget gates near 1: long memory from the start), the input-gate biases at 0.
@@ -60,10 +88,12 @@ from jaxlib_ext.pallas_kernels.mlstm import MLSTMState, mlstm, zero_state
 __all__ = [
     "MODES",
     "GATES",
+    "FEATURE_MAPS",
     "XLSTMConfig",
     "XLSTMCache",
     "XLSTMMixer",
     "sliding_window_mask",
+    "softmax_feature_map",
     "from_teacher",
     "student_from_teacher",
 ]
@@ -72,6 +102,8 @@ __all__ = [
 MODES = ("hybrid", "mlstm")
 #: Gate forms of the hybrid mixer (module docstring).
 GATES = ("head", "channel", "static", "attention")
+#: Feature maps of the mLSTM's q and k: head-wise softmax maps, or none (module docstring).
+FEATURE_MAPS = ("softmax", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,12 +117,15 @@ class XLSTMConfig:
 
     Attributes:
       mode: a kind of :data:`MODES`, ``"hybrid"`` (default) or ``"mlstm"``.
-      window: SWA window in tokens, an int ``>= 1`` (query ``t`` reads ``t - window < s <= t``;
-        default 512).
+      window: SWA window in tokens, an int ``>= max(1, n_sinks)`` (query ``t`` reads
+        ``t - window < s <= t``; default 512).
       n_sinks: the first tokens every query reads, an int ``>= 0`` (0 for none; default 4).
       gate: a form of :data:`GATES` (default ``"head"``).
       gate_bias_init: the gate's initial pre-activation bias (``0``: ``g = 1/2``).
-      mlstm_rope: whether the mLSTM reads rotated q, k (default True).
+      mlstm_rope: whether the mLSTM's feature maps read rotated q, k (default True).
+      feature_map: the map of the mLSTM's q and k, a kind of :data:`FEATURE_MAPS`:
+        ``"softmax"`` (default; learnable head-wise ``softmax(z W_h + b_h)``, query scale 1,
+        arXiv 2402.04347) or ``"none"`` (q, k as they are, query scale ``D ** -0.5``).
       gate_soft_cap: ``c`` of ``c tanh(x / c)`` on the mLSTM gate pre-activations, positive
         (``None``: uncapped; default 15).
       input_gate_bias_init: the initial input-gate bias of every head (default 0).
@@ -121,6 +156,7 @@ class XLSTMConfig:
     gate: str = "head"
     gate_bias_init: float = 0.0
     mlstm_rope: bool = True
+    feature_map: str = "softmax"
     gate_soft_cap: float | None = 15.0
     input_gate_bias_init: float = 0.0
     forget_gate_bias_init: tuple[float, float] = (3.0, 6.0)
@@ -134,10 +170,16 @@ class XLSTMConfig:
             raise ValueError(f"XLSTMConfig.mode must be one of {MODES}, got {self.mode!r}")
         if self.gate not in GATES:
             raise ValueError(f"XLSTMConfig.gate must be one of {GATES}, got {self.gate!r}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise ValueError(f"XLSTMConfig.feature_map must be one of {FEATURE_MAPS}, "
+                             f"got {self.feature_map!r}")
         for name, low in (("window", 1), ("n_sinks", 0), ("decode_recurrent_max_len", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
                 raise ValueError(f"XLSTMConfig.{name} must be an int >= {low}, got {value!r}")
+        if self.window < self.n_sinks:
+            raise ValueError(f"XLSTMConfig.window ({self.window}) must be at least n_sinks "
+                             f"({self.n_sinks})")
         if self.gate_soft_cap is not None and not self.gate_soft_cap > 0:
             raise ValueError(
                 f"XLSTMConfig.gate_soft_cap must be positive or None, got {self.gate_soft_cap}"
@@ -223,6 +265,24 @@ def sliding_window_mask(query_index, key_index, key_valid, *, window: int, n_sin
     return key_valid[None, :] & (s <= t) & ((s < n_sinks) | (s > t - window))
 
 
+def softmax_feature_map(x: jax.Array, weight: jax.Array, bias: jax.Array) -> jax.Array:
+    """Head-wise softmax feature maps ``phi_h(x) = softmax(x W_h + b_h)`` (arXiv 2402.04347).
+
+    The softmax runs over the feature axis, in float32: every feature vector is non-negative
+    and sums to 1.
+
+    Args:
+      x: ``[B, T, H, D]`` queries or keys.
+      weight: ``[H, D, E]``, one matrix per head.
+      bias: ``[H, E]``, one vector per head.
+
+    Returns:
+      ``[B, T, H, E]`` features in ``x.dtype``.
+    """
+    z = jnp.einsum("bthd,hde->bthe", x.astype(jnp.float32), weight.astype(jnp.float32))
+    return jax.nn.softmax(z + bias.astype(jnp.float32), axis=-1).astype(x.dtype)
+
+
 def _linear(i, o, axes, rngs, *, bias=None):
     """``nnx.Linear`` with ``N(0, 0.02)`` kernel; ``bias`` (an array of shape ``[o]``) adds a
     bias initialised to it."""
@@ -242,8 +302,11 @@ class XLSTMMixer(nnx.Module):
     Parameters: ``qkv`` and ``out``, the layout of the teacher's
     :class:`~jaxlib_ext.models.attention.Attention` (``dim -> (H + 2 Hkv) D`` and ``H D ->
     dim``; copies of the teacher's by :func:`from_teacher`), ``i_proj``, ``f_proj`` (``dim ->
-    H``, with bias: the mLSTM gate pre-activations), and by gate form ``g_proj`` (``dim -> H``,
-    ``"head"``; ``dim -> H*D``, ``"channel"``) or ``g_bias [H]`` (``"static"``).
+    H``, with bias: the mLSTM gate pre-activations), with ``feature_map="softmax"`` the feature
+    maps ``phi_q [H, D, D]``, ``phi_q_bias [H, D]`` (one per query head) and ``phi_k [Hkv, D,
+    D]``, ``phi_k_bias [Hkv, D]`` (one per key/value head), initialised to the identity and
+    zero (:func:`softmax_feature_map`), and by gate form ``g_proj`` (``dim -> H``, ``"head"``;
+    ``dim -> H*D``, ``"channel"``) or ``g_bias [H]`` (``"static"``).
 
     ``__call__(x [B, T, dim], cache=None) -> (y [B, T, dim], cache)``: without a cache the full
     sequence, returning ``None``; with an :class:`XLSTMCache` (from :meth:`init_cache`) the
@@ -291,6 +354,14 @@ class XLSTMMixer(nnx.Module):
                               bias=np.full(h, config.input_gate_bias_init))
         self.f_proj = _linear(dim, h, ("embed", "heads"), rngs,
                               bias=np.linspace(*config.forget_gate_bias_init, h))
+        if config.feature_map == "softmax":
+            for name, heads in (("phi_q", h), ("phi_k", hkv)):
+                eye = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (heads, d, d))
+                setattr(self, name, nnx.Param(eye, logical_axes=("heads", None, None),
+                                              weight_decay=False))
+                setattr(self, f"{name}_bias", nnx.Param(
+                    jnp.zeros((heads, d), jnp.float32), logical_axes=("heads", None),
+                    weight_decay=False))
         hybrid = config.mode == "hybrid"
         if hybrid and config.gate in ("head", "channel"):
             width = h if config.gate == "head" else h * d
@@ -374,7 +445,14 @@ class XLSTMMixer(nnx.Module):
         return self.out(out.reshape(b, t, h * d)), new_cache
 
     def _mlstm(self, x, q, k, v, cache):
+        """The mLSTM branch on q ``[B, T, H, D]``, k, v ``[B, T, Hkv, D]``, after the cached
+        state if any: ``(y [B, T, H, D], state)`` (``state`` ``None`` without a cache)."""
         c = self.config
+        scale = None
+        if c.feature_map == "softmax":
+            q = softmax_feature_map(q, self.phi_q[...], self.phi_q_bias[...])
+            k = softmax_feature_map(k, self.phi_k[...], self.phi_k_bias[...])
+            scale = 1.0
         groups = self.cfg.n_heads // self.cfg.kv_heads
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
         i_gate = self._cap(self.i_proj(x).astype(jnp.float32))
@@ -384,7 +462,7 @@ class XLSTMMixer(nnx.Module):
         if cached and x.shape[1] <= c.decode_recurrent_max_len:
             method = "reference"
         y, state = mlstm(
-            q, k, v, i_gate, f_gate,
+            q, k, v, i_gate, f_gate, scale=scale,
             initial_state=cache.mlstm if cached else None, output_final_state=cached,
             method=method, xla_form=c.xla_form, chunk_size=c.chunk_size,
         )
@@ -476,7 +554,8 @@ def from_teacher(attention: Attention, config: XLSTMConfig | None = None,
     """A student mixer initialised from a teacher attention layer (arXiv 2603.15590).
 
     The student has copies of the teacher's ``qkv`` and ``out`` projections and fresh mLSTM
-    and mixing-gate parameters.
+    gate, feature-map (``phi_q``, ``phi_k``, ``phi_q_bias``, ``phi_k_bias``) and mixing-gate
+    parameters.
 
     Args:
       attention: the teacher's :class:`~jaxlib_ext.models.attention.Attention`; it is not

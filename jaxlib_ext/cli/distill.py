@@ -1,8 +1,9 @@
 """``python -m jaxlib_ext distill ...``: distils a GGUF teacher LM into an xLSTM student.
 
-Runs :func:`jaxlib_ext.models.distill.run_distillation` (teacher cache, stage I layer alignment,
-stage II sparse top-k KD, stage III merging of the per-domain students) and prints, per domain
-and for the merged student, the held-out sparse KD and both models' perplexities; with
+Runs :func:`jaxlib_ext.models.distill.run_distillation` (teacher cache, stage I layer alignment
+of the new parameters, stage II full fine-tuning on 0.9 CE + 0.1 top-k KL, stage III merging of
+the per-domain students) and prints, per domain and for the merged student, the held-out sparse
+KD and both models' perplexities; with
 ``--evaluate``, the task suite and the Win-and-Tie table of
 :mod:`jaxlib_ext.models.distill.evaluation` (saved as ``<out-dir>/evaluation.json``). A rerun
 with the same flags and ``--out-dir`` resumes (finished parts are loaded).
@@ -41,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=400_000, help="text read per domain")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--n-sequences", type=int, default=32, help="cached windows per domain")
-    p.add_argument("--top-k", type=int, default=32, help="teacher log-probabilities kept")
+    p.add_argument("--top-k", type=int, default=256,
+                   help="teacher log-probabilities kept (default 256, the paper's)")
     p.add_argument("--cache-dtype", choices=("float32", "float16"), default="float32")
     p.add_argument("--layers", default=None,
                    help="comma-separated blocks given a student mixer (default: all)")
@@ -55,7 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage2-steps", type=int, default=50)
     p.add_argument("--stage2-lr", type=float, default=3e-4)
     p.add_argument("--stage2-batch", type=int, default=2)
-    p.add_argument("--lora-rank", type=int, default=0, help="LoRA on the MLPs in stage II")
+    p.add_argument("--stage1-train", choices=("new", "all"), default="new",
+                   help="stage I trains the parameters the teacher lacks (new, the paper's) "
+                        "or the copied projections too (all)")
+    p.add_argument("--stage2-train", choices=("full", "mixers", "lora"), default="full",
+                   help="stage II trains every parameter (full, the paper's), the mixers, or "
+                        "the mixers and LoRA on the MLPs (lora, with --lora-rank)")
+    p.add_argument("--ce-weight", type=float, default=0.9,
+                   help="stage II loss w CE + (1 - w) KL (default 0.9, the paper's; 0: pure KL)")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="rank of the LoRA adapters on the MLPs with --stage2-train lora")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--merge", choices=("average", "task_arithmetic"), default="average")
     p.add_argument("--merge-weights", default=None, help="comma-separated, one per domain")
@@ -98,8 +109,9 @@ def parse_student(items: list[str]) -> dict:
             raise ValueError(f"--student: expected KEY=VALUE, got {item!r}")
         if key not in fields:
             raise ValueError(f"--student: unknown key {key!r}; known: {sorted(fields)}")
-        value = _value(text)
-        if isinstance(getattr(XLSTMConfig(), key), float) and isinstance(value, int):
+        default = getattr(XLSTMConfig(), key)
+        value = text if isinstance(default, str) else _value(text)  # "none" is a choice there
+        if isinstance(default, float) and isinstance(value, int):
             value = float(value)
         out[key] = value
     XLSTMConfig(**out)  # its own validation, named by field
@@ -141,7 +153,8 @@ def _run(args) -> None:
         student=parse_student(args.student),
         stage1=stage(args.stage1_steps, args.stage1_lr, args.stage1_batch),
         stage2=stage(args.stage2_steps, args.stage2_lr, args.stage2_batch),
-        lora_rank=args.lora_rank, merge=args.merge, merge_weights=weights,
+        stage1_train=args.stage1_train, stage2_train=args.stage2_train,
+        ce_weight=args.ce_weight, lora_rank=args.lora_rank, merge=args.merge, merge_weights=weights,
         merge_scale=args.merge_scale, seed=args.seed,
     )
     result = D.run_distillation(teacher, config, progress=progress)
@@ -162,9 +175,10 @@ def _run(args) -> None:
                   f"{r['teacher_ppl']:.2f} |")
     for name, m in result.metrics.items():
         s1 = np.mean(m["stage1"][-1]["loss"]) if m["stage1"] else float("nan")
-        s2 = m["stage2"][-1]["loss"] if m["stage2"] else float("nan")
-        print(f"{name}: final stage I loss (mean over layers) {s1:.4f}, final stage II KD "
-              f"{s2:.4f}")
+        last = m["stage2"][-1] if m["stage2"] else {}
+        print(f"{name}: final stage I loss (mean over layers) {s1:.4f}, final stage II loss "
+              f"{last.get('loss', float('nan')):.4f} (CE {last.get('ce', float('nan')):.4f}, "
+              f"KL {last.get('kl', float('nan')):.4f})")
     (pathlib.Path(args.out_dir) / "report.json").write_text(json.dumps(report, indent=1))
     if args.prompt:
         tok = teacher.tokenizer

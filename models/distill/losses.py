@@ -1,5 +1,6 @@
-"""Distillation losses: layer alignment (stage I) and sparse top-k knowledge distillation (stage
-II) of arXiv 2603.15590.
+"""Distillation losses: layer alignment (stage I) and stage II's mix of next-token cross-entropy
+and sparse top-k knowledge distillation (:func:`distillation_loss`, ``0.9 CE + 0.1 KL``) of
+arXiv 2603.15590.
 
 Sparse KD keeps, per position, only the teacher's ``k`` most likely tokens ``S`` with their
 log-probabilities ``log p_i`` (cached once, :func:`top_k_log_probs`). The paper states the loss
@@ -21,7 +22,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["top_k_log_probs", "sparse_kd_loss", "full_kl", "alignment_loss"]
+__all__ = [
+    "top_k_log_probs",
+    "sparse_kd_loss",
+    "next_token_cross_entropy",
+    "distillation_loss",
+    "full_kl",
+    "alignment_loss",
+]
+
+#: The weight of the next-token cross-entropy in stage II's loss (arXiv 2603.15590, stage II:
+#: ``0.9 CE + 0.1 KL``; pure KL is reported there as worse).
+CE_WEIGHT = 0.9
 
 # below this teacher tail mass the tail term is dropped: float32 cannot resolve 1 - sum(p_S)
 _TAIL_FLOOR = 1e-6
@@ -100,6 +112,67 @@ def sparse_kd_loss(student_logits: jax.Array, teacher_log_probs: jax.Array,
         return jnp.mean(kl)
     mask = mask.astype(jnp.float32)
     return jnp.sum(kl * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def next_token_cross_entropy(logits: jax.Array, targets: jax.Array,
+                             mask: jax.Array | None = None) -> jax.Array:
+    """Mean negative log-likelihood of ``targets`` under ``softmax(logits)``, in nats.
+
+    Args:
+      logits: ``[..., V]``.
+      targets: ``int[...]`` token ids in ``[0, V)``.
+      mask: optional ``[...]`` weights (1 = position counts).
+
+    Returns:
+      The float32 scalar loss (the mask-weighted mean with ``mask``).
+
+    Raises:
+      ValueError: if ``targets``'s shape is not ``logits``'s leading axes.
+    """
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets {targets.shape} must be the leading axes of logits "
+                         f"{logits.shape}")
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    if mask is None:
+        return jnp.mean(nll)
+    mask = mask.astype(jnp.float32)
+    return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def distillation_loss(student_logits: jax.Array, targets: jax.Array,
+                      teacher_log_probs: jax.Array, teacher_ids: jax.Array, *,
+                      ce_weight: float = CE_WEIGHT, mask: jax.Array | None = None
+                      ) -> tuple[jax.Array, dict]:
+    """Stage II's loss: ``w CE + (1 - w) KL_S`` (arXiv 2603.15590, stage II, ``w = 0.9``).
+
+    ``CE`` is the next-token cross-entropy on the data (:func:`next_token_cross_entropy`),
+    ``KL_S`` the sparse top-k KD against the teacher (:func:`sparse_kd_loss`), both means over
+    positions in nats. ``ce_weight = 0`` is pure KD.
+
+    Args:
+      student_logits: ``[..., V]``.
+      targets: ``int[...]``, the next tokens.
+      teacher_log_probs: ``[..., k]`` teacher log-probabilities of its top-k tokens.
+      teacher_ids: ``[..., k]`` their token ids.
+      ce_weight: ``w``, in ``[0, 1]``.
+      mask: optional ``[...]`` weights (1 = position counts).
+
+    Returns:
+      ``(loss, {"ce": CE, "kl": KL_S})``, float32 scalars.
+
+    Raises:
+      ValueError: if ``ce_weight`` is outside ``[0, 1]``, or as the two losses.
+
+    References:
+      Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
+      arXiv 2603.15590 (stage II).
+    """
+    if not 0.0 <= ce_weight <= 1.0:
+        raise ValueError(f"ce_weight must be in [0, 1], got {ce_weight}")
+    ce = next_token_cross_entropy(student_logits, targets, mask)
+    kl = sparse_kd_loss(student_logits, teacher_log_probs, teacher_ids, mask)
+    return ce_weight * ce + (1.0 - ce_weight) * kl, {"ce": ce, "kl": kl}
 
 
 def full_kl(student_logits: jax.Array, teacher_logits: jax.Array) -> jax.Array:

@@ -1,5 +1,6 @@
 """The distillation pipeline of arXiv 2603.15590 end to end: per domain, teacher cache, stage I
-(layer alignment) and stage II (sparse KD) from one initial student, then stage III (merging).
+(layer alignment of the new parameters) and stage II (full fine-tuning on ``0.9 CE + 0.1 KL``)
+from one initial student, then stage III (merging).
 
 Folder layout under ``DistillConfig.out_dir``::
 
@@ -40,9 +41,14 @@ from jaxlib_ext.core.data import ByteTokenizer
 from jaxlib_ext.models._backbone import LanguageModel
 from jaxlib_ext.models._saved_methods import read_saved_methods
 from jaxlib_ext.models.distill.domains import check_domain, domain_corpus, domain_name
-from jaxlib_ext.models.distill.losses import sparse_kd_loss
+from jaxlib_ext.models.distill.losses import CE_WEIGHT, sparse_kd_loss
 from jaxlib_ext.models.distill.merging import MERGE_METHODS, merge_models
-from jaxlib_ext.models.distill.stages import StageConfig, align_layers, distill_end_to_end
+from jaxlib_ext.models.distill.stages import (
+    STAGE2_TRAIN,
+    StageConfig,
+    align_layers,
+    distill_end_to_end,
+)
 from jaxlib_ext.models.distill.teacher_cache import (
     build_teacher_cache,
     make_windows,
@@ -54,10 +60,12 @@ __all__ = [
     "DistillConfig",
     "DistillResult",
     "STUDENT_DEFAULTS",
+    "STAGE1_TRAIN",
     "Teacher",
     "tiny_teacher",
     "check_vocabularies",
     "initial_student",
+    "new_parameters",
     "run_distillation",
     "held_out_windows",
     "kd_and_perplexity",
@@ -149,14 +157,26 @@ class DistillConfig:
       eval_fraction: the last fraction of each domain's text held out.
       seq_len: tokens per cached window, positive.
       n_sequences: cached windows per domain, positive.
-      top_k: the teacher's log-probabilities kept per position, positive.
+      top_k: the teacher's log-probabilities kept per position, in ``[1, vocabulary]``
+        (default 256, the paper's stage II).
       cache_dtype: the dtype the teacher activations are stored in.
       layers: the blocks that get a student mixer; ``None`` means all.
       student: :class:`~jaxlib_ext.models.xlstm.XLSTMConfig` fields that update
         :data:`STUDENT_DEFAULTS`.
       stage1: stage I's :class:`~jaxlib_ext.models.distill.stages.StageConfig`.
       stage2: stage II's :class:`~jaxlib_ext.models.distill.stages.StageConfig`.
-      lora_rank: the rank of the LoRA adapters on the MLPs in stage II (0: none).
+      stage1_train: what stage I trains, one of :data:`STAGE1_TRAIN`: ``"new"`` (the
+        parameters the teacher layer does not have: feature maps, mLSTM gates, mixing gate;
+        the paper's stage I, default; :func:`new_parameters`) or ``"all"`` (the copied
+        projections too).
+      stage2_train: what stage II trains, one of
+        :data:`~jaxlib_ext.models.distill.stages.STAGE2_TRAIN` (``"full"``: every parameter,
+        the paper's full fine-tuning, default; ``"mixers"``; ``"lora"``: the mixers and
+        LoRA adapters on the MLPs).
+      ce_weight: the cross-entropy's weight in stage II's ``w CE + (1 - w) KL`` (default 0.9,
+        the paper's; 0 is pure sparse KD).
+      lora_rank: the rank of the LoRA adapters on the MLPs in stage II, positive exactly when
+        ``stage2_train="lora"``.
       merge: stage III's method, ``"average"`` or ``"task_arithmetic"``.
       merge_weights: one weight per domain; ``None`` means uniform.
       merge_scale: the scale of task arithmetic.
@@ -164,9 +184,10 @@ class DistillConfig:
       shard_layers: whether stage I splits the layer axis over the devices.
 
     Raises:
-      ValueError: if ``domains`` is empty, unknown or has two of one name, ``merge`` is
-        unknown, ``merge_weights`` does not have one weight per domain, or a count is not
-        positive.
+      ValueError: if ``domains`` is empty, unknown or has two of one name, ``merge``,
+        ``stage1_train`` or ``stage2_train`` is unknown, ``lora_rank`` does not fit
+        ``stage2_train``, ``ce_weight`` is outside ``[0, 1]``, ``merge_weights`` does not have
+        one weight per domain, or a count is not positive.
 
     References:
       Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
@@ -179,12 +200,15 @@ class DistillConfig:
     eval_fraction: float = 0.1
     seq_len: int = 128
     n_sequences: int = 32
-    top_k: int = 32
+    top_k: int = 256
     cache_dtype: str = "float32"
     layers: tuple[int, ...] | None = None
     student: dict = dataclasses.field(default_factory=dict)
     stage1: StageConfig = StageConfig(steps=100, learning_rate=1e-3)
     stage2: StageConfig = StageConfig(steps=50, learning_rate=3e-4, batch_size=2)
+    stage1_train: str = "new"
+    stage2_train: str = "full"
+    ce_weight: float = CE_WEIGHT
     lora_rank: int = 0
     merge: str = "average"
     merge_weights: tuple[float, ...] | None = None
@@ -211,6 +235,19 @@ class DistillConfig:
         for name in ("seq_len", "n_sequences", "top_k", "max_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DistillConfig.{name} must be positive")
+        if self.stage1_train not in STAGE1_TRAIN:
+            raise ValueError(f"DistillConfig.stage1_train must be one of {STAGE1_TRAIN}, got "
+                             f"{self.stage1_train!r}")
+        if self.stage2_train not in STAGE2_TRAIN:
+            raise ValueError(f"DistillConfig.stage2_train must be one of {STAGE2_TRAIN}, got "
+                             f"{self.stage2_train!r}")
+        if (self.stage2_train == "lora") != (self.lora_rank > 0):
+            raise ValueError(
+                f"DistillConfig.lora_rank: stage2_train={self.stage2_train!r} needs "
+                f"{'a positive lora_rank' if self.stage2_train == 'lora' else 'lora_rank=0'}, "
+                f"got {self.lora_rank}")
+        if not 0.0 <= self.ce_weight <= 1.0:
+            raise ValueError(f"DistillConfig.ce_weight must be in [0, 1], got {self.ce_weight}")
 
     def to_json(self) -> dict:
         """The fields as a dict for ``config.json`` (``domains`` as a list)."""
@@ -248,6 +285,41 @@ class DistillResult(NamedTuple):
 #: so that the initial student (teacher projections, fresh mLSTM) stays close to the teacher and
 #: the untrained mLSTM branch does not swamp the copied attention; stage I then moves the gate.
 STUDENT_DEFAULTS = {"gate_bias_init": -3.0}
+
+#: What stage I trains: the parameters the teacher layer does not have, or all of the mixer's.
+STAGE1_TRAIN = ("new", "all")
+
+
+def new_parameters(mixer: nnx.Module, teacher_attention: nnx.Module):
+    """The ``nnx`` filter of the parameters of ``mixer`` that ``teacher_attention`` lacks.
+
+    A parameter is the teacher's when the teacher layer has one at the same path with the same
+    value (the copied ``qkv`` and ``out`` projections of
+    :func:`~jaxlib_ext.models.xlstm.from_teacher`); every other parameter (the feature maps,
+    the mLSTM gates, the mixing gate, or all of a freshly initialised mixer) is new. Stage I
+    of arXiv 2603.15590 trains the new ones only.
+
+    Args:
+      mixer: the initial student mixer.
+      teacher_attention: the teacher's attention layer it replaces.
+
+    Returns:
+      A filter ``(path, value) -> bool`` for ``nnx.split`` and ``nnx.state``.
+    """
+    copied = _copied_paths(mixer, teacher_attention)
+    return nnx.All(nnx.Param, lambda path, _: tuple(path) not in copied)
+
+
+def _copied_paths(mixer, teacher_attention) -> frozenset:
+    teacher = {tuple(path): np.asarray(value[...]) for path, value in
+               nnx.to_flat_state(nnx.state(teacher_attention, nnx.Param))}
+    copied = set()
+    for path, value in nnx.to_flat_state(nnx.state(mixer, nnx.Param)):
+        have = teacher.get(tuple(path))
+        if have is not None and have.shape == value[...].shape and np.array_equal(
+                have, np.asarray(value[...])):
+            copied.add(tuple(path))
+    return frozenset(copied)
 
 
 def initial_student(teacher: LanguageModel, layers=None, *, student: dict | None = None,
@@ -393,6 +465,9 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
                          f"{model.cfg.vocab_size}")
     if student_tokenizer is not None:
         check_vocabularies(tokenizer, student_tokenizer)
+    if config.top_k > model.cfg.vocab_size:
+        raise ValueError(f"DistillConfig.top_k: {config.top_k} exceeds the teacher's vocabulary "
+                         f"of {model.cfg.vocab_size} tokens")
     out = pathlib.Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     recorded = out / "config.json"
@@ -412,6 +487,13 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
     layers = list(range(model.cfg.n_layers)) if config.layers is None else list(config.layers)
     init = initial_student(model, layers, student=config.student, seed=config.seed,
                            student_mixer=student_mixer)
+    trainable = nnx.Param
+    if config.stage1_train == "new":  # one filter for the stacked layers: it must fit them all
+        copied = {_copied_paths(init.blocks[i].attn, model.blocks[i].attn) for i in layers}
+        if len(copied) > 1:
+            raise ValueError("stage1_train='new': the student layers copy different teacher "
+                             "parameters; use stage1_train='all'")
+        trainable = new_parameters(init.blocks[layers[0]].attn, model.blocks[layers[0]].attn)
     s1 = dataclasses.replace(config.stage1, progress=progress and config.stage1.progress)
     s2 = dataclasses.replace(config.stage2, progress=progress and config.stage2.progress)
     students, metrics, caches, aligned_students = {}, {}, {}, {}
@@ -426,12 +508,13 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
         caches[name] = cache
         stage1 = align_layers([init.blocks[i].attn for i in layers], cache, layers, s1,
                               out / name / "stage1", shard_layers=config.shard_layers,
-                              desc=f"{name}: stage I")
+                              desc=f"{name}: stage I", trainable=trainable)
         aligned = nnx.clone(init)
         for i, mixer in zip(layers, stage1.trained, strict=True):
             aligned.blocks[i].attn = mixer
         aligned_students[name] = aligned
         stage2 = distill_end_to_end(aligned, cache, s2, out / name / "stage2",
+                                    train=config.stage2_train, ce_weight=config.ce_weight,
                                     lora_rank=config.lora_rank, desc=f"{name}: stage II")
         students[name] = stage2.trained
         metrics[name] = {"stage1": stage1.metrics, "stage2": stage2.metrics}

@@ -6,11 +6,13 @@
   the mixers (one architecture) are stacked on a leading layer axis and trained together by one
   ``jax.vmap``-ed step, each with its own optimizer state; with ``shard_layers`` the layer axis
   is split over the devices (the most that divide the number of layers).
-* :func:`distill_end_to_end` (stage II, sparse knowledge distillation): the whole student
-  produces next-token logits and is trained on
-  :func:`~jaxlib_ext.models.distill.losses.sparse_kd_loss` against the teacher's cached top-k.
-  The trained parameters are the token mixers' (``blocks[i].attn``), plus low-rank
-  adapters on the MLPs when ``lora_rank > 0`` (folded into the weights at the end).
+* :func:`distill_end_to_end` (stage II, end-to-end distillation): the whole student produces
+  next-token logits and is trained on ``0.9 CE + 0.1 KL``
+  (:func:`~jaxlib_ext.models.distill.losses.distillation_loss`: the data's next tokens and the
+  teacher's cached top-k). The trained parameters are, by ``train``: every parameter
+  (``"full"``, the paper's full fine-tuning), the token mixers' (``blocks[i].attn``,
+  ``"mixers"``), or the mixers' plus low-rank adapters on the MLPs (``"lora"``, folded into the
+  weights at the end).
 
 Both stages run on the library's loop engine (:func:`jaxlib_ext.core.loop.run_loop`): Orbax
 checkpoints in ``<folder>/checkpoints`` every ``checkpoint_every`` steps with the
@@ -42,10 +44,11 @@ from jaxlib_ext.core import loop
 from jaxlib_ext.core.checkpoint import Checkpointer
 from jaxlib_ext.core.schedule import WarmupCosine
 from jaxlib_ext.models.distill.lora import LoRAParam, add_lora_to_mlps, merge_lora
-from jaxlib_ext.models.distill.losses import alignment_loss, sparse_kd_loss
+from jaxlib_ext.models.distill.losses import CE_WEIGHT, alignment_loss, distillation_loss
 from jaxlib_ext.models.distill.teacher_cache import TeacherCache
 
 __all__ = [
+    "STAGE2_TRAIN",
     "StageConfig",
     "StageResult",
     "NonFiniteLossError",
@@ -53,6 +56,10 @@ __all__ = [
     "distill_end_to_end",
     "read_metrics",
 ]
+
+#: What stage II trains: every parameter (the paper's full fine-tuning), the token mixers only,
+#: or the mixers and LoRA adapters on the MLPs.
+STAGE2_TRAIN = ("full", "mixers", "lora")
 
 #: raised when a stage's loss becomes NaN or Inf; names the step and the last good checkpoint
 NonFiniteLossError = loop.NonFiniteLossError
@@ -270,7 +277,7 @@ def _per_layer(row: dict, layers: Sequence[int]) -> dict:
 def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequence[int],
                  config: StageConfig, directory: str | pathlib.Path, *,
                  shard_layers: bool = False, desc: str = "stage I",
-                 schedule_steps: int | None = None) -> StageResult:
+                 schedule_steps: int | None = None, trainable=nnx.Param) -> StageResult:
     r"""Stage I: trains ``mixers[j]`` to reproduce the cached teacher attention layer
     ``layers[j]`` (module docstring); the mixers are not changed, trained copies are returned
     (``StageResult.trained``).
@@ -293,14 +300,17 @@ def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequ
       schedule_steps: the horizon of the learning-rate schedule (default ``config.steps``):
         a run of fewer steps stops partway along the curve, and a later call with more steps
         continues it.
+      trainable: an ``nnx`` filter of the mixer parameters trained (default every
+        ``nnx.Param``); the others stay as they are. The pipeline passes the parameters the
+        teacher layer does not have (:func:`~jaxlib_ext.models.distill.new_parameters`).
 
     Returns:
       The :class:`StageResult` of the trained mixers.
 
     Raises:
       ValueError: if ``mixers`` and ``layers`` do not pair up, the mixers differ in
-        architecture, a layer is not in the cache, or ``directory`` holds checkpoints of
-        another setting.
+        architecture, ``trainable`` selects no parameter, a layer is not in the cache, or
+        ``directory`` holds checkpoints of another setting.
       NonFiniteLossError: on a NaN or Inf loss.
 
     References:
@@ -310,10 +320,14 @@ def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequ
     mixers, layers = list(mixers), [int(i) for i in layers]
     if len(mixers) != len(layers) or not mixers:
         raise ValueError(f"mixers ({len(mixers)}) and layers ({len(layers)}) must pair up")
-    splits = [nnx.split(m, nnx.Param, ...) for m in mixers]
+    splits = [nnx.split(m, trainable, ...) for m in mixers]
     graphdef = splits[0][0]
     if any(g != graphdef for g, _, _ in splits):
         raise ValueError("mixers: stage I trains mixers of one architecture (one nnx graph)")
+    if not jax.tree.leaves(splits[0][1]):
+        raise ValueError("trainable: selects no parameter of the mixers")
+    trained_paths = sorted(".".join(map(str, path)) for path, _ in
+                           nnx.to_flat_state(splits[0][1]))
     for i in layers:
         cache.layer_io(i)  # names an uncached layer
     tx = config.optimizer(schedule_steps)
@@ -340,7 +354,8 @@ def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequ
 
     seq_len = ios[0][0].shape[1]
     result = _run(step_fn, state, batch_fn, config, directory, desc,
-                  {"stage": "align", "layers": layers, "cache": cache.spec.windows},
+                  {"stage": "align", "layers": layers, "cache": cache.spec.windows,
+                   "trained": trained_paths},
                   horizon=schedule_steps,
                   tokens_per_step=min(config.batch_size, len(cache)) * seq_len)
     trained = [nnx.merge(graphdef, p, r) for p, r in
@@ -353,43 +368,51 @@ def align_layers(mixers: Sequence[nnx.Module], cache: TeacherCache, layers: Sequ
 # --------------------------------------------------------------------------- stage II
 
 
-def _trainable(model_has_lora: bool):
+def _trainable(train: str):
     mixers = nnx.All(nnx.Param, nnx.PathContains("attn"))
-    return nnx.Any(mixers, LoRAParam) if model_has_lora else mixers
+    return {"full": nnx.Param, "mixers": mixers, "lora": nnx.Any(mixers, LoRAParam)}[train]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 4))
-def _kd_step(graphdef, tx, params, frozen, opt_state, tokens, log_probs, ids):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(3, 5))
+def _kd_step(graphdef, tx, ce_weight, params, frozen, opt_state, tokens, log_probs, ids):
     def loss_fn(p):
         model = nnx.merge(graphdef, p, frozen)
-        logits = model(tokens)
-        return sparse_kd_loss(logits, log_probs, ids)
+        logits = model(tokens[:, :-1])
+        return distillation_loss(logits, tokens[:, 1:], log_probs, ids, ce_weight=ce_weight)
 
-    loss, grads = jax.value_and_grad(loss_fn)(params)
+    (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+    return optax.apply_updates(params, updates), opt_state, loss, parts
 
 
 def distill_end_to_end(student, cache: TeacherCache, config: StageConfig,
-                       directory: str | pathlib.Path, *, lora_rank: int = 0,
+                       directory: str | pathlib.Path, *, train: str = "full",
+                       ce_weight: float = CE_WEIGHT, lora_rank: int = 0,
                        lora_alpha: float | None = None, desc: str = "stage II",
                        schedule_steps: int | None = None) -> StageResult:
-    r"""Stage II: sparse top-k KD of a copy of ``student`` (a
+    r"""Stage II: end-to-end distillation of a copy of ``student`` (a
     :class:`~jaxlib_ext.models.LanguageModel` whose mixers may be students) on the cached
-    teacher distributions; returns the trained copy (LoRA folded in).
+    teacher windows; returns the trained copy (LoRA folded in).
 
-    The loss per position is the KL divergence of the student from the teacher on the
+    The loss is ``w CE + (1 - w) KL_S`` (arXiv 2603.15590, stage II: ``w = 0.9``;
+    :func:`~jaxlib_ext.models.distill.losses.distillation_loss`): the next-token cross-entropy
+    on the cached tokens and the KL divergence of the student from the teacher on the
     teacher's top ``k`` tokens plus one bucket for all others
-    (:func:`~jaxlib_ext.models.distill.losses.sparse_kd_loss`, arXiv 2603.15590, stage II),
-    averaged over positions. Metrics rows: ``{"step", "loss", "seconds", "tokens_per_s"}``
-    (loss in nats per token).
+    (:func:`~jaxlib_ext.models.distill.losses.sparse_kd_loss`), each averaged over positions.
+    Metrics rows: ``{"step", "loss", "ce", "kl", "seconds", "tokens_per_s"}`` (nats per
+    token).
 
     Args:
       student: the model to distil (not changed).
       cache: the teacher cache (same vocabulary as ``student``).
       config: the stage's optimisation.
       directory: the stage folder (checkpoints, ``metrics.jsonl``); a rerun resumes from it.
-      lora_rank: rank of the adapters added to the MLPs (``0``: none).
+      train: what is trained, one of :data:`STAGE2_TRAIN`: ``"full"`` (every parameter, the
+        paper's full fine-tuning; default), ``"mixers"`` (the token mixers ``blocks[i].attn``)
+        or ``"lora"`` (the mixers and rank-``lora_rank`` adapters on the MLPs).
+      ce_weight: ``w``, the cross-entropy's weight in ``[0, 1]`` (``0``: pure sparse KD).
+      lora_rank: rank of the adapters added to the MLPs, positive with ``train="lora"`` and
+        0 otherwise.
       lora_alpha: the adapters' scale numerator (default: the rank).
       desc: the progress bar's label.
       schedule_steps: the horizon of the learning-rate schedule (default ``config.steps``),
@@ -399,14 +422,23 @@ def distill_end_to_end(student, cache: TeacherCache, config: StageConfig,
       The :class:`StageResult` of the trained student.
 
     Raises:
-      ValueError: if the student's vocabulary differs from the cache's, or ``directory``
-        holds checkpoints of another setting.
+      ValueError: if ``train`` is unknown, ``lora_rank`` does not fit ``train``,
+        ``ce_weight`` is outside ``[0, 1]``, the student's vocabulary differs from the
+        cache's, or ``directory`` holds checkpoints of another setting.
       NonFiniteLossError: on a NaN or Inf loss.
 
     References:
       Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
       arXiv 2603.15590.
     """
+    if train not in STAGE2_TRAIN:
+        raise ValueError(f"train must be one of {STAGE2_TRAIN}, got {train!r}")
+    if (train == "lora") != (lora_rank > 0):
+        raise ValueError(f"lora_rank: train={train!r} needs "
+                         f"{'a positive lora_rank' if train == 'lora' else 'lora_rank=0'}, "
+                         f"got {lora_rank}")
+    if not 0.0 <= ce_weight <= 1.0:
+        raise ValueError(f"ce_weight must be in [0, 1], got {ce_weight}")
     if student.cfg.vocab_size != cache.spec.vocab_size:
         raise ValueError(
             f"student: vocabulary of {student.cfg.vocab_size} tokens, the teacher cache has "
@@ -415,23 +447,26 @@ def distill_end_to_end(student, cache: TeacherCache, config: StageConfig,
     model = nnx.clone(student)
     if lora_rank:
         add_lora_to_mlps(model, lora_rank, alpha=lora_alpha, rngs=nnx.Rngs(config.seed))
-    graphdef, params, frozen = nnx.split(model, _trainable(bool(lora_rank)), ...)
+    graphdef, params, frozen = nnx.split(model, _trainable(train), ...)
     params = jax.tree.map(jnp.copy, params)  # the step donates them; the student keeps its own
     tx = config.optimizer(schedule_steps)
     state = {"params": params, "opt_state": tx.init(params)}
     t = cache.spec.seq_len
+    ce_weight = float(ce_weight)
 
     def batch_fn(step):
         idx = _batch_indices(config.seed, step, len(cache), config.batch_size)
-        return (jnp.asarray(cache.tokens[idx, :t], jnp.int32),
+        return (jnp.asarray(cache.tokens[idx, : t + 1], jnp.int32),
                 jnp.asarray(cache.top_log_probs[idx]), jnp.asarray(cache.top_ids[idx]))
 
     def step_fn(state, batch):
-        p, o, loss = _kd_step(graphdef, tx, state["params"], frozen, state["opt_state"], *batch)
-        return {"params": p, "opt_state": o}, {"loss": loss}
+        p, o, loss, parts = _kd_step(graphdef, tx, ce_weight, state["params"], frozen,
+                                     state["opt_state"], *batch)
+        return {"params": p, "opt_state": o}, {"loss": loss, **parts}
 
     result = _run(step_fn, state, batch_fn, config, directory, desc,
-                  {"stage": "kd", "lora_rank": lora_rank, "cache": cache.spec.windows},
+                  {"stage": "kd", "train": train, "ce_weight": ce_weight,
+                   "lora_rank": lora_rank, "cache": cache.spec.windows},
                   horizon=schedule_steps,
                   tokens_per_step=min(config.batch_size, len(cache)) * t)
     model = nnx.merge(graphdef, result.state["params"], frozen)

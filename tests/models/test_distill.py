@@ -78,6 +78,32 @@ def test_sparse_kd_is_a_nonnegative_coarsened_kl_with_zero_gradient_at_the_teach
     assert float(jnp.max(jnp.abs(grad))) < 1e-6
 
 
+def test_stage2_loss_is_point_nine_ce_plus_point_one_kl_by_hand():
+    # two positions over a vocabulary of 4, the teacher's top 2
+    s = np.array([[1.0, 0.0, -1.0, 2.0], [0.5, 0.5, 0.0, -2.0]])
+    t = np.array([[2.0, 1.0, 0.0, 0.0], [0.0, 3.0, 0.0, 1.0]])
+    targets = np.array([3, 1])
+    q = np.exp(s) / np.exp(s).sum(-1, keepdims=True)
+    p = np.exp(t) / np.exp(t).sum(-1, keepdims=True)
+    ce = -np.mean(np.log(q[[0, 1], targets]))
+    top = np.argsort(-p, -1)[:, :2]
+    ps, qs = np.take_along_axis(p, top, -1), np.take_along_axis(q, top, -1)
+    pr, qr = 1 - ps.sum(-1), 1 - qs.sum(-1)
+    kl = np.mean(np.sum(ps * np.log(ps / qs), -1) + pr * np.log(pr / qr))
+    lp, ids = D.top_k_log_probs(jnp.asarray(t), 2)
+    loss, parts = D.distillation_loss(jnp.asarray(s), jnp.asarray(targets), lp, ids)
+    np.testing.assert_allclose(parts["ce"], ce, rtol=1e-5)
+    np.testing.assert_allclose(parts["kl"], kl, rtol=1e-5)
+    np.testing.assert_allclose(loss, 0.9 * ce + 0.1 * kl, rtol=1e-5)
+    assert D.CE_WEIGHT == 0.9
+    pure, _ = D.distillation_loss(jnp.asarray(s), jnp.asarray(targets), lp, ids, ce_weight=0.0)
+    np.testing.assert_allclose(pure, kl, rtol=1e-5)
+    with pytest.raises(ValueError, match="ce_weight"):
+        D.distillation_loss(jnp.asarray(s), jnp.asarray(targets), lp, ids, ce_weight=1.5)
+    with pytest.raises(ValueError, match="targets"):
+        D.next_token_cross_entropy(jnp.asarray(s), jnp.asarray(targets[:1]))
+
+
 def test_alignment_loss_is_a_relative_mse():
     y = _logits(4, (2, 3, 8))
     assert float(D.alignment_loss(y, y)) == 0.0
@@ -168,9 +194,38 @@ def test_stage1_on_a_student_initialised_as_the_teacher_has_loss_zero(teacher, c
     assert [r["step"] for r in result.metrics] == [1, 2]  # steps done
     for row in result.metrics:
         assert max(row["loss"]) < 1e-10
-    # stage II on the teacher itself: zero sparse KD
-    result = D.distill_end_to_end(teacher.model, cache, _stage(1), tmp_path / "kd")
-    assert abs(result.metrics[0]["loss"]) < 1e-6
+    # stage II on the teacher itself: zero sparse KD (pure KD: ce_weight 0)
+    result = D.distill_end_to_end(teacher.model, cache, _stage(1), tmp_path / "kd",
+                                  ce_weight=0.0)
+    assert abs(result.metrics[0]["loss"]) < 1e-6 and abs(result.metrics[0]["kl"]) < 1e-6
+    assert result.metrics[0]["ce"] > 0
+
+
+def test_stage1_trains_only_the_new_parameters_by_default(teacher, cache, tmp_path):
+    """The pipeline's stage I leaves the copied q, k, v, o projections at the teacher's and
+    trains the feature maps and gates; ``stage1_train="all"`` trains the copies too."""
+    student = D.initial_student(teacher.model, student=dict(window=8, n_sinks=2, chunk_size=16,
+                                                            gate_bias_init=0.0))
+    mixers = [b.attn for b in student.blocks]
+    new = D.new_parameters(mixers[0], teacher.model.blocks[0].attn)
+    names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(mixers[0], new))}
+    assert "qkv.kernel" not in names and "out.kernel" not in names
+    assert {"i_proj.kernel", "f_proj.kernel", "g_proj.kernel"} <= names
+    trained = D.align_layers(mixers, cache, [0, 1], _stage(2, learning_rate=1e-2),
+                             tmp_path / "new", trainable=new).trained
+    every = D.align_layers(mixers, cache, [0, 1], _stage(2, learning_rate=1e-2),
+                           tmp_path / "all").trained
+    for j in (0, 1):
+        t_attn = teacher.model.blocks[j].attn
+        for name in ("qkv", "out"):
+            np.testing.assert_array_equal(getattr(trained[j], name).kernel[...],
+                                          getattr(t_attn, name).kernel[...])
+            assert not np.array_equal(getattr(every[j], name).kernel[...],
+                                      getattr(t_attn, name).kernel[...])
+        assert not np.array_equal(trained[j].i_proj.kernel[...], mixers[j].i_proj.kernel[...])
+    with pytest.raises(ValueError, match="trainable"):
+        D.align_layers(mixers, cache, [0, 1], _stage(1), tmp_path / "none",
+                       trainable=nnx.PathContains("absent"))
 
 
 def test_stage1_trains_and_resumes_exactly(teacher, cache, tmp_path, monkeypatch):
@@ -224,12 +279,11 @@ def test_stage1_trains_and_resumes_exactly(teacher, cache, tmp_path, monkeypatch
 def test_stage2_records_its_schedule_and_stops_on_a_non_finite_loss(teacher, cache, tmp_path,
                                                                      monkeypatch):
     # a short run on a longer curve, continued: one run of the whole curve
-    whole = D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "whole",
-                                 lora_rank=2)
-    D.distill_end_to_end(teacher.model, cache, _stage(2), tmp_path / "split", lora_rank=2,
-                         schedule_steps=4)
-    split = D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "split",
-                                 lora_rank=2)
+    lora = dict(train="lora", lora_rank=2)
+    whole = D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "whole", **lora)
+    D.distill_end_to_end(teacher.model, cache, _stage(2), tmp_path / "split", schedule_steps=4,
+                         **lora)
+    split = D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "split", **lora)
     assert split.start_step == 2
     assert [r["loss"] for r in split.metrics] == [r["loss"] for r in whole.metrics]
     for x, y in zip(jax.tree.leaves(nnx.state(whole.trained, nnx.Param)),
@@ -237,20 +291,28 @@ def test_stage2_records_its_schedule_and_stops_on_a_non_finite_loss(teacher, cac
         np.testing.assert_array_equal(x, y)
     with pytest.raises(ScheduleMismatchError, match="peak_lr"):
         D.distill_end_to_end(teacher.model, cache, _stage(4, learning_rate=1.0),
-                             tmp_path / "whole", lora_rank=2)
+                             tmp_path / "whole", **lora)
     with pytest.raises(ValueError, match="lora_rank"):
+        D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "whole", train="lora",
+                             lora_rank=3)
+    with pytest.raises(ValueError, match="train"):
         D.distill_end_to_end(teacher.model, cache, _stage(4), tmp_path / "whole")
+    for bad, match in ((dict(train="peft"), "train must be one of"),
+                       (dict(lora_rank=2), "lora_rank"), (dict(train="lora"), "lora_rank"),
+                       (dict(ce_weight=-0.1), "ce_weight")):
+        with pytest.raises(ValueError, match=match):
+            D.distill_end_to_end(teacher.model, cache, _stage(1), tmp_path / "bad", **bad)
 
     real, calls = stages_lib._kd_step, []
 
     def nan_at_the_fifth(*args):
-        p, o, loss = real(*args)
+        p, o, loss, parts = real(*args)
         calls.append(1)
-        return p, o, loss * (jnp.nan if len(calls) == 5 else 1.0)
+        return p, o, loss * (jnp.nan if len(calls) == 5 else 1.0), parts
 
     monkeypatch.setattr(stages_lib, "_kd_step", nan_at_the_fifth)
     with pytest.raises(D.NonFiniteLossError, match="at step 5") as err:  # one compiled step
-        D.distill_end_to_end(teacher.model, cache, _stage(6), tmp_path / "nan", lora_rank=2,
+        D.distill_end_to_end(teacher.model, cache, _stage(6), tmp_path / "nan", **lora,
                              schedule_steps=4)
     assert D.NonFiniteLossError is loop.NonFiniteLossError
     assert (err.value.step, err.value.last_good) == (5, 3)
@@ -314,7 +376,8 @@ def test_pipeline_runs_and_resumes(teacher, tmp_path):
 
     cfg = D.DistillConfig(
         out_dir=str(tmp_path), domains=("docs", "python"), max_chars=8000, seq_len=SEQ,
-        n_sequences=4, top_k=8, stage1=_stage(2), stage2=_stage(2), lora_rank=2)
+        n_sequences=4, top_k=8, stage1=_stage(2), stage2=_stage(2), stage2_train="lora",
+        lora_rank=2)
     result = D.run_distillation(teacher, cfg, student_mixer=student_mixer, progress=False)
     assert set(result.students) == set(result.aligned) == {"docs", "python"}
     # stage I changes only the mixers of the initial student; stage II moves on from there
@@ -343,6 +406,40 @@ def test_pipeline_runs_and_resumes(teacher, tmp_path):
     with pytest.raises(ValueError, match="another DistillConfig"):
         D.run_distillation(teacher, dataclasses.replace(cfg, top_k=4),
                            student_mixer=student_mixer, progress=False)
+    with pytest.raises(ValueError, match="top_k: 300 exceeds the teacher's vocabulary of 256"):
+        D.run_distillation(teacher, dataclasses.replace(cfg, top_k=300,
+                                                        out_dir=str(tmp_path / "k")),
+                           progress=False)
+
+
+def test_stage2_trains_every_parameter_by_default(teacher, cache, tmp_path):
+    student = D.initial_student(teacher.model, student=dict(window=8, n_sinks=2, chunk_size=16))
+
+    def changed(trained):
+        before = dict(nnx.to_flat_state(nnx.state(student, nnx.Param)))
+        after = dict(nnx.to_flat_state(nnx.state(trained, nnx.Param)))
+        return {".".join(map(str, k)) for k in before
+                if not np.array_equal(before[k][...], after[k][...])}
+
+    full = changed(D.distill_end_to_end(student, cache, _stage(2), tmp_path / "full").trained)
+    mixers = changed(D.distill_end_to_end(student, cache, _stage(2), tmp_path / "mixers",
+                                          train="mixers").trained)
+    assert "embed.embedding" in full or any("embed" in k for k in full)
+    assert any("mlp" in k for k in full) and any("attn" in k for k in full)
+    assert mixers and all("attn" in k for k in mixers)
+
+
+def test_distill_config_refuses_bad_recipes():
+    for bad, match in ((dict(stage1_train="copied"), "stage1_train"),
+                       (dict(stage2_train="peft"), "stage2_train"),
+                       (dict(stage2_train="lora"), "lora_rank"),
+                       (dict(lora_rank=4), "lora_rank"),
+                       (dict(ce_weight=2.0), "ce_weight")):
+        with pytest.raises(ValueError, match=match):
+            D.DistillConfig(**bad)
+    cfg = D.DistillConfig()
+    assert (cfg.top_k, cfg.stage1_train, cfg.stage2_train, cfg.ce_weight) == (256, "new",
+                                                                               "full", 0.9)
 
 
 def test_cli(tmp_path, capsys):
@@ -358,16 +455,31 @@ def test_cli(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert cli_distill.parse_student(["window=64", "gate=static", "mlstm_rope=false"]) == {
         "window": 64, "gate": "static", "mlstm_rope": False}
+    assert cli_distill.parse_student(["feature_map=none", "gate_soft_cap=none"]) == {
+        "feature_map": "none", "gate_soft_cap": None}
+    for argv, message in (
+            (["--student", "feature_map=relu"], "XLSTMConfig.feature_map must be one of"),
+            (["--student", "window=2", "--student", "n_sinks=4"], "at least n_sinks"),
+            (["--top-k", "300", "--out-dir", str(tmp_path / "k")],
+             "top_k: 300 exceeds the teacher's vocabulary of 256"),
+            (["--stage2-train", "lora"], "lora_rank"),
+            (["--ce-weight", "1.5"], "ce_weight")):
+        assert cli_distill.main(["--tiny-teacher", *argv]) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_cli_runs_a_tiny_distillation_with_the_xlstm_student(tmp_path, capsys):
     from jaxlib_ext.cli import distill as cli_distill
 
+    # uncapped gates: under this suite's XLA flags (LLVM optimisation off, conftest.py) the
+    # soft-capped gate projections' gradients come out NaN on the tiny teacher, with the
+    # default compiler flags they do not
     argv = ["--tiny-teacher", "--out-dir", str(tmp_path), "--max-chars", "20000", "--seq-len",
             "32", "--n-sequences", "4", "--top-k", "8", "--student", "window=8", "--student",
-            "n_sinks=2", "--student", "chunk_size=16", "--stage1-steps", "3", "--stage2-steps",
-            "2", "--no-progress", "--evaluate", "--eval-windows", "2"]
+            "n_sinks=2", "--student", "chunk_size=16", "--student", "gate_soft_cap=none",
+            "--stage1-steps", "3", "--stage2-steps", "2", "--no-progress", "--evaluate",
+            "--eval-windows", "2"]
     assert cli_distill.main(argv) == 0
     out = capsys.readouterr().out
     assert "| merged | docs |" in out and "C_alpha, absolute" in out

@@ -1,5 +1,5 @@
-"""xLSTM students: weight transfer from a Llama teacher, the sliding window with sinks, decoding
-with a constant-size cache, gradients, errors."""
+"""xLSTM students: weight transfer from a Llama teacher, the mLSTM's feature maps, the sliding
+window with sinks, decoding with a constant-size cache, gradients, errors."""
 
 from __future__ import annotations
 
@@ -11,14 +11,18 @@ from flax import nnx
 
 from jaxlib_ext.core.memory import tree_bytes
 from jaxlib_ext.models import Attention, LanguageModel, lm_config
+from jaxlib_ext.models.layers import apply_rope
 from jaxlib_ext.models.xlstm import (
+    FEATURE_MAPS,
     XLSTMCache,
     XLSTMConfig,
     XLSTMMixer,
     from_teacher,
     sliding_window_mask,
+    softmax_feature_map,
     student_from_teacher,
 )
+from jaxlib_ext.pallas_kernels.mlstm import mlstm
 
 CFG = lm_config(None, None, "llama-tiny", vocab_size=97, d_model=48, n_heads=4, n_kv_heads=2,
                 head_dim=12, mlp_hidden=64, max_seq_len=256)
@@ -50,10 +54,12 @@ def perturbed(module, seed, scale=0.3):
 # --------------------------------------------------------------------------- weight transfer
 
 
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 @pytest.mark.parametrize("convention", ["half", "interleaved"])
-def test_attention_gate_with_full_window_is_the_teacher_layer_exactly(convention):
+def test_attention_gate_with_full_window_is_the_teacher_layer_exactly(convention, feature_map):
     teacher = teacher_attention(CFG.replace(rope_convention=convention))
-    student = from_teacher(teacher, XLSTMConfig(gate="attention", window=64), nnx.Rngs(1))
+    config = XLSTMConfig(gate="attention", window=64, feature_map=feature_map)
+    student = from_teacher(teacher, config, nnx.Rngs(1))
     x = inputs(2)
     y_t, _ = teacher(x)
     y_s, cache = student(x)
@@ -69,6 +75,12 @@ def test_attention_gate_with_full_window_is_the_teacher_layer_exactly(convention
         np.testing.assert_array_equal(getattr(student, name).kernel[...],
                                       getattr(teacher, name).kernel[...])
         assert getattr(student, name) is not getattr(teacher, name)
+    # the feature maps are the student's own parameters, at their identity initialisation
+    fresh = set(nnx.state(student, nnx.Param).keys()) - set(nnx.state(teacher, nnx.Param).keys())
+    maps = {"phi_q", "phi_k", "phi_q_bias", "phi_k_bias"}
+    assert (maps <= fresh) == (feature_map == "softmax")
+    if feature_map == "softmax":
+        np.testing.assert_array_equal(student.phi_q[...][1], np.eye(CFG.mixer.head_dim))
 
 
 def test_stage_one_loss_is_zero_for_a_student_fixed_to_attention():
@@ -111,6 +123,76 @@ def test_student_from_teacher_replaces_chosen_layers_and_leaves_the_teacher_alon
     jax.tree.map(np.testing.assert_array_equal, before, after)
     tokens = jnp.arange(20, dtype=jnp.int32)[None] % CFG.vocab_size
     assert np.all(np.isfinite(student(tokens)))
+
+
+# --------------------------------------------------------------------------- feature maps
+
+
+def test_feature_maps_are_head_wise_softmaxes_starting_at_the_identity():
+    cfg = CFG.mixer
+    h, hkv, d = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    student = from_teacher(teacher_attention(), XLSTMConfig(), nnx.Rngs(1))
+    assert student.phi_q.shape == (h, d, d) and student.phi_k.shape == (hkv, d, d)
+    assert student.phi_q_bias.shape == (h, d) and student.phi_k_bias.shape == (hkv, d)
+    for name in ("phi_q", "phi_k", "phi_q_bias", "phi_k_bias"):
+        param = getattr(student, name)
+        assert param.logical_axes[0] == "heads" and param.weight_decay is False, name
+    q = 3.0 * jax.random.normal(jax.random.key(0), (2, 5, h, d))
+    # identity initialisation: softmax of the input itself
+    np.testing.assert_allclose(
+        softmax_feature_map(q, student.phi_q[...], student.phi_q_bias[...]),
+        jax.nn.softmax(q, axis=-1), rtol=1e-6, atol=1e-7)
+    # any weights: non-negative features summing to 1, softmax(x W_h + b_h) head by head
+    w = jax.random.normal(jax.random.key(1), (h, d, d))
+    b = jax.random.normal(jax.random.key(2), (h, d))
+    phi = np.asarray(softmax_feature_map(q, w, b), np.float64)
+    assert phi.shape == q.shape and np.all(phi >= 0)
+    np.testing.assert_allclose(phi.sum(-1), 1.0, rtol=1e-6)
+    z = np.einsum("bthd,hde->bthe", np.asarray(q, np.float64), np.asarray(w, np.float64))
+    z = z + np.asarray(b, np.float64)
+    want = np.exp(z - z.max(-1, keepdims=True))
+    np.testing.assert_allclose(phi, want / want.sum(-1, keepdims=True), rtol=1e-4, atol=1e-7)
+    assert softmax_feature_map(q.astype(jnp.bfloat16), w, b).dtype == jnp.bfloat16
+
+
+def _mlstm_student_by_hand(student, x):
+    """A pure-mLSTM student's output from its parameters: W_o mLSTM(phi_q(q), phi_k(k), v)."""
+    c, cfg = student.config, student.cfg
+    b, t, _ = x.shape
+    h, hkv, d = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    qkv = x @ student.qkv.kernel[...]
+    q = qkv[..., : h * d].reshape(b, t, h, d)
+    k = qkv[..., h * d : (h + hkv) * d].reshape(b, t, hkv, d)
+    v = qkv[..., (h + hkv) * d :].reshape(b, t, hkv, d)
+    if c.mlstm_rope:
+        rope = dict(theta=cfg.rope_theta, convention=cfg.rope_convention)
+        q, k = (apply_rope(a, jnp.arange(t), **rope) for a in (q, k))
+    kw = {}  # "none": the op's default scale D ** -0.5
+    if c.feature_map == "softmax":
+        q = softmax_feature_map(q, student.phi_q[...], student.phi_q_bias[...])
+        k = softmax_feature_map(k, student.phi_k[...], student.phi_k_bias[...])
+        kw = {"scale": 1.0}
+    cap = c.gate_soft_cap
+    i_gate, f_gate = (cap * jnp.tanh(p(x) / cap) for p in (student.i_proj, student.f_proj))
+    y, _ = mlstm(q, jnp.repeat(k, h // hkv, axis=2), jnp.repeat(v, h // hkv, axis=2),
+                 i_gate, f_gate, method=c.method, xla_form=c.xla_form, chunk_size=c.chunk_size,
+                 **kw)
+    return student.out(y.reshape(b, t, h * d))
+
+
+@pytest.mark.parametrize(("feature_map", "mlstm_rope"),
+                         [("softmax", True), ("softmax", False), ("none", True)])
+def test_mlstm_reads_the_feature_maps_of_q_and_k(feature_map, mlstm_rope):
+    """The mLSTM branch is mLSTM(phi_q(q), phi_k(k), v) at query scale 1 with the maps (of the
+    rotated q, k unless ``mlstm_rope=False``), and mLSTM(q, k, v) at the default scale without
+    (the ablation)."""
+    config = XLSTMConfig(mode="mlstm", feature_map=feature_map, mlstm_rope=mlstm_rope,
+                         chunk_size=16)
+    student = perturbed(from_teacher(teacher_attention(), config, nnx.Rngs(1)), 3)
+    assert hasattr(student, "phi_q") == (feature_map == "softmax")
+    x = inputs(4, t=20)
+    y, _ = student(x)
+    np.testing.assert_allclose(y, _mlstm_student_by_hand(student, x), rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- window and sinks
@@ -167,12 +249,14 @@ def _decode_in_pieces(mixer, x, pieces):
         pytest.param(XLSTMConfig(window=3, n_sinks=0, gate="channel", chunk_size=16),
                      marks=pytest.mark.slow),  # the hybrid case without sinks, another gate
         XLSTMConfig(mode="mlstm", chunk_size=16),
+        XLSTMConfig(mode="mlstm", feature_map="none", chunk_size=16),
     ],
-    ids=["hybrid", "hybrid-no-sinks", "mlstm"],
+    ids=["hybrid", "hybrid-no-sinks", "mlstm", "mlstm-no-feature-map"],
 )
 def test_decode_piece_by_piece_equals_full_forward(config):
     teacher = teacher_attention()
     student = perturbed(from_teacher(teacher, config, nnx.Rngs(1)), 2)
+    assert hasattr(student, "phi_q") == (config.feature_map == "softmax")
     x = inputs(10, t=29)
     y_full, _ = student(x)
     y_steps, cache = _decode_in_pieces(student, x, [1] * 29)
@@ -226,7 +310,8 @@ def test_cache_size_is_constant_in_sequence_length(mode):
 
 def test_gradients_reach_the_new_parameters():
     teacher = teacher_attention()
-    student = from_teacher(teacher, XLSTMConfig(window=8, chunk_size=16), nnx.Rngs(1))
+    config = XLSTMConfig(window=8, chunk_size=16, gate_bias_init=0.0)  # g = 1/2: both branches
+    student = from_teacher(teacher, config, nnx.Rngs(1))
     x = inputs(16, t=20)
     target, _ = teacher(x)
     graphdef, params = nnx.split(student, nnx.Param)
@@ -236,7 +321,8 @@ def test_gradients_reach_the_new_parameters():
         return jnp.mean((y - target) ** 2)
 
     grads = jax.jit(jax.grad(loss))(params)
-    for name in ("i_proj", "f_proj", "g_proj", "qkv", "out"):
+    for name in ("i_proj", "f_proj", "g_proj", "phi_q", "phi_k", "phi_q_bias", "phi_k_bias",
+                 "qkv", "out"):
         g = jax.tree.leaves(grads[name])
         assert all(np.all(np.isfinite(a)) for a in g), name
         assert max(float(jnp.max(jnp.abs(a))) for a in g) > 0, name
@@ -250,8 +336,10 @@ def test_gradients_reach_the_new_parameters():
     [
         ({"mode": "ssm"}, "mode"),
         ({"gate": "sum"}, "gate"),
+        ({"feature_map": "relu"}, r"XLSTMConfig.feature_map must be one of \('softmax', 'none'\)"),
         ({"window": 0}, "window"),
         ({"n_sinks": -1}, "n_sinks"),
+        ({"window": 3, "n_sinks": 4}, r"XLSTMConfig.window \(3\) must be at least n_sinks \(4\)"),
         ({"window": 2.5}, "window"),
         ({"gate_soft_cap": 0.0}, "gate_soft_cap"),
         ({"method": "pallas"}, "method"),

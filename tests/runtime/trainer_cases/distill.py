@@ -31,7 +31,7 @@ def run(out: pathlib.Path, *, steps: int, lr_scale: float = 1.0) -> dict[str, np
     student = D.tiny_teacher(1, n_layers=1, dim=8).model
     config = D.StageConfig(steps=steps, learning_rate=1e-2 * lr_scale, batch_size=2,
                            log_every=1, checkpoint_every=2, progress=False)
-    result = D.distill_end_to_end(student, cache, config, out / "stage2", lora_rank=2,
-                                  schedule_steps=_HORIZON)
+    result = D.distill_end_to_end(student, cache, config, out / "stage2", train="lora",
+                                  lora_rank=2, schedule_steps=_HORIZON)
     leaves = jax.tree_util.tree_flatten_with_path(nnx.state(result.trained, nnx.Param))[0]
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
