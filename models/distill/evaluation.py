@@ -286,11 +286,17 @@ def cloze_texts(texts: Mapping[str, str], tokenizer, config: SuiteConfig | None 
       The kept entries, domain name -> text.
     """
     c = SuiteConfig() if config is None else config
+    return _texts_with_items(texts, lambda text: cloze_items(
+        text, tokenizer, n_items=c.cloze_items, context_chars=c.cloze_context_chars,
+        max_tokens=c.cloze_max_tokens))
+
+
+def _texts_with_items(texts: Mapping[str, str], make_items) -> dict[str, str]:
+    """The entries of ``texts`` for which ``make_items(text)`` raises no ``ValueError``."""
     kept = {}
     for name, text in texts.items():
         try:
-            cloze_items(text, tokenizer, n_items=c.cloze_items,
-                        context_chars=c.cloze_context_chars, max_tokens=c.cloze_max_tokens)
+            make_items(text)
         except ValueError:
             continue
         kept[name] = text
@@ -681,14 +687,7 @@ def multiple_choice_texts(texts: Mapping[str, str], tokenizer, config: SuiteConf
       The kept entries, domain name -> text.
     """
     c = SuiteConfig() if config is None else config
-    kept = {}
-    for name, text in texts.items():
-        try:
-            _suite_mc_items(text, tokenizer, c)
-        except ValueError:
-            continue
-        kept[name] = text
-    return kept
+    return _texts_with_items(texts, lambda text: _suite_mc_items(text, tokenizer, c))
 
 
 # --------------------------------------------------------------------------- Win-and-Tie
