@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path,
                         help="write the .ipynb files here instead of beside each .py")
     args = parser.parse_args(argv)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     for path in args.notebooks:
         out = (args.out or path.parent) / f"{path.stem}.ipynb"

@@ -13,8 +13,7 @@ def test_stores_outputs_and_names_the_failing_notebook(tmp_path):
     (tmp_path / "good.py").write_text(
         '# %%\nimport os\nprint("FAST =", os.environ.get("FAST"))\n')
     (tmp_path / "bad.py").write_text('# %%\nraise ValueError("boom")\n')
-    out = tmp_path / "out"
-    out.mkdir()
+    out = tmp_path / "out" / "nested"  # made by the tool
     r = subprocess.run(
         [sys.executable, "tools/execute_notebooks.py", "--fast", "--timeout", "120",
          "--out", str(out), str(tmp_path / "good.py"), str(tmp_path / "bad.py")],
