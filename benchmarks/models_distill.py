@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import pathlib
 import platform
@@ -116,7 +117,7 @@ class Run:
                                            dtype="float16", batch_size=2)
         self.timings["teacher cache (s)"] = time.perf_counter() - t0
         self.layers = list(range(self.teacher.config.n_layers))
-        self._val_io = None
+        self._val_io = self._held_out = None
 
     def initial(self, feature_map="softmax"):
         return D.initial_student(self.teacher.model, self.layers,
@@ -180,25 +181,29 @@ class Run:
                                 batch_size=2, n_prompts=4, n_new=16, cloze_items=24,
                                 mc_items=24)
             tok = self.teacher.tokenizer
-            held = {d: D.domain_corpus(d, tok, max_chars=args.max_chars).eval
-                    for d in args.eval_domains}
-            texts = E.cloze_texts({d: D.held_out_text(d, max_chars=args.max_chars)
-                                   for d in args.eval_domains}, tok, cfg)
+            if self._held_out is None:
+                self._held_out = (
+                    {d: D.domain_corpus(d, tok, max_chars=args.max_chars).eval
+                     for d in args.eval_domains},
+                    E.cloze_texts({d: D.held_out_text(d, max_chars=args.max_chars)
+                                   for d in args.eval_domains}, tok, cfg))
+            held, texts = self._held_out
             report = E.evaluate_suite(E.logits_fn(self.teacher.model), E.logits_fn(model),
                                       held, held_out_text=texts, tokenizer=tok, config=cfg)
             report.save_json(path)
         return _load(path)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _alignment(graphdef, state, x, y):
+    return alignment_loss(nnx.merge(graphdef, state)(x)[0], y)
+
+
 def _mixer_loss(mixer, x, y):
     graphdef, state = nnx.split(mixer)
-
-    @jax.jit
-    def f(state, x, y):
-        return alignment_loss(nnx.merge(graphdef, state)(x)[0], y)
-
-    return np.mean([float(f(state, jnp.asarray(x[i:i + 1], jnp.float32),
-                            jnp.asarray(y[i:i + 1], jnp.float32))) for i in range(len(x))])
+    return np.mean([float(_alignment(graphdef, state, jnp.asarray(x[i:i + 1], jnp.float32),
+                                     jnp.asarray(y[i:i + 1], jnp.float32)))
+                    for i in range(len(x))])
 
 
 def run_all(args):
@@ -214,17 +219,12 @@ def run_all(args):
         finals[seed] = run.stage2(aligned, f"stage2_lr{lr2:g}_seed{seed}", lr2, seed)[0]
     for seed, model in finals.items():
         run.suite(model, f"stage2_lr{lr2:g}_seed{seed}")
-    ablations = {
-        "pure_kl": run.stage2(aligned, f"ablation_pure_kl_lr{lr2:g}", lr2, 0, ce_weight=0.0),
-        "mixers_only": run.stage2(aligned, f"ablation_mixers_lr{lr2:g}", lr2, 0,
-                                  train="mixers"),
-    }
-    no_fm = run.stage1(lr1, "none")[0]
-    ablations["no_feature_maps"] = run.stage2(no_fm, f"ablation_no_fm_lr{lr2:g}", lr2, 0)
-    for key, (model, _) in ablations.items():
-        run.suite(model, {"pure_kl": f"ablation_pure_kl_lr{lr2:g}",
-                          "mixers_only": f"ablation_mixers_lr{lr2:g}",
-                          "no_feature_maps": f"ablation_no_fm_lr{lr2:g}"}[key])
+    for name, student, kw in (("pure_kl", aligned, dict(ce_weight=0.0)),
+                              ("mixers", aligned, dict(train="mixers")),
+                              ("no_fm", None, {})):
+        folder = f"ablation_{name}_lr{lr2:g}"
+        student = run.stage1(lr1, "none")[0] if student is None else student
+        run.suite(run.stage2(student, folder, lr2, 0, **kw)[0], folder)
     run.suite(run.initial(), "initial")
     _save(run.out / "protocol.json", {"stage1_lr": lr1, "stage2_lr": lr2,
                                       "timings": run.timings, "args": vars(args),

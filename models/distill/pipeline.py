@@ -44,8 +44,8 @@ from jaxlib_ext.models.distill.domains import check_domain, domain_corpus, domai
 from jaxlib_ext.models.distill.losses import CE_WEIGHT, sparse_kd_loss
 from jaxlib_ext.models.distill.merging import MERGE_METHODS, merge_models
 from jaxlib_ext.models.distill.stages import (
-    STAGE2_TRAIN,
     StageConfig,
+    _check_stage2_recipe,
     align_layers,
     distill_end_to_end,
 )
@@ -238,16 +238,8 @@ class DistillConfig:
         if self.stage1_train not in STAGE1_TRAIN:
             raise ValueError(f"DistillConfig.stage1_train must be one of {STAGE1_TRAIN}, got "
                              f"{self.stage1_train!r}")
-        if self.stage2_train not in STAGE2_TRAIN:
-            raise ValueError(f"DistillConfig.stage2_train must be one of {STAGE2_TRAIN}, got "
-                             f"{self.stage2_train!r}")
-        if (self.stage2_train == "lora") != (self.lora_rank > 0):
-            raise ValueError(
-                f"DistillConfig.lora_rank: stage2_train={self.stage2_train!r} needs "
-                f"{'a positive lora_rank' if self.stage2_train == 'lora' else 'lora_rank=0'}, "
-                f"got {self.lora_rank}")
-        if not 0.0 <= self.ce_weight <= 1.0:
-            raise ValueError(f"DistillConfig.ce_weight must be in [0, 1], got {self.ce_weight}")
+        _check_stage2_recipe(self.stage2_train, self.lora_rank, self.ce_weight,
+                            prefix="DistillConfig.", train_name="stage2_train")
 
     def to_json(self) -> dict:
         """The fields as a dict for ``config.json`` (``domains`` as a list)."""
@@ -306,7 +298,11 @@ def new_parameters(mixer: nnx.Module, teacher_attention: nnx.Module):
     Returns:
       A filter ``(path, value) -> bool`` for ``nnx.split`` and ``nnx.state``.
     """
-    copied = _copied_paths(mixer, teacher_attention)
+    return _outside(_copied_paths(mixer, teacher_attention))
+
+
+def _outside(copied: frozenset):
+    """The filter of the parameters whose path is not in ``copied``."""
     return nnx.All(nnx.Param, lambda path, _: tuple(path) not in copied)
 
 
@@ -493,7 +489,7 @@ def run_distillation(teacher: Teacher, config: DistillConfig, *,
         if len(copied) > 1:
             raise ValueError("stage1_train='new': the student layers copy different teacher "
                              "parameters; use stage1_train='all'")
-        trainable = new_parameters(init.blocks[layers[0]].attn, model.blocks[layers[0]].attn)
+        trainable = _outside(copied.pop())
     s1 = dataclasses.replace(config.stage1, progress=progress and config.stage1.progress)
     s2 = dataclasses.replace(config.stage2, progress=progress and config.stage2.progress)
     students, metrics, caches, aligned_students = {}, {}, {}, {}

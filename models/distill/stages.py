@@ -65,6 +65,21 @@ STAGE2_TRAIN = ("full", "mixers", "lora")
 NonFiniteLossError = loop.NonFiniteLossError
 
 
+def _check_stage2_recipe(train: str, lora_rank: int, ce_weight: float, *, prefix: str = "",
+                        train_name: str = "train") -> None:
+    """Raises a ``ValueError`` naming the argument when stage II's ``train``, ``lora_rank`` and
+    ``ce_weight`` do not fit together (:func:`distill_end_to_end`); ``prefix`` and
+    ``train_name`` name them as the caller knows them."""
+    if train not in STAGE2_TRAIN:
+        raise ValueError(f"{prefix}{train_name} must be one of {STAGE2_TRAIN}, got {train!r}")
+    if (train == "lora") != (lora_rank > 0):
+        raise ValueError(f"{prefix}lora_rank: {train_name}={train!r} needs "
+                         f"{'a positive lora_rank' if train == 'lora' else 'lora_rank=0'}, "
+                         f"got {lora_rank}")
+    if not 0.0 <= ce_weight <= 1.0:
+        raise ValueError(f"{prefix}ce_weight must be in [0, 1], got {ce_weight}")
+
+
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
     """One stage's optimisation.
@@ -431,14 +446,7 @@ def distill_end_to_end(student, cache: TeacherCache, config: StageConfig,
       Hauzenberger et al., Effective Distillation to Hybrid xLSTM Architectures,
       arXiv 2603.15590.
     """
-    if train not in STAGE2_TRAIN:
-        raise ValueError(f"train must be one of {STAGE2_TRAIN}, got {train!r}")
-    if (train == "lora") != (lora_rank > 0):
-        raise ValueError(f"lora_rank: train={train!r} needs "
-                         f"{'a positive lora_rank' if train == 'lora' else 'lora_rank=0'}, "
-                         f"got {lora_rank}")
-    if not 0.0 <= ce_weight <= 1.0:
-        raise ValueError(f"ce_weight must be in [0, 1], got {ce_weight}")
+    _check_stage2_recipe(train, lora_rank, ce_weight)
     if student.cfg.vocab_size != cache.spec.vocab_size:
         raise ValueError(
             f"student: vocabulary of {student.cfg.vocab_size} tokens, the teacher cache has "
