@@ -14,7 +14,13 @@ basis) has its own schedule; per update ``t``, from ``Sigma_0 = Sigma_y``::
     n inner moves:  x <- x - l Delta_t grad E(x; Sigma_{t+1}) + sqrt(2 T l) Delta_t^{1/2} xi (E.4)
 
 with the authors' ``c = 50`` (``clamp``), ``gamma = 1.5e-2`` (``step_cov``), ``floor = 1e-9``,
-``n = 3`` (``inner_steps``), ``l = 1`` (``inner_lr``), ``T = 1``. Their code takes ``sign(g)
+``n = 3`` (``inner_steps``), ``l = 1`` (``inner_lr``), ``T = 1``. In the Fourier basis
+``dU/ds`` is the gradient along Hermitian-symmetric spectra (the mean of each coefficient's and
+its mirror's, :meth:`~.covariance.Covariance.symmetrize`): a network that reads the spectrum
+gives the two different gradients, and a covariance that drifts off the symmetric spectra no
+longer maps real images to real images (the per-entry updates then diverge on deblurring).
+The authors' samplers move in the pixel basis, where the projection is the identity. Their code
+takes ``sign(g)
 clip(g)``, which is ``|clip(g)|``: the covariance only decreases (E.2), so it stays positive and
 decreasing entry by entry. ``Delta_t`` is the unfloored decrement, as in their code. One
 deviation: the inner moves (E.4) follow the level's posterior ``E`` of (V.2) (the prior energy
@@ -340,7 +346,9 @@ def build_per_entry_kernel(energy_fn: EnergyFn, *, step_cov: float = 1.5e-2,
         keys = jax.random.split(rng_key, inner_steps + 1)
         lev = covariance_level(problem, cov.diag)
         ev = evaluate(energy_fn, problem, lev, x)
-        g = jnp.abs(jnp.clip(ev.noise_score, -clamp, clamp))                     # (E.1)
+        # the network's dU/ds is not Hermitian-symmetric in the Fourier basis: project it so
+        # that Sigma_t stays a covariance of real images
+        g = jnp.abs(jnp.clip(cov.symmetrize(ev.noise_score), -clamp, clamp))     # (E.1)
         delta = step_cov * cov.diag * g * cov.diag                               # (E.2)
         new_cov = cov.replace(jnp.maximum(cov.diag - delta, floor))
         xi = jax.random.normal(keys[0], x.shape, x.dtype)

@@ -108,6 +108,26 @@ class Covariance:
         c = self.to_basis(v)
         return jnp.sum(d * jnp.abs(c) ** 2, axis=tuple(range(1, v.ndim)))
 
+    def symmetrize(self, d):
+        """The projection of a per-coefficient array onto the spectra ``Sigma`` may have.
+
+        A gradient with respect to ``diag`` (e.g. ``dU / d diag(Sigma)`` of a network that reads
+        the spectrum) need not be Hermitian-symmetric in the Fourier basis; a covariance
+        updated along it would stop mapping real images to real images. The projection averages
+        each coefficient with its mirror, ``(d[k] + d[-k]) / 2`` over the two spatial axes
+        (the identity in the pixel basis).
+
+        Args:
+          d: an array of ``diag``'s shape.
+
+        Returns:
+          ``d``'s Hermitian-symmetric part, ``d``'s shape.
+        """
+        if self.basis == "pixel":
+            return d
+        mirror = jnp.roll(jnp.flip(d, axis=_AXES), 1, axis=_AXES)  # index k -> -k mod (H, W)
+        return 0.5 * (d + mirror)
+
     def replace(self, diag):
         """The covariance with variances ``diag`` in the same basis.
 
