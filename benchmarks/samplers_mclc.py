@@ -1,23 +1,30 @@
-"""MCLC (arXiv 2601.04791) as a plug-in for latent DPS and PSLD on held-out MNIST digits.
+"""MCLC (arXiv 2601.04791) as a plug-in for latent DPS, PSLD and Latent DAPS on held-out MNIST
+digits.
 
 Tasks (``jaxlib_ext.samplers.inverse``, images in [0, 1]): box inpainting (a centred
 12x12 box missing), random inpainting (70% of the pixels missing) and Gaussian deblurring
-(sigma 1.5 px), each at two measurement-noise levels. Solvers: latent DPS and PSLD
-(``jaxlib_ext.samplers.mclc``) on the latent diffusion model of
-``jaxlib_ext.models.latent_diffusion`` (``--model ldm``, the default), or on the exact
+(sigma 1.5 px), each at two measurement-noise levels. Solvers (``--solvers``): latent DPS,
+PSLD and Latent DAPS (arXiv 2407.01521; ``jaxlib_ext.samplers.mclc``) on the latent diffusion
+model of ``jaxlib_ext.models.latent_diffusion`` (``--model ldm``, the default), or on the exact
 Gaussian prior of the digits' leading PCA coefficients (``--model pca``: a linear decoder and a
 closed-form denoiser, for a quick run).
 
 Protocols (``--protocol``): ``paper`` (default, the paper's comparison): both sides run ``N``
-DDIM steps and MCLC adds one corrector step after each but the last, paying ``N - 1`` extra
+solver steps and MCLC adds one corrector step after each but the last, paying ``N - 1`` extra
 network evaluations; ``equal_nfe`` (ours, stricter): the base solver runs ``2 N - 1`` steps
-against MCLC's ``N + (N - 1)`` evaluations. The corrector is the published form (projected
-drift and noise, ``eta_t = c (1 - abar_t)`` at the default ``c = 1 / (4 d)``; ``--corrector``
-picks ``mclc.CONSTRAINTS`` variants, ``--step-rule snr`` the SNR rule); ``c`` is not tuned.
+against MCLC's ``N + (N - 1)`` evaluations. A DAPS step costs ``--daps-ode-steps`` evaluations
+(default 1, Tweedie's estimate, so that the counts above hold for it too) and
+``--daps-langevin-steps`` decoder gradients (default 100, the authors'). The corrector is the
+published form (projected drift and noise, ``eta_t = c (1 - abar_t)`` at the default ``c = 1 /
+(4 d)``; ``--corrector`` picks ``mclc.CONSTRAINTS`` variants, ``--step-rule snr`` the SNR rule);
+``c`` is not tuned.
 
 The comparison rule (``benchmarks/_comparison.py``): for each task, noise level and solver,
-the two methods (without, with MCLC) get the same guidance-weight grid (factor 3 apart;
-PSLD's gluing weight is 0.1 times it), 3 seeds (the solver's PRNG key), the weight picked by
+the two methods (without, with MCLC) get the same guidance-weight grid ``w`` (factor 3 apart;
+PSLD's gluing weight is 0.1 times it; for DAPS it sets the Langevin step size, ``eta = 5e-6 w``,
+with the default likelihood, the authors' ``tau = 0.01`` whatever the noise, ``beta_y = tau /
+sqrt(2)``: ``eta / beta_y^2 = 0.1 w``, where their pixel-space steps 1e-5 to 1e-4 are ``w = 2``
+to ``20``), 3 seeds (the solver's PRNG key), the weight picked by
 the mean validation PSNR (``--val`` digits), the test metrics reported at that weight (the
 next ``--test`` held-out digits). The whole grid is printed.
 
@@ -32,6 +39,7 @@ and SSIM: :mod:`jaxlib_ext.samplers.inverse.quality`.
     python -m benchmarks.samplers_mclc --fast          # smoke run
     for n in 6 11 25; do python -m benchmarks.samplers_mclc --steps $n; done
     python -m benchmarks.samplers_mclc --protocol equal_nfe
+    python -m benchmarks.samplers_mclc --solvers dps,psld,daps
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ from jaxlib_ext.samplers import mclc as M
 from jaxlib_ext.samplers.inverse import psnr, ssim
 
 TASKS = ("box", "random", "blur")
+SOLVERS = {"dps": M.latent_dps, "psld": M.psld, "daps": M.latent_daps}
+DAPS_STEP = 5e-6  # DAPS's Langevin step size per unit of the weight grid
 
 
 # --------------------------------------------------------------------------- models
@@ -131,10 +141,19 @@ class Runner:
     the model's parameters, the operator (a pytree) and the measurements are its arguments."""
 
     def __init__(self, model, n_steps, t_max, ddim_eta=1.0, protocol="paper",
-                 corrector=None):
+                 corrector=None, daps_ode_steps=1, daps_langevin_steps=100):
         self.model, self.n_steps, self.t_max, self.programs = model, n_steps, t_max, {}
         self.ddim_eta, self.protocol = ddim_eta, protocol
         self.corrector = corrector if corrector is not None else M.mclc(1)
+        self.daps_ode_steps, self.daps_langevin_steps = daps_ode_steps, daps_langevin_steps
+
+    def solver_kwargs(self, solver, w):
+        """The solver's settings at grid weight ``w`` (see the module docstring)."""
+        if solver == "daps":
+            return {"step_size": DAPS_STEP * w, "ode_steps": self.daps_ode_steps,
+                    "langevin_steps": self.daps_langevin_steps}
+        kw = {"step_size": w, "ddim_eta": self.ddim_eta}
+        return kw if solver == "dps" else {**kw, "gluing_weight": 0.1 * w}
 
     def base_steps(self):
         return self.n_steps if self.protocol == "paper" else 2 * self.n_steps - 1
@@ -145,16 +164,15 @@ class Runner:
             mdl = self.model
             steps = self.n_steps if corrected else self.base_steps()
             corr = self.corrector if corrected else None
-            fn = M.latent_dps if solver == "dps" else M.psld
+            fn = SOLVERS[solver]
 
             def one(params, op, y, k, w):
                 eps_model, decoder, encoder = mdl.build(params)
                 prob = M.latent_inverse_problem(
                     eps_model, decoder, op, y, mdl.alpha_bars, latent_shape=mdl.latent_shape,
                     encoder=encoder, check_operator=False)
-                kw = {} if solver == "dps" else {"gluing_weight": 0.1 * w}
-                out = fn(k, prob, num_steps=steps, step_size=w, corrector=corr,
-                         t_max=self.t_max, ddim_eta=self.ddim_eta, **kw)
+                out = fn(k, prob, num_steps=steps, corrector=corr, t_max=self.t_max,
+                         **self.solver_kwargs(solver, w))
                 ci = out.info.corrector
                 rej = jnp.mean(ci.rejected.astype(jnp.float32)) if corrected else jnp.nan
                 sq = jnp.mean(ci.squared_step) if corrected else jnp.nan
@@ -190,9 +208,17 @@ def main():
     ap.add_argument("--test", type=int, default=6)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--noise", default="0.01,0.1")
-    ap.add_argument("--weights", default="1,3,10", help="guidance-weight grid")
+    ap.add_argument("--weights", default="1,3,10",
+                    help="guidance-weight grid w: the step size of DPS and PSLD (PSLD's gluing "
+                         "weight 0.1 w); for DAPS the Langevin step size eta = 5e-6 w")
     ap.add_argument("--tasks", default=",".join(TASKS))
-    ap.add_argument("--solvers", default="dps,psld")
+    ap.add_argument("--solvers", default="dps,psld",
+                    help=f"comma-separated, of {','.join(SOLVERS)}")
+    ap.add_argument("--daps-ode-steps", type=int, default=1,
+                    help="DAPS's network evaluations per step (1: Tweedie; the protocols' NFE "
+                         "counts hold at 1)")
+    ap.add_argument("--daps-langevin-steps", type=int, default=100,
+                    help="DAPS's Langevin steps per step (the authors' 100)")
     ap.add_argument("--protocol", choices=("paper", "equal_nfe"), default="paper")
     ap.add_argument("--corrector", choices=tuple(M.CONSTRAINTS), default="projection")
     ap.add_argument("--step-rule", choices=M.STEP_RULES, default="variance")
@@ -200,6 +226,11 @@ def main():
     a = ap.parse_args()
     if a.fast:
         a.steps, a.val, a.test = 4, 2, 2
+    solvers = a.solvers.split(",")
+    unknown = sorted(set(solvers) - set(SOLVERS))
+    if unknown:
+        ap.error(f"--solvers: unknown {','.join(unknown)} (expected some of "
+                 f"{','.join(SOLVERS)})")
     cache_compilations()
     t_start = time.time()
     data = images.load_mnist("test")
@@ -213,14 +244,17 @@ def main():
     print(f"# MCLC benchmark: model {model.name} (latent {model.latent_shape}), "
           f"{a.val} validation + {a.test} test held-out MNIST digits, seeds {seeds}, "
           f"weights {weights}, N = {a.steps}, protocol {a.protocol} (base: "
-          f"{a.steps if a.protocol == 'paper' else 2 * a.steps - 1} DDIM steps; +MCLC: "
+          f"{a.steps if a.protocol == 'paper' else 2 * a.steps - 1} solver steps; +MCLC: "
           f"{a.steps} steps + 1 corrector step each, constraint {a.corrector}, step rule "
           f"{a.step_rule}), DDIM eta 1, first step "
-          f"t = {t_max} (abar {float(model.alpha_bars[t_max]):.3g})")
+          f"t = {t_max} (abar {float(model.alpha_bars[t_max]):.3g})"
+          + (f"; DAPS: {a.daps_ode_steps} ODE evaluations and {a.daps_langevin_steps} Langevin "
+             f"steps per step, Langevin step 5e-6 w" if "daps" in solvers else ""))
     print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     runner = Runner(model, a.steps, t_max, protocol=a.protocol,
-                    corrector=M.mclc(1, step_rule=a.step_rule, constraint=a.corrector))
+                    corrector=M.mclc(1, step_rule=a.step_rule, constraint=a.corrector),
+                    daps_ode_steps=a.daps_ode_steps, daps_langevin_steps=a.daps_langevin_steps)
     rows = []
     for task in a.tasks.split(","):
         op = operator(task, x_all.shape[1:], jax.random.key(1234))
@@ -228,7 +262,7 @@ def main():
             y = jax.vmap(inverse.measure, in_axes=(0, None, 0, None))(
                 jax.random.split(jax.random.key(99), x_all.shape[0]), op, x_all, sig)
             res_true = jnp.sqrt(jnp.sum((y - op.apply(x_all)) ** 2, axis=(1, 2, 3)))
-            for solver in a.solvers.split(","):
+            for solver in solvers:
                 cache = {}
 
                 def run(method, w, seed, solver=solver, y=y, op=op, cache=cache,
@@ -254,12 +288,17 @@ def main():
                             "fail_val": float(np.mean(f[v])), "nfe": nfe, "sec": sec,
                             "rejected": float(rej[i, j]), "sq_step": float(sq[i, j])}
 
+                per = a.daps_ode_steps if solver == "daps" else 1
+                kind = (f"DAPS steps ({per} network evaluations each)" if solver == "daps"
+                        else "DDIM steps")
                 spec = Comparison(methods=(solver, f"{solver}+mclc"), lrs=weights, seeds=seeds,
-                                  budget=f"{a.steps} DDIM steps per reconstruction "
+                                  budget=f"{a.steps} {kind} per reconstruction "
                                          f"(+{a.steps - 1} corrector evaluations with MCLC)"
                                   if a.protocol == "paper" else
-                                  f"{2 * a.steps - 1} network evaluations per "
-                                  f"reconstruction")
+                                  f"{(2 * a.steps - 1) * per} network evaluations per "
+                                  f"reconstruction" + ("" if per == 1 else
+                                                       f" ({a.steps * per + a.steps - 1} with "
+                                                       f"MCLC)"))
                 print(f"## {task}, noise {sig:g}, {solver}\n")
                 res = run_comparison(spec, run, higher_is_better=True, metric="PSNR",
                                      log=lambda line: None)

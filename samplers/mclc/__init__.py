@@ -5,6 +5,10 @@ measurement-consistent Langevin corrector (arXiv 2601.04791).
 residual and its linearisation), :mod:`solvers` (latent DPS and PSLD over DDIM, with a
 ``corrector=`` hook: ``init``, ``build_latent_dps_kernel``/``build_psld_kernel``, the sampling
 algorithms ``latent_dps_sampler``/``psld_sampler`` and the drivers ``latent_dps``/``psld``),
+:mod:`daps` (Latent DAPS, decoupled annealing posterior sampling, arXiv 2407.01521: an ODE
+estimate of the clean latent, Langevin on it toward the measurement, fresh noise at the next
+level; the same states, infos and hook: ``build_latent_daps_kernel``, ``latent_daps_sampler``,
+the driver ``latent_daps``, the rules ``PRIOR_STDS`` of its prior spread),
 :mod:`corrector` (``init``, ``build_kernel``, ``mclc_sampler``, the driver ``mclc_correct``
 and the hook ``mclc``; its constraint forms: the published projection (default); ours:
 projection with retraction, first-order compensation, none; the step rules: ``eta_t``
@@ -21,7 +25,7 @@ in :mod:`jaxlib_ext.samplers.inverse` (:class:`~jaxlib_ext.samplers.inverse.Line
 :func:`~jaxlib_ext.samplers.inverse.ddim_timesteps`, ...).
 """
 
-from jaxlib_ext.samplers.mclc import corrector, gaussian, problem, solvers
+from jaxlib_ext.samplers.mclc import corrector, daps, gaussian, problem, solvers
 from jaxlib_ext.samplers.mclc.corrector import (
     CONSTRAINTS,
     MCLC,
@@ -37,6 +41,12 @@ from jaxlib_ext.samplers.mclc.corrector import (
     no_constraint,
     projection_constraint,
     tangent_constraint,
+)
+from jaxlib_ext.samplers.mclc.daps import (
+    PRIOR_STDS,
+    build_latent_daps_kernel,
+    latent_daps,
+    latent_daps_sampler,
 )
 from jaxlib_ext.samplers.mclc.gaussian import (
     LinearGaussianLatentModel,
@@ -74,6 +84,7 @@ __all__ = [
     "LatentInverseProblem",
     "LinearGaussianLatentModel",
     "PCALatentPrior",
+    "PRIOR_STDS",
     "ResidualLinearization",
     "STEP_RULES",
     "SolverInfo",
@@ -81,14 +92,18 @@ __all__ = [
     "SolverState",
     "SolverStepInfo",
     "StepBoundWarning",
+    "build_latent_daps_kernel",
     "build_latent_dps_kernel",
     "build_psld_kernel",
     "compensation_constraint",
     "corrector",
+    "daps",
     "denoise",
     "expected_squared_step",
     "gaussian",
     "gaussian_kl",
+    "latent_daps",
+    "latent_daps_sampler",
     "latent_dps",
     "latent_dps_sampler",
     "latent_inverse_problem",

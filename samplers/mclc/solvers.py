@@ -410,8 +410,9 @@ def psld_sampler(problem: LatentInverseProblem, *, num_steps: int = 50,
 
 
 def _run(rng_key, problem: LatentInverseProblem, kernel: Callable, timesteps: np.ndarray,
-         z_init) -> SolverResult:
-    """``N`` kernel steps from ``z_init`` (or ``N(0, I)``) and the decoded result."""
+         z_init, nfe_per_step: int = 1) -> SolverResult:
+    """``N`` kernel steps from ``z_init`` (or ``N(0, I)``) and the decoded result; each solver
+    step costs ``nfe_per_step`` network evaluations."""
     num_steps = int(timesteps.shape[0])
     k_init, k_steps, k_last = jax.random.split(rng_key, 3)
     z = (jax.random.normal(k_init, problem.latent_shape, jnp.float32) if z_init is None
@@ -429,7 +430,7 @@ def _run(rng_key, problem: LatentInverseProblem, kernel: Callable, timesteps: np
     residual = jnp.concatenate([infos.residual, last.residual[None]])
     cinfo = infos.corrector  # the last step runs no corrector
     k_corr = 0 if cinfo is None else jax.tree.leaves(cinfo)[0].shape[-1]
-    nfe = jnp.asarray(num_steps + k_corr * (num_steps - 1), jnp.int32)
+    nfe = jnp.asarray(nfe_per_step * num_steps + k_corr * (num_steps - 1), jnp.int32)
     return SolverResult(state.z, x0, SolverInfo(residual, final, cinfo, jnp.asarray(timesteps),
                                                 nfe))
 
