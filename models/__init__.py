@@ -17,8 +17,12 @@ attention mixers, arXiv 2603.15590), :mod:`~jaxlib_ext.models.distill` (the dist
 pipeline of those students), :mod:`~jaxlib_ext.models.generation` (decoding with the
 cache), :mod:`~jaxlib_ext.models.unet` (:class:`UNet`),
 :mod:`~jaxlib_ext.models.diffusion` (variance-preserving schedules, Tweedie's estimate, the DDIM
-and ancestral steps, arXiv 2010.02502 and 2006.11239) and
-:mod:`~jaxlib_ext.models.latent_diffusion` (a latent diffusion model, arXiv 2112.10752).
+and ancestral steps, arXiv 2010.02502 and 2006.11239),
+:mod:`~jaxlib_ext.models.latent_diffusion` (a latent diffusion model, arXiv 2112.10752) and
+:mod:`~jaxlib_ext.models.digit_classifier` (:class:`DigitClassifier`, a small CNN of MNIST
+digits trained by :func:`train_digit_classifier`, whose penultimate features feed the Fréchet
+distance of :func:`jaxlib_ext.samplers.inverse.frechet_distance`; its ``features``, ``logits``,
+``accuracy``, ``save``, ``load`` and ``load_or_train`` are used through the module).
 
 Every model has a builder ``build_<model>(preset="tiny", *, vocab_size=None, rngs, **overrides)``
 whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESETS`:
@@ -27,6 +31,7 @@ whose ``preset`` is a size name of that model's table (:data:`TRANSFORMER_PRESET
 without allocating them, e.g. ``preset_param_count(build_mdn, "400m")``.
 """
 
+from jaxlib_ext.models import digit_classifier
 from jaxlib_ext.models._backbone import Block, LanguageModel, LMCache
 from jaxlib_ext.models._delta_mixer import (
     DELTANET_PRESETS,
@@ -43,6 +48,7 @@ from jaxlib_ext.models.attention import (
     attention,
     causal_attention,
 )
+from jaxlib_ext.models.digit_classifier import DigitClassifier, train_digit_classifier
 from jaxlib_ext.models.gdn import GatedDeltaNet, GDNConfig, gdn_gates
 from jaxlib_ext.models.generation import generate, generate_text
 from jaxlib_ext.models.latent_moe import LatentMoE, LatentMoEConfig, router_bias_update
@@ -148,4 +154,7 @@ __all__ = [
     "swiglu_hidden_size",
     # image models
     "UNet",
+    "DigitClassifier",
+    "train_digit_classifier",
+    "digit_classifier",
 ]

@@ -9,7 +9,8 @@ share.
   measurements (:func:`measure`) and the dot-product test of an adjoint
   (:func:`check_adjoint`).
 * :mod:`~jaxlib_ext.samplers.inverse.quality`: :func:`psnr`, :func:`ssim`, a reconstruction's
-  quality against the truth.
+  quality against the truth; :func:`frechet_distance` (with :func:`gaussian_statistics` and
+  :func:`frechet_distance_from_statistics`), the distance between two sets of image features.
 * The variance-preserving diffusion of :mod:`jaxlib_ext.models.diffusion` (it lives with the
   models, which the latent diffusion model builds on; the names are the same objects):
   :class:`Schedule`, :func:`make_schedule`, :func:`linear_schedule`, :func:`alpha_bar`,
@@ -47,7 +48,13 @@ from jaxlib_ext.samplers.inverse.operators import (
     motion_blur,
     random_inpainting,
 )
-from jaxlib_ext.samplers.inverse.quality import psnr, ssim
+from jaxlib_ext.samplers.inverse.quality import (
+    frechet_distance,
+    frechet_distance_from_statistics,
+    gaussian_statistics,
+    psnr,
+    ssim,
+)
 
 __all__ = [
     "BASES",
@@ -64,7 +71,10 @@ __all__ = [
     "ddim_timesteps",
     "downsampling",
     "fourier_transform",
+    "frechet_distance",
+    "frechet_distance_from_statistics",
     "gaussian_blur",
+    "gaussian_statistics",
     "inpainting",
     "inverse_fourier_transform",
     "linear_operator",
