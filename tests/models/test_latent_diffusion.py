@@ -129,6 +129,44 @@ def _stop_and_resume(tmp_path, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_run_stopped_in_its_diffusion_stage_resumes_from_its_checkpoint(tmp_path,
+                                                                          monkeypatch):
+    """Stopped inside the diffusion stage, load_or_train resumes from that stage's last
+    checkpoint (the autoencoder is not retrained) and ends where an uninterrupted run does."""
+    with _threefry():
+        from jaxlib_ext.core import loop
+
+        cfg = ld.LDMConfig(image_size=4, ae_channels=(4,), latent_channels=1, unet_channels=4,
+                           unet_mults=(1,), timesteps=10)
+        x = np.random.default_rng(0).uniform(-1, 1, (8, *cfg.image_shape)).astype(np.float32)
+        kw = dict(images=x, ae_steps=2, diffusion_steps=5, batch_size=4, checkpoint_every=2,
+                  progress=False)
+        want, _ = ld.train(cfg, **kw)
+        run_loop, calls = loop.run_loop, []
+
+        def stopped_in_the_second_stage(step_fn, state, batch_fn, config, **kwargs):
+            calls.append(1)
+
+            def batch(step):
+                if len(calls) == 2 and step == 3:
+                    raise KeyboardInterrupt
+                return batch_fn(step)
+
+            return run_loop(step_fn, state, batch, config, **kwargs)
+
+        monkeypatch.setattr(loop, "run_loop", stopped_in_the_second_stage)
+        with pytest.raises(KeyboardInterrupt):
+            ld.train(cfg, out=tmp_path, **kw)
+        monkeypatch.undo()
+        calls.clear()
+        monkeypatch.setattr(loop, "run_loop", stopped_in_the_second_stage)  # counts stages
+        got, info = ld.load_or_train(tmp_path, cfg, **kw)
+        monkeypatch.undo()
+        assert info["complete"] and len(calls) == 1  # only the diffusion stage ran again
+        for a, b in zip(jax.tree.leaves(nnx.state(got)), jax.tree.leaves(nnx.state(want))):
+            np.testing.assert_array_equal(a, b)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
