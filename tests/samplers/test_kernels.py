@@ -86,9 +86,9 @@ def case(request):
     return request.param, algorithm, initial_state, jax.jit(algorithm.step)
 
 
-def _close(a, b):
+def _close(a, b, rtol=1e-5, atol=1e-6):
     jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v),
-                                                         rtol=1e-5, atol=1e-6), a, b)
+                                                         rtol=rtol, atol=atol), a, b)
 
 
 def test_step_is_jittable_and_returns_state_and_info(case):
@@ -119,7 +119,9 @@ def test_vmap_over_chains_equals_each_chain(case):
     batched, _ = jax.jit(jax.vmap(step))(keys, states)
     for i in range(2):
         one, _ = step(keys[i], jax.tree.map(lambda x, i=i: x[i], states))
-        _close(jax.tree.map(lambda x, i=i: x[i], batched), one)
+        # batching changes XLA's fusions and reduction orders (and they differ between CPU
+        # families): equal to float32 round-off accumulated over one step, not bit for bit
+        _close(jax.tree.map(lambda x, i=i: x[i], batched), one, rtol=1e-4, atol=2e-5)
 
 
 def test_scan_loop(case):
